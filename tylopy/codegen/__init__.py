@@ -1,0 +1,1 @@
+"""IR to LLVM (llvmlite) to PTX, and the ptxas report. Knows nothing of any particular kernel."""

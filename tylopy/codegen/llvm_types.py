@@ -1,0 +1,26 @@
+"""How IR types look in LLVM (NVPTX): bf16 travels as i16 (llvmlite has no bfloat type)."""
+from __future__ import annotations
+
+import llvmlite.ir as ir
+
+from ..ir.types import PointerType, ScalarType, TensorMapType, Type
+
+ADDRSPACE = {"generic": 0, "global": 1, "shared": 3, "param": 101}
+
+_SCALAR = {
+    "i1": ir.IntType(1), "i8": ir.IntType(8), "u8": ir.IntType(8), "i16": ir.IntType(16), "u16": ir.IntType(16),
+    "i32": ir.IntType(32), "u32": ir.IntType(32), "b32": ir.IntType(32), "i64": ir.IntType(64), "u64": ir.IntType(64),
+    "f16": ir.HalfType(), "bf16": ir.IntType(16), "f32": ir.FloatType(), "f64": ir.DoubleType(),
+}
+
+TENSORMAP_ARG = ir.PointerType(ir.ArrayType(ir.IntType(8), 128))
+
+
+def llvm_type(t: Type) -> ir.Type:
+    if isinstance(t, ScalarType):
+        return _SCALAR[t.name]
+    if isinstance(t, PointerType):
+        return ir.PointerType(addrspace=ADDRSPACE[t.space])
+    if isinstance(t, TensorMapType):
+        return TENSORMAP_ARG
+    raise TypeError(f"no LLVM type for {t}")

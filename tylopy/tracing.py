@@ -1,0 +1,309 @@
+"""What rewritten kernel code calls at trace time: ``if_``, ``for_``, ``while_``, ``range``.
+
+Compile-time conditions and bounds run as plain Python (the untaken branch is never traced,
+loops unroll). Run-time ones build IR regions; the values they carry may be scalars, tuples
+and lists of them, or any object with ``__tylopy_flatten__`` (fragments, softmax states).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import KernelSourceError
+from .ir import builder as _b
+from .ir.core import Value
+from .ir.types import ScalarType, i32
+
+
+class _Undefined:
+    """A name that has no value on this path (assigned in one branch only, or not yet)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def _fail(self, *args, **kwargs):
+        raise KernelSourceError(
+            f"{self.name!r} has no value here: it is assigned on only one path of a run-time "
+            "if, or only inside a run-time loop", _b.user_location(),
+            hint="assign it before the if/loop so every path defines it")
+
+    __getattr__ = _fail
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = _fail
+    __lt__ = __le__ = __gt__ = __ge__ = __bool__ = __index__ = __call__ = __getitem__ = _fail
+    __iter__ = _fail
+
+
+def lookup(scope: dict, name: str) -> Any:
+    return scope.get(name, _Undefined(name))
+
+
+def is_defined(x) -> bool:
+    return not isinstance(x, _Undefined)
+
+
+# -- pytrees of values ----------------------------------------------------------------------
+
+def flatten(x) -> tuple[list[Value], Any]:
+    """Split ``x`` into its IR values and a static description to rebuild it."""
+    if isinstance(x, Value):
+        return [x], ("v",)
+    if isinstance(x, (tuple, list)):
+        leaves, auxes = [], []
+        for e in x:
+            l, a = flatten(e)
+            leaves += l
+            auxes.append((len(l), a))
+        return leaves, ("seq", type(x), tuple(auxes))
+    if hasattr(x, "__tylopy_flatten__"):
+        leaves, aux = x.__tylopy_flatten__()
+        return list(leaves), ("obj", type(x), aux, len(leaves))
+    return [], ("static", x)
+
+
+def unflatten(aux, leaves: list[Value]):
+    kind = aux[0]
+    if kind == "v":
+        return leaves[0]
+    if kind == "seq":
+        out, i = [], 0
+        for n, a in aux[2]:
+            out.append(unflatten(a, leaves[i:i + n]))
+            i += n
+        return aux[1](out)
+    if kind == "obj":
+        return aux[1].__tylopy_unflatten__(aux[2], list(leaves))
+    return aux[1]
+
+
+def _static_equal(a, b) -> bool:
+    try:
+        return bool(a == b) if not isinstance(a, Value) else a is b
+    except Exception:
+        return a is b
+
+
+def _same_static(a, b) -> bool:
+    """Do two flatten() descriptions agree on everything that is not an IR value?"""
+    if a[0] != b[0]:
+        return False
+    if a[0] == "static":
+        return type(a[1]) is type(b[1]) and _static_equal(a[1], b[1])
+    if a[0] == "seq":
+        return a[1] is b[1] and len(a[2]) == len(b[2]) and all(
+            n1 == n2 and _same_static(x, y) for (n1, x), (n2, y) in zip(a[2], b[2]))
+    if a[0] == "obj":
+        return a[1] is b[1] and a[3] == b[3] and _static_equal(a[2], b[2])
+    return True
+
+
+def _promote_for_carry(x, result):
+    """A Python number carried into a run-time loop becomes a value of the type the body gives it."""
+    if isinstance(x, (bool, int, float)) and isinstance(result, Value) and isinstance(result.type, ScalarType):
+        return _b.as_value(x, result.type)
+    if isinstance(x, (bool, int, float)) and isinstance(result, (bool, int, float)):
+        return _b.as_value(x)  # a number the loop changes must live in a register
+    if isinstance(x, (tuple, list)) and isinstance(result, (tuple, list)) and len(x) == len(result):
+        return type(x)(_promote_for_carry(a, r) for a, r in zip(x, result))
+    return x
+
+
+# -- if ---------------------------------------------------------------------------------------
+
+def if_(cond, then_fn, else_fn, names, values):
+    if not isinstance(cond, Value):
+        return (then_fn if cond else else_fn)(*values)
+    if cond.type != _b.i1:
+        cond = cond != 0
+    # Only values defined before the if, or in both branches, survive it.
+    flat_in = [flatten(v) if is_defined(v) else None for v in values]
+    shapes: dict[str, Any] = {}
+
+    def run(fn):
+        def traced():
+            outs = fn(*values)
+            leaves = []
+            for name, o, fin in zip(names, outs, flat_in):
+                if not is_defined(o):
+                    shapes.setdefault(name, None)
+                    continue
+                l, aux = flatten(o)
+                prev = shapes.get(name, "unset")
+                if prev == "unset":
+                    shapes[name] = (aux, len(l))
+                elif prev is None or prev[1] != len(l):
+                    shapes[name] = None
+                leaves.append((name, l))
+            return leaves
+        return traced
+
+    # Trace both branches, then keep the names whose structure agrees.
+    bld = _b.current_builder()
+    branch_leaves = []
+    regions = []
+    for fn in (then_fn, else_fn):
+        bld.push_block(())
+        try:
+            branch_leaves.append(dict(run(fn)()))
+        except BaseException:
+            bld.discard_block()
+            raise
+        regions.append(None)
+        bld_blocks_top = bld._blocks[-1]
+        regions[-1] = bld_blocks_top
+        bld._blocks.pop()
+    keep = [n for n in names if n in branch_leaves[0] and n in branch_leaves[1]
+            and len(branch_leaves[0][n]) == len(branch_leaves[1][n])
+            and [v.type for v in branch_leaves[0][n]] == [v.type for v in branch_leaves[1][n]]]
+    # static leaves (python values) must agree too
+    blocks = []
+    for blk, leaves in zip(regions, branch_leaves):
+        outs = [v for n in keep for v in leaves[n]]
+        bld._blocks.append(blk)
+        bld.emit("yield", outs)
+        blocks.append(bld.pop_block())
+    result_types = tuple(v.type for n in keep for v in branch_leaves[0][n])
+    results = bld.emit("if", (cond,), regions=tuple(blocks), result_types=result_types)
+    out, i = [], 0
+    for name, v in zip(names, values):
+        if name in keep:
+            n = len(branch_leaves[0][name])
+            aux = shapes[name][0]
+            out.append(unflatten(aux, list(results[i:i + n])))
+            i += n
+        elif name not in branch_leaves[0] and name not in branch_leaves[1]:
+            out.append(v)
+        else:
+            out.append(_Undefined(name))
+    return tuple(out)
+
+
+# -- for ----------------------------------------------------------------------------------------
+
+class DynamicRange:
+    """``range`` over run-time bounds: becomes an IR ``for`` loop."""
+
+    def __init__(self, start, stop=None, step=1, unroll: int | None = None):
+        if stop is None:
+            start, stop = 0, start
+        self.start, self.stop, self.step, self.unroll = start, stop, step, unroll
+
+    def values(self):
+        like = next((x.type for x in (self.start, self.stop, self.step) if isinstance(x, Value)), i32)
+        return tuple(_b.as_value(x, like) for x in (self.start, self.stop, self.step))
+
+
+def range(*args, unroll: int | None = None):  # noqa: A001 - mirrors Python's range inside kernels
+    """Python's ``range`` when every bound is a compile-time int, a run-time loop otherwise."""
+    if all(not isinstance(a, Value) for a in args) and unroll is None:
+        return __builtins__["range"](*args) if isinstance(__builtins__, dict) else __import__("builtins").range(*args)
+    return DynamicRange(*args, unroll=unroll)
+
+
+def static_range(*args):
+    """A loop that always unrolls at trace time; its bounds must be compile-time ints."""
+    for a in args:
+        if isinstance(a, Value):
+            _b.current_builder().error("static_range expects compile-time bounds, but got a run-time value")
+    import builtins
+    return builtins.range(*args)
+
+
+def _run_python_loop(iterable, body, values):
+    for x in iterable:
+        values = body(x, *values)
+    return tuple(values)
+
+
+def for_(iterable, body, names, values):
+    if not isinstance(iterable, DynamicRange):
+        if isinstance(iterable, Value):
+            _b.current_builder().error("cannot iterate over a run-time value", hint="use range(n) with a run-time n")
+        return _run_python_loop(iterable, body, values)
+    lo, hi, step = iterable.values()
+    carried_idx = [i for i, v in enumerate(values) if is_defined(v)]
+    return _traced_loop(
+        values, names, carried_idx,
+        lambda init, fn, rebuild: _b.for_loop(lo, hi, step, init, [names[i] for i in carried_idx],
+                                              lambda iv, args: fn(body, rebuild(args), iv), iterable.unroll))
+
+
+class _Retrace(Exception):
+    def __init__(self, index, value):
+        self.index, self.value = index, value
+
+
+def _traced_loop(values, names, carried_idx, build):
+    """Build a run-time loop over the carried values; retrace once if Python numbers must become values.
+
+    ``build(init, run_body, rebuild)`` builds the loop op: ``rebuild(block_args)`` gives the full
+    list of names' values inside a region, ``run_body(body, vals, *extra)`` calls the user's body
+    and returns the flat values to yield.
+    """
+    values = list(values)
+    for attempt in (0, 1):
+        flat = [flatten(values[i]) for i in carried_idx]
+        init = [v for leaves, _ in flat for v in leaves]
+
+        def rebuild(args):
+            vals = list(values)
+            j = 0
+            for k, i in enumerate(carried_idx):
+                n = len(flat[k][0])
+                vals[i] = unflatten(flat[k][1], list(args[j:j + n]))
+                j += n
+            return vals
+
+        def run_body(body, vals, *extra):
+            outs = body(*extra, *vals)
+            leaves = []
+            for k, i in enumerate(carried_idx):
+                l, aux = flatten(outs[i])
+                if len(l) != len(flat[k][0]) or not _same_static(aux, flat[k][1]):
+                    raise _Retrace(i, outs[i])
+                leaves += l
+            return leaves
+
+        try:
+            results = build(init, run_body, rebuild)
+        except _Retrace as r:
+            if attempt == 1:
+                _b.current_builder().error(
+                    f"{names[r.index]!r} changes its structure inside a run-time loop "
+                    f"(it enters as {values[r.index]!r} and leaves as {r.value!r})")
+            values[r.index] = _promote_for_carry(values[r.index], r.value)
+            continue
+        out = rebuild(results)
+        for i, v in enumerate(values):
+            if i not in carried_idx:
+                out[i] = _Undefined(names[i])
+        return tuple(out)
+
+
+def while_(cond_fn, body, names, values):
+    bld = _b.current_builder()
+    bld.push_block(())  # probe: is the condition a run-time value? (its ops are thrown away)
+    try:
+        first = cond_fn(*values)
+    finally:
+        bld.discard_block()
+    if not isinstance(first, Value):
+        vals = tuple(values)
+        c = first
+        while c:
+            vals = tuple(body(*vals))
+            c = cond_fn(*vals)
+        return vals
+    carried_idx = [i for i, v in enumerate(values) if is_defined(v)]
+
+    def build(init, run_body, rebuild):
+        def cond(args):
+            c = cond_fn(*rebuild(args))
+            if not isinstance(c, Value):
+                c = _b.as_value(bool(c), _b.i1)
+            return c if c.type == _b.i1 else (c != 0)
+
+        return _b.while_loop(init, [names[i] for i in carried_idx], cond,
+                             lambda args: run_body(body, rebuild(args)))
+
+    return _traced_loop(values, names, carried_idx, build)
