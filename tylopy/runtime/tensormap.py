@@ -46,38 +46,69 @@ def validate(dtype_bytes: int, address: int, dims, strides_bytes, box, swizzle: 
                                "swizzle allows")
 
 
+@dataclass(frozen=True)
+class TensorMapSpec:
+    """What a tiled tensor map describes, checked but not encoded (no driver needed).
+
+    ``dims`` and ``box`` are innermost first, ``strides_bytes`` has rank - 1 entries (the
+    innermost stride is one element). The emulator reads tiles from this directly.
+    """
+
+    tensor: object
+    dims: tuple
+    strides_bytes: tuple
+    box: tuple
+    dtype: str
+    swizzle: int = 128
+
+    def __post_init__(self):
+        if self.dtype not in DTYPE_CODES:
+            raise LaunchValueError(f"tensor map dtype expects one of {sorted(DTYPE_CODES)}, but got {self.dtype!r}")
+        validate(self.tensor.element_size(), self.tensor.data_ptr(), self.dims, self.strides_bytes, self.box,
+                 self.swizzle)
+
+    @property
+    def box_bytes(self) -> int:
+        n = self.tensor.element_size()
+        for b in self.box:
+            n *= b
+        return n
+
+
 @dataclass
 class TensorMap:
-    """A 128-byte CUtensorMap and what it describes; pass it for a ``ty.tensormap`` parameter."""
+    """A 128-byte CUtensorMap and the spec it encodes; pass it for a ``ty.tensormap`` parameter."""
 
     handle: object  # cuda.bindings.driver.CUtensorMap
-    device: int
-    dims: tuple
-    box: tuple
-    swizzle: int
-    keepalive: object = None  # the tensor whose memory the map points at
+    spec: TensorMapSpec
+
+    @property
+    def device(self) -> int:
+        return self.spec.tensor.device.index
 
     def getPtr(self) -> int:
         return self.handle.getPtr()
 
     @staticmethod
-    def tiled(tensor, dims, strides_bytes, box, dtype: str, swizzle: int = 128, l2_promotion: int = 2) -> "TensorMap":
-        """A tiled map over ``tensor``'s memory: dims innermost first, strides in bytes (rank - 1)."""
-        dims = tuple(int(x) for x in dims)
-        strides_bytes = tuple(int(x) for x in strides_bytes)
-        box = tuple(int(x) for x in box)
-        elem = tensor.element_size()
-        validate(elem, tensor.data_ptr(), dims, strides_bytes, box, swizzle)
+    def encode(spec: TensorMapSpec, l2_promotion: int = 2) -> "TensorMap":
         d = drv.driver()
-        drv.ensure_context(tensor.device.index)
+        t = spec.tensor
+        drv.ensure_context(t.device.index)
         tmap = drv.call(
             "cuTensorMapEncodeTiled",
-            d.CUtensorMapDataType(DTYPE_CODES[dtype]), len(dims), tensor.data_ptr(),
-            [d.cuuint64_t(x) for x in dims], [d.cuuint64_t(x) for x in strides_bytes],
-            [d.cuuint32_t(x) for x in box], [d.cuuint32_t(1)] * len(dims),
+            d.CUtensorMapDataType(DTYPE_CODES[spec.dtype]), len(spec.dims), t.data_ptr(),
+            [d.cuuint64_t(x) for x in spec.dims], [d.cuuint64_t(x) for x in spec.strides_bytes],
+            [d.cuuint32_t(x) for x in spec.box], [d.cuuint32_t(1)] * len(spec.dims),
             d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            d.CUtensorMapSwizzle(SWIZZLE_BYTES[swizzle]),
+            d.CUtensorMapSwizzle(SWIZZLE_BYTES[spec.swizzle]),
             d.CUtensorMapL2promotion(l2_promotion),
             d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         )
-        return TensorMap(tmap, tensor.device.index, dims, box, swizzle, tensor)
+        return TensorMap(tmap, spec)
+
+    @staticmethod
+    def tiled(tensor, dims, strides_bytes, box, dtype: str, swizzle: int = 128) -> "TensorMap":
+        """Check and encode a tiled map over ``tensor``'s memory."""
+        spec = TensorMapSpec(tensor, tuple(int(x) for x in dims), tuple(int(x) for x in strides_bytes),
+                             tuple(int(x) for x in box), dtype, swizzle)
+        return TensorMap.encode(spec)
