@@ -11,18 +11,21 @@ Each stage's output is an attribute of ``CompiledKernel`` (``.ir``, ``.llvm_ir``
 """
 from __future__ import annotations
 
+import ast
+import copy
 import functools
 import hashlib
 import inspect
 import json
 import os
 import sys
+import textwrap
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import tracing
-from .errors import KernelSourceError, LaunchTypeError, ResourceLimitError
+from .errors import KernelSourceError, LaunchTypeError, ResourceLimitError, SourceLoc
 from .ir import builder as _b
 from .ir.core import KernelIR, LaunchBounds, Param, SharedAlloc, Value, format_ir
 from .ir.types import PointerType, ScalarType, TensorMapType, Type
@@ -34,14 +37,31 @@ __version__ = "0.1.0"
 DEFAULT_ARCH = "sm_90a"
 
 
-def _param_kind(name: str, ann) -> Any:
+def _locate(fn: Callable, match: Callable[[ast.AST], bool]) -> SourceLoc:
+    """The line of the first node in ``fn``'s source that ``match`` accepts (else the ``def`` line)."""
+    line = fn.__code__.co_firstlineno
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        node = next((n for n in ast.walk(tree.body[0]) if match(n)), None)
+        if node is not None:
+            line += node.lineno - 1
+    except (OSError, TypeError, SyntaxError):
+        pass
+    return SourceLoc(inspect.getsourcefile(fn) or "<unknown>", line, 0, fn.__name__)
+
+
+def _param_loc(fn: Callable, name: str) -> SourceLoc:
+    return _locate(fn, lambda n: isinstance(n, ast.arg) and n.arg == name)
+
+
+def _param_kind(fn: Callable, name: str, ann) -> Any:
     if isinstance(ann, _Constexpr):
         return ann
     if isinstance(ann, (ScalarType, PointerType, TensorMapType)):
         return ann
     raise KernelSourceError(
         f"kernel parameter {name!r} expects an annotation such as ty.ptr(ty.f32), ty.i32, ty.f32, "
-        f"ty.tensormap or ty.constexpr, but got {ann!r}")
+        f"ty.tensormap or ty.constexpr, but got {ann!r}", _param_loc(fn, name))
 
 
 class func:
@@ -123,12 +143,22 @@ class Kernel:
         for p in sig.parameters.values():
             if p.annotation is inspect.Parameter.empty:
                 raise KernelSourceError(f"kernel {self.name!r}: parameter {p.name!r} needs a type annotation "
-                                        "(ty.ptr(ty.f32), ty.i32, ty.constexpr, ...)")
-            self.signature.append((p.name, _param_kind(p.name, p.annotation), p.default))
+                                        "(ty.ptr(ty.f32), ty.i32, ty.constexpr, ...)", _param_loc(fn, p.name))
+            self.signature.append((p.name, _param_kind(fn, p.name, p.annotation), p.default))
         self.source_file = inspect.getsourcefile(fn) or "<unknown>"
         self._traceable = None
         self._compiled: dict[Any, CompiledKernel] = {}
         functools.update_wrapper(self, fn)
+
+    def with_arch(self, arch: str) -> "Kernel":
+        """The same kernel compiled for another target (``sm_80``, ``sm_90a``, ...); a new object."""
+        from .codegen.ptx import SUPPORTED_ARCHS
+        if arch not in SUPPORTED_ARCHS:
+            raise ValueError(f"arch expects one of {', '.join(SUPPORTED_ARCHS)}, but got {arch!r}")
+        other = copy.copy(self)
+        other.arch = arch
+        other._compiled = {}
+        return other
 
     # -- specialization ---------------------------------------------------------------------
     @property
@@ -150,11 +180,12 @@ class Kernel:
                 out[n] = default
             else:
                 raise LaunchTypeError(f"kernel {self.name!r}: compile-time parameter {n!r} needs a value "
-                                      f"(pass {n}=... at launch or compile)")
+                                      f"(pass {n}=... at launch or compile); declared at {_param_loc(self.fn, n)}")
         unknown = set(given) - set(out)
         if unknown:
             raise LaunchTypeError(f"kernel {self.name!r} has no compile-time parameter {sorted(unknown)[0]!r}; "
-                                  f"its constexprs are {self.constexpr_names}")
+                                  f"its constexprs are {self.constexpr_names} (kernel defined at "
+                                  f"{_locate(self.fn, lambda n: isinstance(n, ast.FunctionDef))})")
         return out
 
     def _launch_bounds(self, constexprs: dict) -> LaunchBounds:
@@ -185,7 +216,8 @@ class Kernel:
             out = self._traceable(*args)
             if out is not None:
                 raise KernelSourceError(f"kernel {self.name!r} returns {out!r}; kernels write their results "
-                                        "through pointers and return nothing")
+                                        "through pointers and return nothing",
+                                        _locate(self.fn, lambda n: isinstance(n, ast.Return) and n.value is not None))
         body = bld.finish()
         kir = KernelIR(self.name, tuple(params), body, bounds, self.arch, tuple(bld.shared_allocs),
                        bld.dynamic_shared_bytes, bld.dynamic_shared_align, self.source_file,

@@ -29,6 +29,7 @@ class _Undefined:
             hint="assign it before the if/loop so every path defines it")
 
     __getattr__ = _fail
+    undefined_error = _fail  # found on the class by builder.as_value, which cannot import this module
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = _fail
     __lt__ = __le__ = __gt__ = __ge__ = __bool__ = __index__ = __call__ = __getitem__ = _fail
     __iter__ = _fail

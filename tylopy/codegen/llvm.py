@@ -18,6 +18,7 @@ from .llvm_types import ADDRSPACE, llvm_type
 
 I1, I16, I32, I64 = ir.IntType(1), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F32 = ir.FloatType()
+SHARED_PTR = ir.PointerType(addrspace=3)
 
 
 class _Lowering:
@@ -129,6 +130,7 @@ class _Lowering:
         if g is None:
             alloc = next(a for a in self.k.shared if a.name == name)
             g = ir.GlobalVariable(self.m, ir.ArrayType(ir.IntType(8), alloc.nbytes), name, addrspace=3)
+            g.type = SHARED_PTR  # llvmlite types globals as [N x i8]*; loads/stores need an opaque ptr
             g.align = alloc.align
             g.linkage = "internal"
             g.initializer = ir.Constant(g.value_type, ir.Undefined)
@@ -139,6 +141,7 @@ class _Lowering:
         g = self.globals.get("__dsmem")
         if g is None:
             g = ir.GlobalVariable(self.m, ir.ArrayType(ir.IntType(8), 0), "tylopy_dynamic_smem", addrspace=3)
+            g.type = SHARED_PTR
             g.align = self.k.dynamic_shared_align
             g.linkage = "external"
             self.globals["__dsmem"] = g

@@ -82,6 +82,9 @@ class Builder:
     def emit(self, opcode: str, operands: Sequence[Value] = (), regions: Sequence[Block] = (), **attrs) -> tuple[Value, ...]:
         for v in operands:
             if not isinstance(v, Value):
+                undefined = getattr(type(v), "undefined_error", None)
+                if undefined is not None:
+                    undefined(v)
                 self.error(f"{opcode} expects IR values as operands, but got {type(v).__name__} {v!r}")
         try:
             types = result_types(opcode, tuple(v.type for v in operands), attrs)
@@ -157,6 +160,9 @@ def as_value(x, like: Type | None = None) -> Value:
                             hint=f"convert explicitly with ty.cast(..., ty.{like})")
             return b.const(x, like)
         return b.const(x, python_type_of(x))
+    undefined = getattr(type(x), "undefined_error", None)  # tracing._Undefined: a name with no value here
+    if undefined is not None:
+        undefined(x)
     b.error(f"expected a tylopy value or a Python number, but got {type(x).__name__} {x!r}")
 
 
