@@ -47,30 +47,31 @@ def fence_operand(kinds: str) -> tuple[str, str]:
     return "", f"{outs},{ins}"
 
 
-def wgmma(n: int, dtype: str, a_kind: str, trans_b: int, scale_a: int = 1, scale_b: int = 1) -> tuple[str, str]:
-    """m64n{n}k16 f32 += {dtype} x {dtype}; SS takes desc_a, RS four b32 registers of A."""
+def wgmma(n: int, dtype: str, a_kind: str, trans_b: int, zero_init: bool = False) -> tuple[str, str]:
+    """m64n{n}k16 f32 += {dtype} x {dtype}; SS takes desc_a, RS four b32 registers of A.
+
+    Operands: outputs d0..d(n/2-1); unless zero_init, the same registers tied as inputs; then A,
+    desc_b and the scale-d predicate as a b32 (zero_init writes the literal 0 instead).
+    """
     nacc = n // 2
     d = ", ".join(f"${i}" for i in range(nacc))
-    base = 2 * nacc  # outputs then tied inputs
+    base = nacc if zero_init else 2 * nacc
     if a_kind == "ss":
-        a = f"${base}"
-        nb = base + 1
-        a_cons = "l"
+        a, nb, a_cons = f"${base}", base + 1, "l"
     else:
         a = "{" + ", ".join(f"${base + i}" for i in range(4)) + "}"
-        nb = base + 4
-        a_cons = "r,r,r,r"
+        nb, a_cons = base + 4, "r,r,r,r"
     b = f"${nb}"
-    pred = f"${nb + 1}"
-    ty = {"bf16": "bf16", "f16": "f16"}[dtype]
-    if a_kind == "ss":
-        tail = f"p, {scale_a}, {scale_b}, 0, {trans_b}"
+    trans_a = ", 0" if a_kind == "ss" else ""
+    if zero_init:
+        head, scale = "", "0"
     else:
-        tail = f"p, {scale_a}, {scale_b}, {trans_b}"
-    text = ("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, " + pred + ", 0;\n\t"
-            f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{d}}}, {a}, {b}, {tail};\n\t}}")
-    cons = ",".join(["=f"] * nacc + [str(i) for i in range(nacc)] + [a_cons, "l", "r"])
-    return text, cons
+        head, scale = "\t.reg .pred p;\n\tsetp.ne.b32 p, $" + str(nb + 1) + ", 0;\n", "p"
+    text = ("{\n" + head + f"\twgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} "
+            f"{{{d}}}, {a}, {b}, {scale}, 1, 1{trans_a}, {trans_b};\n\t}}")
+    ins = [] if zero_init else [str(i) for i in range(nacc)]
+    tail = [a_cons, "l"] + ([] if zero_init else ["r"])
+    return text, ",".join(["=f"] * nacc + ins + tail)
 
 
 def tma_load(rank: int) -> tuple[str, str]:

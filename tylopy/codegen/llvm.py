@@ -607,12 +607,11 @@ def lower_fence_operand(L: _Lowering, op: Op):
 
 def lower_wgmma(L: _Lowering, op: Op):
     n = op.attr("n")
-    nacc = n // 2
+    zero = op.attr("zero_init", False)
     vals = [L.v(x) for x in op.operands]
-    scale_d = L.b.zext(vals[-1], I32)
-    args = vals[:-1] + [scale_d]
-    text, cons = T.wgmma(n, op.attr("dtype"), op.attr("a_kind"), op.attr("trans_b"))
-    r = L.asm(text, cons, args, ret=ir.LiteralStructType([F32] * nacc), convergent=True)
+    args = vals if zero else vals[:-1] + [L.b.zext(vals[-1], I32)]
+    text, cons = T.wgmma(n, op.attr("dtype"), op.attr("a_kind"), op.attr("trans_b"), zero)
+    r = L.asm(text, cons, args, ret=ir.LiteralStructType([F32] * (n // 2)), convergent=True)
     _set_asm_results(L, op, r)
 
 

@@ -222,18 +222,29 @@ def _tma_load(ts, attrs):
 
 
 def _wgmma(ts, attrs):
+    """Operands: [n/2 f32 accumulators unless zero_init], A (desc u64 or 4 b32), desc_b u64, [scale_d i1]."""
     n = attrs["n"]
     nacc = n // 2
     kind = attrs["a_kind"]
+    _expect(kind in ("ss", "rs"), f"wgmma a_kind expects 'ss' or 'rs', but got {kind!r}")
+    _expect(attrs["dtype"] in ("bf16", "f16"), f"wgmma dtype expects bf16 or f16, but got {attrs['dtype']!r}")
+    _expect(n % 8 == 0 and 8 <= n <= 256, f"wgmma N expects a multiple of 8 in 8..256, but got {n}")
+    zero = attrs.get("zero_init", False)
     na = 4 if kind == "rs" else 1
-    _expect(len(ts) == nacc + na + 2, f"wgmma m64n{n}k16 expects {nacc} accumulators, {na} A operand(s), desc_b and scale_d")
-    _expect(all(t == f32 for t in ts[:nacc]), "wgmma accumulators expect f32")
+    want = (0 if zero else nacc) + na + 1 + (0 if zero else 1)
+    _expect(len(ts) == want, f"wgmma m64n{n}k16 ({kind}{', zero_init' if zero else ''}) expects {want} operands, "
+                             f"but got {len(ts)}")
+    k = 0
+    if not zero:
+        _expect(all(t == f32 for t in ts[:nacc]), "wgmma accumulators expect f32")
+        k = nacc
     if kind == "rs":
-        _expect(all(t == b32 for t in ts[nacc:nacc + 4]), "wgmma register A expects four b32 words")
+        _expect(all(t == b32 for t in ts[k:k + 4]), "wgmma register A expects four b32 words")
     else:
-        _expect(ts[nacc] == u64, f"wgmma desc_a expects u64, but got {ts[nacc]}")
-    _expect(ts[-2] == u64, f"wgmma desc_b expects u64, but got {ts[-2]}")
-    _expect(ts[-1] == i1, f"wgmma scale_d expects i1, but got {ts[-1]}")
+        _expect(ts[k] == u64, f"wgmma desc_a expects u64, but got {ts[k]}")
+    _expect(ts[k + na] == u64, f"wgmma desc_b expects u64, but got {ts[k + na]}")
+    if not zero:
+        _expect(ts[-1] == i1, f"wgmma scale_d expects i1, but got {ts[-1]}")
     return (f32,) * nacc
 
 

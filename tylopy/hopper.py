@@ -1,0 +1,87 @@
+"""Hopper (sm_90a) instructions for kernels: mbarriers, TMA, setmaxnreg, proxy fences.
+
+Thin, checked wrappers that build the IR ops; the wgmma side lives in ``tylopy.ir.wgmma`` and is
+re-exported here. Facts and sources for each instruction: hopper-reference.md.
+"""
+from __future__ import annotations
+
+import os
+
+from . import lang
+from .ir.builder import as_value, current_builder
+from .ir.core import Value
+from .ir.types import PointerType, i1, i32, u64
+from .ir.wgmma import (WgmmaAtom, descriptor_bits, fence_operand, smem_descriptor, wgmma, wgmma_commit,  # noqa: F401
+                       wgmma_fence, wgmma_wait)
+
+
+def _bar(bar) -> Value:
+    if not isinstance(bar, Value) or not isinstance(bar.type, PointerType) or bar.type.space != "shared":
+        current_builder().error(f"an mbarrier expects a shared-memory pointer, but got {bar!r}")
+    return lang.ptr_cast(bar, lang.u64)
+
+
+def mbarrier_init(bar, count) -> None:
+    """mbarrier.init: expect ``count`` arrivals per phase. One thread initializes."""
+    current_builder().emit("mbarrier_init", (_bar(bar), as_value(count, i32)))
+
+
+def mbarrier_arrive(bar) -> None:
+    current_builder().emit("mbarrier_arrive", (_bar(bar),))
+
+
+def mbarrier_arrive_expect_tx(bar, nbytes) -> None:
+    """Arrive and add ``nbytes`` to the phase's expected transaction count (before the TMA copies)."""
+    current_builder().emit("mbarrier_arrive_expect_tx", (_bar(bar), as_value(nbytes, i32)))
+
+
+def mbarrier_try_wait(bar, parity) -> Value:
+    """True once the phase with ``parity`` has completed (may time out and return false)."""
+    return current_builder().emit1("mbarrier_try_wait", (_bar(bar), as_value(parity, i32)))
+
+
+def mbarrier_wait(bar, parity) -> None:
+    """Spin on try_wait until the phase with ``parity`` completes."""
+    from .tracing import while_
+    b = _bar(bar)
+    p = as_value(parity, i32)
+    while_(lambda: ~current_builder().emit1("mbarrier_try_wait", (b, p)), lambda: (), (), ())
+
+
+def fence_proxy_async() -> None:
+    """fence.proxy.async.shared::cta: generic-proxy smem writes become visible to TMA/wgmma."""
+    current_builder().emit("fence_proxy_async", ())
+
+
+def fence_mbarrier_init() -> None:
+    current_builder().emit("fence_mbarrier_init", ())
+
+
+def tma_load(dst, tensormap, bar, *coords) -> None:
+    """cp.async.bulk.tensor.{rank}d global -> shared, completing its bytes on ``bar``.
+
+    ``coords`` are element coordinates, innermost dimension first (they may be out of range:
+    those elements are zero-filled and still counted).
+    """
+    bld = current_builder()
+    if not isinstance(dst, Value) or not isinstance(dst.type, PointerType) or dst.type.space != "shared":
+        bld.error(f"tma_load destination expects a shared-memory pointer, but got {dst!r}")
+    if not 1 <= len(coords) <= 5:
+        bld.error(f"tma_load expects 1 to 5 coordinates, but got {len(coords)}")
+    bld.emit("tma_load", (dst, tensormap, _bar(bar), *[as_value(c, i32) for c in coords]), rank=len(coords))
+
+
+def prefetch_tensormap(tensormap) -> None:
+    current_builder().emit("prefetch_tensormap", (tensormap,))
+
+
+def setmaxnreg(n: int, increase: bool) -> None:
+    """setmaxnreg.{inc,dec}: move registers between warpgroups (needs launch bounds with min blocks)."""
+    bld = current_builder()
+    if isinstance(n, Value) or not 24 <= n <= 256 or n % 8:
+        bld.error(f"setmaxnreg expects a compile-time multiple of 8 in 24..256, but got {n!r}")
+    bld.emit("setmaxnreg", (), n=int(n), inc=bool(increase))
+
+
+def elect_one() -> Value:
+    return lang.elect_one()
