@@ -256,24 +256,33 @@ def syncthreads() -> None:
 
 def _check_named(id, count):
     bld = current_builder()
-    if isinstance(id, Value) or isinstance(count, Value):
-        bld.error("named barriers expect compile-time id and thread count")
-    if not 0 <= id <= 15:
+    if isinstance(count, Value):
+        bld.error("named barriers expect a compile-time thread count")
+    if not isinstance(id, Value) and not 0 <= id <= 15:
         bld.error(f"barrier id expects 0..15, but got {id}")
     if count is not None and (count <= 0 or count % 32):
         bld.error(f"barrier thread count expects a positive multiple of 32, but got {count}")
 
 
-def barrier_sync(id: int, count: int | None = None) -> None:
-    """bar.sync id, count: wait until ``count`` threads arrived or synced on barrier ``id``."""
+def barrier_sync(id, count: int | None = None) -> None:
+    """bar.sync id, count: wait until ``count`` threads arrived or synced on barrier ``id``.
+
+    ``id`` may be a run-time (warp-uniform) value, e.g. a warpgroup's own barrier.
+    """
     _check_named(id, count)
-    current_builder().emit("barrier", (), id=int(id), count=count)
+    if isinstance(id, Value):
+        current_builder().emit("barrier", (as_value(id, i32),), count=count)
+    else:
+        current_builder().emit("barrier", (), id=int(id), count=count)
 
 
-def barrier_arrive(id: int, count: int) -> None:
+def barrier_arrive(id, count: int) -> None:
     """bar.arrive id, count: count this thread in without waiting."""
     _check_named(id, count)
-    current_builder().emit("barrier_arrive", (), id=int(id), count=int(count))
+    if isinstance(id, Value):
+        current_builder().emit("barrier_arrive", (as_value(id, i32),), count=int(count))
+    else:
+        current_builder().emit("barrier_arrive", (), id=int(id), count=int(count))
 
 
 def _shfl(mode, v, lane):

@@ -119,6 +119,7 @@ def if_(cond, then_fn, else_fn, names, values):
     # Only values defined before the if, or in both branches, survive it.
     flat_in = [flatten(v) if is_defined(v) else None for v in values]
     shapes: dict[str, Any] = {}
+    static_aux: list[dict] = [{}, {}]
 
     def run(fn):
         def traced():
@@ -129,6 +130,7 @@ def if_(cond, then_fn, else_fn, names, values):
                     shapes.setdefault(name, None)
                     continue
                 l, aux = flatten(o)
+                static_aux[len(branch_leaves)][name] = aux
                 prev = shapes.get(name, "unset")
                 if prev == "unset":
                     shapes[name] = (aux, len(l))
@@ -156,6 +158,10 @@ def if_(cond, then_fn, else_fn, names, values):
     keep = [n for n in names if n in branch_leaves[0] and n in branch_leaves[1]
             and len(branch_leaves[0][n]) == len(branch_leaves[1][n])
             and [v.type for v in branch_leaves[0][n]] == [v.type for v in branch_leaves[1][n]]]
+    for n in keep:
+        if not _same_static(static_aux[0][n], static_aux[1][n]):
+            bld.error(f"{n!r} holds different compile-time values on the two paths of a run-time if",
+                      hint="compute it with run-time values (e.g. ty.select) or decide it at compile time")
     # static leaves (python values) must agree too
     blocks = []
     for blk, leaves in zip(regions, branch_leaves):
@@ -242,7 +248,7 @@ def _traced_loop(values, names, carried_idx, build):
     and returns the flat values to yield.
     """
     values = list(values)
-    for attempt in (0, 1):
+    for attempt in __import__("itertools").count():
         flat = [flatten(values[i]) for i in carried_idx]
         init = [v for leaves, _ in flat for v in leaves]
 
@@ -268,11 +274,17 @@ def _traced_loop(values, names, carried_idx, build):
         try:
             results = build(init, run_body, rebuild)
         except _Retrace as r:
-            if attempt == 1:
+            promoted = _promote_for_carry(values[r.index], r.value)
+            if promoted is values[r.index]:
+                # Not a number we can put in a register: the name is local to the loop body
+                # (like ``upd = softmax_update(...)``); after the loop it has no value.
+                carried_idx = [i for i in carried_idx if i != r.index]
+            elif attempt >= 8:
                 _b.current_builder().error(
                     f"{names[r.index]!r} changes its structure inside a run-time loop "
                     f"(it enters as {values[r.index]!r} and leaves as {r.value!r})")
-            values[r.index] = _promote_for_carry(values[r.index], r.value)
+            else:
+                values[r.index] = promoted
             continue
         out = rebuild(results)
         for i, v in enumerate(values):

@@ -23,10 +23,12 @@ SIMPLE = {
 }
 
 
-def barrier(id: int, count: int | None, arrive: bool = False) -> tuple[str, str]:
+def barrier(id, count: int | None, arrive: bool = False) -> tuple[str, str]:
+    """bar.sync/bar.arrive; ``id`` None means a run-time id passed as operand $0."""
     op = "bar.arrive" if arrive else "bar.sync"
-    text = f"{op} {id};" if count is None else f"{op} {id}, {count};"
-    return text, "~{memory}"
+    ident = "$0" if id is None else str(id)
+    text = f"{op} {ident};" if count is None else f"{op} {ident}, {count};"
+    return text, ("r,~{memory}" if id is None else "~{memory}")
 
 
 def setmaxnreg(n: int, inc: bool) -> tuple[str, str]:

@@ -391,7 +391,9 @@ def lower_special(L: _Lowering, op: Op):
 
 
 def lower_barrier(L: _Lowering, op: Op):
-    L.asm(*T.barrier(op.attr("id"), op.attr("count"), arrive=op.opcode == "barrier_arrive"), [], convergent=True)
+    args = [L.v(x) for x in op.operands]
+    L.asm(*T.barrier(None if args else op.attr("id"), op.attr("count"), arrive=op.opcode == "barrier_arrive"), args,
+          convergent=True)
 
 
 def lower_shfl(L: _Lowering, op: Op):

@@ -187,6 +187,15 @@ def _none(n_operands=0):
     return rule
 
 
+def _barrier(ts, attrs):
+    _expect(len(ts) <= 1, "a barrier takes at most one operand (a run-time id)")
+    if ts:
+        _expect(ts[0] in (i32, u32), f"barrier id expects i32, but got {ts[0]}")
+    else:
+        _expect(isinstance(attrs.get("id"), int), "a barrier needs an id")
+    return ()
+
+
 def _asm(ts, attrs):
     return tuple(attrs["results"])
 
@@ -279,7 +288,7 @@ OPS: dict[str, Rule] = {
     "pack2": _pack2, "unpack2": _unpack2,
     "ptr_add": _ptr_add, "ptr_cast": _ptr_cast, "ptr_to_int": _ptr_to_int,
     "load": _load, "store": _store, "special": _special, "shfl": _shfl,
-    "barrier": _none(0), "barrier_arrive": _none(0), "membar": _none(0),
+    "barrier": lambda ts, a: _barrier(ts, a), "barrier_arrive": lambda ts, a: _barrier(ts, a), "membar": _none(0),
     "asm": _asm, "shared_ptr": _shared_ptr, "dynamic_shared_ptr": _shared_ptr,
     # Hopper
     "mbarrier_init": _mbar(2), "mbarrier_arrive": _mbar(1), "mbarrier_arrive_expect_tx": _mbar(2),

@@ -98,6 +98,23 @@ class SoftmaxUpdate:
     weights: Fragment   # unnormalized p, f32
     rescale: Fragment   # alpha per row: multiply the previous numerator by it
 
+    def __tylopy_flatten__(self):
+        parts = [self.state, self.weights, self.rescale]
+        leaves, auxes = [], []
+        for x in parts:
+            l, a = x.__tylopy_flatten__()
+            leaves += l
+            auxes.append((type(x), a, len(l)))
+        return leaves, tuple(auxes)
+
+    @classmethod
+    def __tylopy_unflatten__(cls, aux, leaves):
+        out, i = [], 0
+        for t, a, n in aux:
+            out.append(t.__tylopy_unflatten__(a, leaves[i:i + n]))
+            i += n
+        return cls(*out)
+
 
 def _coef(ops, scale, like):
     c = scale * LOG2E if isinstance(scale, (int, float)) else scale * LOG2E

@@ -124,21 +124,34 @@ def wgmma_commit():
     _groups()["wgmma_committed"] += 1
 
 
-def wgmma_wait(n: int, *frags: Fragment):
-    """wgmma.wait_group n: at most ``n`` most recent groups stay pending. Returns ``frags`` tied
-    through the wait; those whose group completed become readable."""
+def wgmma_wait(n: int, *args):
+    """wgmma.wait_group n: at most ``n`` most recent groups stay pending.
+
+    Returns ``args`` (fragments, or lists/tuples of fragments) tied through the wait; those whose
+    group completed become readable, the others stay pending.
+    """
     if not isinstance(n, int) or not 0 <= n <= 7:
         raise KernelSourceError(f"wgmma_wait n expects an int in 0..7, but got {n!r}")
-    meta = _groups()
-    done = meta["wgmma_committed"] - n
-    leaves = [v for f in frags for v in f._cols]
-    outs = _builder().emit("wgmma_wait", leaves, n=n)
-    result, i = [], 0
+    frags = [f for a in args for f in (a if isinstance(a, (list, tuple)) else [a])]
+    for f in frags:
+        if not isinstance(f, Fragment):
+            raise KernelSourceError(f"wgmma_wait expects fragments, but got {f!r}")
+    done = _groups()["wgmma_committed"] - n
+    outs = _builder().emit("wgmma_wait", [v for f in frags for v in f._cols], n=n)
+    tied, i = [], 0
     for f in frags:
         k = len(f._cols)
         group = f.group if (f.group is not None and f.group > done) else None
-        result.append(Fragment(outs[i:i + k], f.ownership, f.layout, f.pack, group, f.dtype))
+        tied.append(Fragment(outs[i:i + k], f.ownership, f.layout, f.pack, group, f.dtype))
         i += k
+    result, j = [], 0
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            result.append(type(a)(tied[j:j + len(a)]))
+            j += len(a)
+        else:
+            result.append(tied[j])
+            j += 1
     return result[0] if len(result) == 1 else tuple(result)
 
 

@@ -1,0 +1,304 @@
+"""Warp-specialized attention forward for Hopper (sm_90a), head dim 64.
+
+Computes O = softmax(scale * Q K^T + mask) V per (batch, head), and optionally the row
+log-sum-exp, without ever writing scores or probabilities to global memory.
+
+Algorithm (one CTA per (128-query block, head, batch); 384 threads):
+
+1. Warpgroup 0 is the producer. It gives registers back (``setmaxnreg.dec``), loads the Q tile
+   once with TMA and streams K and V tiles of ``BLOCK_N`` keys through a ring of ``STAGES``
+   shared-memory stages (128-byte swizzle). Each stage has a full and an empty mbarrier for K
+   and for V; a stage is refilled once both consumers have released it.
+2. Warpgroups 1 and 2 are consumers, 64 query rows each (``setmaxnreg.inc``). For key tile j:
+   wait for K_j, take the tensor-core turn (named barrier), issue S_j = Q K_j^T (SS wgmma) and
+   O += P_{j-1} V_{j-1} (RS wgmma), hand the turn to the other consumer, wait for S_j only,
+   release K_j, mask and run the online softmax update on S_j (exp2 of pre-scaled scores,
+   selects), wait for the PV product, release V_{j-1}, rescale O and convert S_j's registers in
+   the same lanes into the bf16/fp16 A operand P_j of the next PV product.
+3. After the last tile: O += P V, normalize by the row sums, store O (and LSE) for the rows that
+   exist.
+
+Constraints: D = 64; bf16 or fp16; Q/K/V as (B, H, N, D) views whose last dim is contiguous and
+whose other strides are multiples of 16 bytes. Lengths, heads, batch, scale, causal and the
+optional Boolean mask are run-time data; BLOCK_N, STAGES and the dtype are compile-time.
+
+Run it: ``tylopy dump kernels/attention_hopper.py`` (PTX + ptxas report, no GPU needed);
+``python -c "import torch, tylopy; ..."`` with ``tylopy.attention(q, k, v)`` on an H100/H200;
+check it with ``pytest -m gpu tests/test_attention_hopper_gpu.py``.
+"""
+import tylopy as ty
+from tylopy import hopper
+
+HEAD_DIM = 64
+ROWS_PER_CONSUMER = 64
+ROW_BYTES = HEAD_DIM * 2           # one 64-element bf16 row is one 128-byte swizzle row
+NEG_INF = float("-inf")
+LOG2E = 1.4426950408889634
+
+# Consumer k takes its tensor-core turn on named barrier k (0 is __syncthreads); both consumers
+# count on each: 128 threads sync, the other 128 arrive.
+CONSUMER_THREADS = 256
+
+
+class Smem:
+    """Byte offsets in the dynamic shared memory (every tile 1024-byte aligned for SW128)."""
+
+    def __init__(self, block_n, stages, consumers):
+        self.q = 0
+        self.q_bytes = 64 * consumers * ROW_BYTES
+        self.tile_bytes = block_n * ROW_BYTES
+        self.k = self.q + self.q_bytes
+        self.v = self.k + stages * self.tile_bytes
+        bars = self.v + stages * self.tile_bytes
+        self.q_full = bars
+        self.k_full = bars + 8
+        self.k_empty = self.k_full + 8 * stages
+        self.v_full = self.k_empty + 8 * stages
+        self.v_empty = self.v_full + 8 * stages
+        self.total = self.v_empty + 8 * stages
+
+
+@ty.func
+def bar_at(smem, offset):
+    return ty.ptr_cast(smem + offset, ty.u64)
+
+
+@ty.func
+def init_barriers(smem, lay, stages, consumers):
+    if ty.thread_idx() == 0:
+        hopper.mbarrier_init(bar_at(smem, lay.q_full), 1)
+        for s in range(stages):
+            hopper.mbarrier_init(bar_at(smem, lay.k_full + 8 * s), 1)
+            hopper.mbarrier_init(bar_at(smem, lay.v_full + 8 * s), 1)
+            hopper.mbarrier_init(bar_at(smem, lay.k_empty + 8 * s), consumers)
+            hopper.mbarrier_init(bar_at(smem, lay.v_empty + 8 * s), consumers)
+        hopper.fence_mbarrier_init()
+        hopper.fence_proxy_async()
+    ty.syncthreads()
+
+
+@ty.func
+def tma_coords(order, n, h, b):
+    """TMA coordinates after the D dimension, in the order the host sorted the strides."""
+    pos = {"n": n, "h": h, "b": b}
+    return tuple(pos[x] for x in order)
+
+
+@ty.func
+def producer(smem, lay, tm_q, tm_k, tm_v, m0, h, b, n_tiles, block_n, stages, order):
+    hopper.setmaxnreg(24, increase=False)
+    warp = ty.warp_idx() & 3
+    if warp == 0:
+        if ty.elect_one():
+            hopper.prefetch_tensormap(tm_k)
+            hopper.prefetch_tensormap(tm_v)
+            q_full = bar_at(smem, lay.q_full)
+            hopper.mbarrier_arrive_expect_tx(q_full, lay.q_bytes)
+            hopper.tma_load(smem + lay.q, tm_q, q_full, 0, *tma_coords(order, m0, h, b))
+            for j in range(n_tiles):
+                stage = j % stages
+                phase = (j // stages) & 1
+                k_empty = bar_at(smem, lay.k_empty + 8 * stage)
+                k_full = bar_at(smem, lay.k_full + 8 * stage)
+                hopper.mbarrier_wait(k_empty, phase ^ 1)
+                hopper.mbarrier_arrive_expect_tx(k_full, lay.tile_bytes)
+                hopper.tma_load(smem + (lay.k + stage * lay.tile_bytes), tm_k, k_full, 0,
+                                *tma_coords(order, j * block_n, h, b))
+                v_empty = bar_at(smem, lay.v_empty + 8 * stage)
+                v_full = bar_at(smem, lay.v_full + 8 * stage)
+                hopper.mbarrier_wait(v_empty, phase ^ 1)
+                hopper.mbarrier_arrive_expect_tx(v_full, lay.tile_bytes)
+                hopper.tma_load(smem + (lay.v + stage * lay.tile_bytes), tm_v, v_full, 0,
+                                *tma_coords(order, j * block_n, h, b))
+
+
+@ty.func
+def score_gemm(atom, q_desc, k_desc):
+    """S = Q K^T over D in k16 steps; K-major descriptors advance 32 bytes (2 in desc units) a step."""
+    hopper.wgmma_fence()
+    s = None
+    for k in range(HEAD_DIM // 16):
+        s = hopper.wgmma(atom, s, q_desc + 2 * k, k_desc + 2 * k)
+    hopper.wgmma_commit()
+    return s
+
+
+@ty.func
+def pv_gemm(atom, o, p, v_desc):
+    """O += P V: P in registers (RS), V MN-major (trans-b); a k16 step is 16 rows = 2048 bytes."""
+    hopper.wgmma_fence()
+    for kk in range(len(p)):
+        o = hopper.wgmma(atom, o, p[kk], v_desc + 128 * kk, trans_b=1)
+    hopper.wgmma_commit()
+    return o
+
+
+@ty.func
+def mask_scores(s, row0, col0, n_k, causal, mask_args, has_mask):
+    """-inf where a key is past the end, in the future (causal), or masked off by the user."""
+    warp = ty.warp_idx() & 3
+    lane = ty.lane_id()
+    vals = []
+    for i in range(len(s)):
+        r, c = s.layout.coord(warp, lane, i)
+        row = row0 + r
+        col = col0 + c
+        ok = (col < n_k) & ((causal == 0) | (col <= row))
+        if has_mask:
+            mask, n_q, m_base, m_stride_q, m_stride_k = mask_args
+            inside = ok & (row < n_q)
+            flag = ty.load(mask + (m_base + ty.cast(row, ty.i64) * m_stride_q + ty.cast(col, ty.i64) * m_stride_k),
+                           mask=inside)
+            ok = ok & (flag != 0)
+        vals.append(ty.select(ok, s.values[i], NEG_INF))
+    return s.with_data(vals)
+
+
+@ty.func
+def maybe_mask(s, row0, col0, n_k, causal, mask_args, has_mask, block_n):
+    """Mask only the tiles that need it: the ragged last tile and the causal diagonal."""
+    if has_mask:
+        s = mask_scores(s, row0, col0, n_k, causal, mask_args, has_mask)
+    else:
+        needs_mask = (col0 + block_n > n_k) | ((causal != 0) & (col0 + block_n - 1 > row0))
+        if needs_mask:
+            s = mask_scores(s, row0, col0, n_k, causal, mask_args, has_mask)
+    return s
+
+
+@ty.func
+def store_output(o, lse, out, lse_ptr, row0, n_q, o_base, o_stride_n, lse_base, dtype, return_lse, scale):
+    warp = ty.warp_idx() & 3
+    lane = ty.lane_id()
+    vals = o.values
+    out_words = ty.ptr_cast(out, ty.b32)
+    for i in range(0, len(vals), 2):
+        r, c = o.layout.coord(warp, lane, i)
+        row = row0 + r
+        if row < n_q:
+            word = ty.pack2(vals[i], vals[i + 1], dtype)
+            offset = o_base + ty.cast(row, ty.i64) * o_stride_n + ty.cast(c, ty.i64)
+            out_words[offset >> 1] = word
+    if return_lse:
+        if (lane & 3) == 0:
+            for slot in range(len(lse)):
+                r, c = lse.layout.coord(warp, lane, slot)
+                row = row0 + r
+                if row < n_q:
+                    lse_ptr[lse_base + ty.cast(row, ty.i64)] = lse.values[slot]
+
+
+@ty.func
+def consumer(smem, lay, out, lse_ptr, mask_args, wg, m0, n_q, n_k, n_tiles, scale, causal, o_base, o_stride_n,
+             lse_base, dtype, block_n, stages, has_mask, return_lse):
+    hopper.setmaxnreg(240, increase=True)
+    atom_s = hopper.WgmmaAtom(block_n, dtype, "ss")
+    atom_o = hopper.WgmmaAtom(HEAD_DIM, dtype, "rs")
+    row0 = m0 + (wg - 1) * ROWS_PER_CONSUMER
+    my_turn = wg
+    other_turn = 3 - wg
+    base = ty.address(smem)
+    q_desc = hopper.smem_descriptor(base + ty.cast(lay.q + (wg - 1) * ROWS_PER_CONSUMER * ROW_BYTES, ty.u32))
+    first_row = ty.thread_idx() & 127
+    leader = first_row == 0
+    if wg == 1:
+        ty.barrier_arrive(1, CONSUMER_THREADS)  # consumer 1 takes the first turn
+    hopper.mbarrier_wait(bar_at(smem, lay.q_full), 0)
+
+    def k_desc(stage):
+        return hopper.smem_descriptor(base + ty.cast(lay.k + stage * lay.tile_bytes, ty.u32))
+
+    def v_desc(stage):
+        return hopper.smem_descriptor(base + ty.cast(lay.v + stage * lay.tile_bytes, ty.u32))
+
+    # Tile 0: scores and softmax only; its PV product is issued with tile 1's scores.
+    hopper.mbarrier_wait(bar_at(smem, lay.k_full), 0)
+    ty.barrier_sync(my_turn, CONSUMER_THREADS)
+    s = score_gemm(atom_s, q_desc, k_desc(0))
+    ty.barrier_arrive(other_turn, CONSUMER_THREADS)
+    s = hopper.wgmma_wait(0, s)
+    if leader:
+        hopper.mbarrier_arrive(bar_at(smem, lay.k_empty))
+    s = maybe_mask(s, row0, 0, n_k, causal, mask_args, has_mask, block_n)
+    state = ty.SoftmaxState(s, partial_sum=True)
+    upd = ty.softmax_update(state, s, scale)
+    state = upd.state
+    p = [ty.pack_operand_a(atom_o, upd.weights, kk) for kk in range(block_n // 16)]
+    o = ty.Fragment(tuple(ty.cast(0.0, ty.f32) for _ in range(HEAD_DIM // 2)), ty.WARPGROUP, ty.wgmma_acc(HEAD_DIM))
+
+    for j in range(1, n_tiles):
+        stage = j % stages
+        phase = (j // stages) & 1
+        prev = (j - 1) % stages
+        prev_phase = ((j - 1) // stages) & 1
+        hopper.mbarrier_wait(bar_at(smem, lay.k_full + 8 * stage), phase)
+        ty.barrier_sync(my_turn, CONSUMER_THREADS)
+        s = score_gemm(atom_s, q_desc, k_desc(stage))
+        hopper.mbarrier_wait(bar_at(smem, lay.v_full + 8 * prev), prev_phase)
+        o = pv_gemm(atom_o, o, p, v_desc(prev))
+        ty.barrier_arrive(other_turn, CONSUMER_THREADS)
+        s, o = hopper.wgmma_wait(1, s, o)
+        if leader:
+            hopper.mbarrier_arrive(bar_at(smem, lay.k_empty + 8 * stage))
+        s = maybe_mask(s, row0, j * block_n, n_k, causal, mask_args, has_mask, block_n)
+        upd = ty.softmax_update(state, s, scale)
+        state = upd.state
+        o, p = hopper.wgmma_wait(0, o, p)
+        if leader:
+            hopper.mbarrier_arrive(bar_at(smem, lay.v_empty + 8 * prev))
+        o = o * upd.rescale
+        p = [ty.pack_operand_a(atom_o, upd.weights, kk) for kk in range(block_n // 16)]
+
+    last = (n_tiles - 1) % stages
+    last_phase = ((n_tiles - 1) // stages) & 1
+    hopper.mbarrier_wait(bar_at(smem, lay.v_full + 8 * last), last_phase)
+    o = pv_gemm(atom_o, o, p, v_desc(last))
+    o = hopper.wgmma_wait(0, o)
+    if leader:
+        hopper.mbarrier_arrive(bar_at(smem, lay.v_empty + 8 * last))
+    o = ty.softmax_normalize(o, state)
+    lse = ty.softmax_lse(state, scale) if return_lse else None
+    store_output(o, lse, out, lse_ptr, row0, n_q, o_base, o_stride_n, lse_base, dtype, return_lse, scale)
+
+
+def _threads(CONSUMERS=2, **_):
+    return 128 * (CONSUMERS + 1)
+
+
+def _smem_bytes(BLOCK_N, STAGES, CONSUMERS):
+    return Smem(BLOCK_N, STAGES, CONSUMERS).total
+
+
+@ty.kernel(threads=_threads, min_blocks_per_sm=1)
+def attention_fwd_sm90(
+    tm_q: ty.tensormap, tm_k: ty.tensormap, tm_v: ty.tensormap,
+    out: ty.ptr(ty.i16), lse_ptr: ty.ptr(ty.f32), mask: ty.ptr(ty.u8),
+    n_q: ty.i32, n_k: ty.i32, n_heads: ty.i32, scale: ty.f32, causal: ty.i32,
+    o_stride_b: ty.i64, o_stride_h: ty.i64, o_stride_n: ty.i64,
+    m_stride_b: ty.i64, m_stride_h: ty.i64, m_stride_q: ty.i64, m_stride_k: ty.i64,
+    DTYPE: ty.constexpr = ty.bf16, BLOCK_N: ty.constexpr = 64, STAGES: ty.constexpr = 4,
+    CONSUMERS: ty.constexpr = 2, HAS_MASK: ty.constexpr = False, RETURN_LSE: ty.constexpr = False,
+    COORD_ORDER: ty.constexpr = ("n", "h", "b"),
+):
+    lay = Smem(BLOCK_N, STAGES, CONSUMERS)
+    smem = ty.dynamic_shared(ty.u8, lay.total, align=1024)
+    # Longest query blocks first: under causal masking the last blocks carry the most tiles.
+    m_block = ty.grid_dim(0) - 1 - ty.block_idx(0)
+    h = ty.block_idx(1)
+    b = ty.block_idx(2)
+    m0 = m_block * (ROWS_PER_CONSUMER * CONSUMERS)
+    kv_end = n_k
+    if causal != 0:
+        kv_end = ty.minimum(n_k, m0 + ROWS_PER_CONSUMER * CONSUMERS)
+    n_tiles = (kv_end + (BLOCK_N - 1)) // BLOCK_N
+    init_barriers(smem, lay, STAGES, CONSUMERS)
+    wg = ty.warpgroup_idx()
+    o_base = ty.cast(b, ty.i64) * o_stride_b + ty.cast(h, ty.i64) * o_stride_h
+    lse_base = (ty.cast(b, ty.i64) * ty.cast(n_heads, ty.i64) + ty.cast(h, ty.i64)) * ty.cast(n_q, ty.i64)
+    m_base = ty.cast(b, ty.i64) * m_stride_b + ty.cast(h, ty.i64) * m_stride_h
+    mask_args = (mask, n_q, m_base, m_stride_q, m_stride_k)
+    if wg == 0:
+        producer(smem, lay, tm_q, tm_k, tm_v, m0, h, b, n_tiles, BLOCK_N, STAGES, COORD_ORDER)
+    else:
+        consumer(smem, lay, out, lse_ptr, mask_args, wg, m0, n_q, n_k, n_tiles, scale, causal, o_base, o_stride_n,
+                 lse_base, DTYPE, BLOCK_N, STAGES, HAS_MASK, RETURN_LSE)

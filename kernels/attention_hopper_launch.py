@@ -1,0 +1,72 @@
+"""Host side of the Hopper attention kernel: tensor maps, specialization, launch."""
+from __future__ import annotations
+
+import torch
+
+import tylopy as ty
+from tylopy.runtime.tensormap import TensorMap
+
+from .attention_hopper import HEAD_DIM, attention_fwd_sm90
+
+SCHEDULE = {"BLOCK_N": 64, "STAGES": 4, "CONSUMERS": 2}
+_maps: dict = {}
+_dummies: dict = {}
+
+
+def _coord_order(t: torch.Tensor) -> tuple:
+    """(n, h, b) sorted by increasing stride: the tensor map lists dimensions innermost first."""
+    dims = {"b": 0, "h": 1, "n": 2}
+    return tuple(sorted(dims, key=lambda k: (t.stride(dims[k]), dims[k] == 0, k != "n")))
+
+
+def _tensor_map(t: torch.Tensor, rows: int, order: tuple) -> TensorMap:
+    dims = {"b": 0, "h": 1, "n": 2}
+    shape = [HEAD_DIM] + [t.shape[dims[k]] for k in order]
+    strides = [max(t.stride(dims[k]), 1) * t.element_size() for k in order]
+    strides = [s if t.shape[dims[k]] > 1 else max(s, 16) for s, k in zip(strides, order)]
+    box = [HEAD_DIM] + [rows if k == "n" else 1 for k in order]
+    key = (t.data_ptr(), tuple(shape), tuple(strides), tuple(box), t.dtype, t.device.index)
+    tm = _maps.get(key)
+    if tm is None:
+        if len(_maps) > 256:
+            _maps.clear()
+        tm = TensorMap.tiled(t, shape, strides, box, "bf16" if t.dtype == torch.bfloat16 else "f16", swizzle=128)
+        _maps[key] = tm
+    return tm
+
+
+def _dummy(device, dtype):
+    key = (device, dtype)
+    t = _dummies.get(key)
+    if t is None:
+        t = _dummies[key] = torch.zeros(16, dtype=dtype, device=device)
+    return t
+
+
+def launch_hopper(q, k, v, attn_mask, is_causal, scale, out, lse, schedule=None):
+    sched = dict(SCHEDULE, **(schedule or {}))
+    B, H, n_q, _ = q.shape
+    n_k = k.shape[2]
+    block_m = 64 * sched["CONSUMERS"]
+    order = _coord_order(q)
+    if _coord_order(k) != order or _coord_order(v) != order:
+        k, v = k.contiguous(), v.contiguous()
+        q = q.contiguous()
+        order = _coord_order(q)
+    tm_q = _tensor_map(q, block_m, order)
+    tm_k = _tensor_map(k, sched["BLOCK_N"], order)
+    tm_v = _tensor_map(v, sched["BLOCK_N"], order)
+    if attn_mask is not None:
+        mask_t = attn_mask.view(torch.uint8).expand(B, H, n_q, n_k)  # broadcast dims get stride 0, no copy
+        ms = [mask_t.stride(i) for i in range(4)]
+    else:
+        mask_t, ms = _dummy(q.device, torch.uint8), [0, 0, 0, 0]
+    lse_t = lse if lse is not None else _dummy(q.device, torch.float32)
+    grid = ((n_q + block_m - 1) // block_m, H, B)
+    attention_fwd_sm90[grid](
+        tm_q, tm_k, tm_v, out.view(torch.int16), lse_t, mask_t,
+        n_q, n_k, H, scale, int(is_causal),
+        out.stride(0), out.stride(1), out.stride(2),
+        ms[0], ms[1], ms[2], ms[3],
+        DTYPE=ty.bf16 if q.dtype == torch.bfloat16 else ty.f16, HAS_MASK=attn_mask is not None,
+        RETURN_LSE=lse is not None, COORD_ORDER=order, **sched)
