@@ -8,6 +8,7 @@ ctypes slot, point the void*[] at them, and call the driver. It never synchroniz
 from __future__ import annotations
 
 import ctypes
+import operator
 
 from ..errors import LaunchTypeError, LaunchValueError, ResourceLimitError
 from ..ir.types import PointerType, ScalarType, TensorMapType
@@ -98,7 +99,10 @@ def check_grid(kernel: str, grid) -> tuple[int, int, int]:
         grid = (grid,)
     if not isinstance(grid, (tuple, list)) or not 1 <= len(grid) <= 3:
         raise LaunchTypeError(f"{kernel}: grid expects an int or a tuple of 1 to 3 ints, but got {grid!r}")
-    g = [int(x) for x in grid] + [1] * (3 - len(grid))
+    for i, x in enumerate(grid):
+        if isinstance(x, bool) or not hasattr(type(x), "__index__"):  # a float would be truncated silently
+            raise LaunchTypeError(f"{kernel}: grid dimension {i} expects an int, but got {type(x).__name__} {x!r}")
+    g = [operator.index(x) for x in grid] + [1] * (3 - len(grid))
     limits = (2**31 - 1, 65535, 65535)
     for i, (x, lim) in enumerate(zip(g, limits)):
         if not 0 <= x <= lim:

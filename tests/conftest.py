@@ -1,0 +1,97 @@
+"""Shared test setup: GPU tiers, a private compile cache, and skip helpers.
+
+* Tests marked ``gpu`` skip (with the reason) where torch sees no CUDA device, so the CPU
+  tier runs everything else.
+* ``requires_sm90`` (also the ``sm90`` marker) skips unless the current device is compute
+  capability 9.0 (Hopper), like numba-cuda's ``skip_unless_cc_90``.
+* ``TYLOPY_CACHE_DIR`` points at a temporary folder made for this session, so tests never
+  read or write ``~/.cache/tylopy``; tests that need an empty cache use the ``cache_dir``
+  fixture.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import tempfile
+
+import pytest
+
+_SESSION_CACHE: str | None = None
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+@functools.lru_cache(maxsize=None)
+def compute_capability() -> tuple[int, int] | None:
+    if not cuda_available():
+        return None
+    import torch
+    return tuple(torch.cuda.get_device_capability())
+
+
+def _sm90_skip_reason() -> str | None:
+    cc = compute_capability()
+    if cc is None:
+        return "needs a Hopper GPU (sm_90), but torch.cuda.is_available() is False"
+    if cc != (9, 0):
+        return f"needs a Hopper GPU (sm_90), but the current device is sm_{cc[0]}{cc[1]}"
+    return None
+
+
+requires_gpu = pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU: torch.cuda.is_available() is False")
+requires_sm90 = pytest.mark.skipif(_sm90_skip_reason() is not None, reason=_sm90_skip_reason() or "")
+
+
+def pytest_configure(config):
+    global _SESSION_CACHE
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")
+    config.addinivalue_line("markers", "sm90: needs a Hopper (sm_90) GPU")
+    _SESSION_CACHE = tempfile.mkdtemp(prefix="tylopy-test-cache-")
+    os.environ["TYLOPY_CACHE_DIR"] = _SESSION_CACHE  # set before any test module compiles a kernel
+
+
+def pytest_unconfigure(config):
+    if _SESSION_CACHE:
+        shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_skip = None if cuda_available() else pytest.mark.skip(
+        reason="needs a CUDA GPU: torch.cuda.is_available() is False")
+    sm90_reason = _sm90_skip_reason()
+    for item in items:
+        if gpu_skip is not None and "gpu" in item.keywords:
+            item.add_marker(gpu_skip)
+        if sm90_reason is not None and "sm90" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=sm90_reason))
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """An empty compile cache for one test."""
+    d = tmp_path / "tylopy-cache"
+    d.mkdir()
+    monkeypatch.setenv("TYLOPY_CACHE_DIR", str(d))
+    monkeypatch.delenv("TYLOPY_CACHE", raising=False)
+    return d
+
+
+@pytest.fixture
+def no_disk_cache(monkeypatch):
+    """Compile from scratch every time (the in-memory cache of a Kernel object still applies)."""
+    monkeypatch.setenv("TYLOPY_CACHE", "0")
+
+
+def fresh(kernel):
+    """A new Kernel object over the same function: no in-memory compile cache carried over."""
+    import tylopy as ty
+    return ty.Kernel(kernel.fn, kernel.threads, kernel.arch, kernel.min_blocks_per_sm, kernel.max_registers,
+                     kernel.name)
