@@ -35,8 +35,8 @@ ROW_BYTES = HEAD_DIM * 2           # one 64-element bf16 row is one 128-byte swi
 NEG_INF = float("-inf")
 LOG2E = 1.4426950408889634
 
-# Consumer k takes its tensor-core turn on named barrier k (0 is __syncthreads); both consumers
-# count on each: 128 threads sync, the other 128 arrive.
+# Consumer k takes its tensor-core turn on named barrier k (0 is __syncthreads): 128 threads of
+# consumer k sync there and the 128 of the consumer before it arrive.
 CONSUMER_THREADS = 256
 
 
@@ -84,9 +84,14 @@ def tma_coords(order, n, h, b):
     return tuple(pos[x] for x in order)
 
 
+# Registers per thread after setmaxnreg, (producer, consumer): the whole pool of 1 CTA per SM
+# (65536 / threads, rounded down to 8) is redistributed, e.g. 128*24 + 256*240 = 384*168.
+REGISTER_SPLIT = {2: (24, 240), 3: (32, 160)}
+
+
 @ty.func
-def producer(smem, lay, tm_q, tm_k, tm_v, m0, h, b, n_tiles, block_n, stages, order):
-    hopper.setmaxnreg(24, increase=False)
+def producer(smem, lay, tm_q, tm_k, tm_v, m0, h, b, n_tiles, block_n, stages, order, consumers):
+    hopper.setmaxnreg(REGISTER_SPLIT[consumers][0], increase=False)
     warp = ty.warp_idx() & 3
     if warp == 0:
         if ty.elect_one():
@@ -190,13 +195,14 @@ def store_output(o, lse, out, lse_ptr, row0, n_q, o_base, o_stride_n, lse_base, 
 
 @ty.func
 def consumer(smem, lay, out, lse_ptr, mask_args, wg, m0, n_q, n_k, n_tiles, scale, causal, o_base, o_stride_n,
-             lse_base, dtype, block_n, stages, has_mask, return_lse):
-    hopper.setmaxnreg(240, increase=True)
+             lse_base, dtype, block_n, stages, has_mask, return_lse, consumers):
+    hopper.setmaxnreg(REGISTER_SPLIT[consumers][1], increase=True)
     atom_s = hopper.WgmmaAtom(block_n, dtype, "ss")
     atom_o = hopper.WgmmaAtom(HEAD_DIM, dtype, "rs")
     row0 = m0 + (wg - 1) * ROWS_PER_CONSUMER
+    # Round robin on the tensor cores: consumer k waits on barrier k, then passes to the next one.
     my_turn = wg
-    other_turn = 3 - wg
+    next_turn = wg % consumers + 1
     base = ty.address(smem)
     q_desc = hopper.smem_descriptor(base + ty.cast(lay.q + (wg - 1) * ROWS_PER_CONSUMER * ROW_BYTES, ty.u32))
     first_row = ty.thread_idx() & 127
@@ -215,7 +221,7 @@ def consumer(smem, lay, out, lse_ptr, mask_args, wg, m0, n_q, n_k, n_tiles, scal
     hopper.mbarrier_wait(bar_at(smem, lay.k_full), 0)
     ty.barrier_sync(my_turn, CONSUMER_THREADS)
     s = score_gemm(atom_s, q_desc, k_desc(0))
-    ty.barrier_arrive(other_turn, CONSUMER_THREADS)
+    ty.barrier_arrive(next_turn, CONSUMER_THREADS)
     s = hopper.wgmma_wait(0, s)
     if leader:
         hopper.mbarrier_arrive(bar_at(smem, lay.k_empty))
@@ -236,7 +242,7 @@ def consumer(smem, lay, out, lse_ptr, mask_args, wg, m0, n_q, n_k, n_tiles, scal
         s = score_gemm(atom_s, q_desc, k_desc(stage))
         hopper.mbarrier_wait(bar_at(smem, lay.v_full + 8 * prev), prev_phase)
         o = pv_gemm(atom_o, o, p, v_desc(prev))
-        ty.barrier_arrive(other_turn, CONSUMER_THREADS)
+        ty.barrier_arrive(next_turn, CONSUMER_THREADS)
         s, o = hopper.wgmma_wait(1, s, o)
         if leader:
             hopper.mbarrier_arrive(bar_at(smem, lay.k_empty + 8 * stage))
@@ -298,7 +304,7 @@ def attention_fwd_sm90(
     m_base = ty.cast(b, ty.i64) * m_stride_b + ty.cast(h, ty.i64) * m_stride_h
     mask_args = (mask, n_q, m_base, m_stride_q, m_stride_k)
     if wg == 0:
-        producer(smem, lay, tm_q, tm_k, tm_v, m0, h, b, n_tiles, BLOCK_N, STAGES, COORD_ORDER)
+        producer(smem, lay, tm_q, tm_k, tm_v, m0, h, b, n_tiles, BLOCK_N, STAGES, COORD_ORDER, CONSUMERS)
     else:
         consumer(smem, lay, out, lse_ptr, mask_args, wg, m0, n_q, n_k, n_tiles, scale, causal, o_base, o_stride_n,
-                 lse_base, DTYPE, BLOCK_N, STAGES, HAS_MASK, RETURN_LSE)
+                 lse_base, DTYPE, BLOCK_N, STAGES, HAS_MASK, RETURN_LSE, CONSUMERS)
