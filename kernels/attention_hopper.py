@@ -193,6 +193,60 @@ def store_output(o, lse, out, lse_ptr, row0, n_q, o_base, o_stride_n, lse_base, 
                     lse_ptr[lse_base + ty.cast(row, ty.i64)] = lse.values[slot]
 
 
+class Turn:
+    """Round robin on the tensor cores: consumer k syncs on named barrier k and passes to k+1."""
+
+    def __init__(self, wg, consumers):
+        self.mine = wg
+        self.next = wg % consumers + 1
+
+
+@ty.func
+def stage_of(j, stages):
+    return j % stages, (j // stages) & 1
+
+
+@ty.func
+def scores_for_tile(smem, lay, atom_s, q_desc, base, j, stages, turn):
+    """Wait for K_j, take the turn and issue S_j = Q K_j^T (the turn is passed on by the caller)."""
+    stage, phase = stage_of(j, stages)
+    hopper.mbarrier_wait(bar_at(smem, lay.k_full + 8 * stage), phase)
+    ty.barrier_sync(turn.mine, CONSUMER_THREADS)
+    k_desc = hopper.smem_descriptor(base + ty.cast(lay.k + stage * lay.tile_bytes, ty.u32))
+    return score_gemm(atom_s, q_desc, k_desc)
+
+
+@ty.func
+def pv_for_tile(smem, lay, atom_o, o, p, base, j, stages):
+    """Wait for V_j and issue O += P_j V_j."""
+    stage, phase = stage_of(j, stages)
+    hopper.mbarrier_wait(bar_at(smem, lay.v_full + 8 * stage), phase)
+    v_desc = hopper.smem_descriptor(base + ty.cast(lay.v + stage * lay.tile_bytes, ty.u32))
+    return pv_gemm(atom_o, o, p, v_desc)
+
+
+@ty.func
+def release(smem, offset, j, stages, leader):
+    """One thread per consumer arrives on the stage's empty barrier (count = consumers)."""
+    stage, phase = stage_of(j, stages)
+    if leader:
+        hopper.mbarrier_arrive(bar_at(smem, offset + 8 * stage))
+
+
+@ty.func
+def pass_dead_tiles(smem, lay, first, n_tiles, stages, turn, leader):
+    """Tiles wholly in this consumer's causal future: no math, but every stage and turn protocol
+    step the other consumers and the producer count on."""
+    for j in range(first, n_tiles):
+        stage, phase = stage_of(j, stages)
+        hopper.mbarrier_wait(bar_at(smem, lay.k_full + 8 * stage), phase)
+        ty.barrier_sync(turn.mine, CONSUMER_THREADS)
+        ty.barrier_arrive(turn.next, CONSUMER_THREADS)
+        release(smem, lay.k_empty, j, stages, leader)
+        hopper.mbarrier_wait(bar_at(smem, lay.v_full + 8 * stage), phase)
+        release(smem, lay.v_empty, j, stages, leader)
+
+
 @ty.func
 def consumer(smem, lay, out, lse_ptr, mask_args, wg, m0, n_q, n_k, n_tiles, scale, causal, o_base, o_stride_n,
              lse_base, dtype, block_n, stages, has_mask, return_lse, consumers):
@@ -200,68 +254,48 @@ def consumer(smem, lay, out, lse_ptr, mask_args, wg, m0, n_q, n_k, n_tiles, scal
     atom_s = hopper.WgmmaAtom(block_n, dtype, "ss")
     atom_o = hopper.WgmmaAtom(HEAD_DIM, dtype, "rs")
     row0 = m0 + (wg - 1) * ROWS_PER_CONSUMER
-    # Round robin on the tensor cores: consumer k waits on barrier k, then passes to the next one.
-    my_turn = wg
-    next_turn = wg % consumers + 1
+    turn = Turn(wg, consumers)
     base = ty.address(smem)
     q_desc = hopper.smem_descriptor(base + ty.cast(lay.q + (wg - 1) * ROWS_PER_CONSUMER * ROW_BYTES, ty.u32))
-    first_row = ty.thread_idx() & 127
-    leader = first_row == 0
+    leader = (ty.thread_idx() & 127) == 0
+    # Under causal masking this consumer's last useful tile ends at its own last row.
+    my_tiles = n_tiles
+    if causal != 0:
+        my_tiles = ty.minimum(n_tiles, (ty.minimum(n_k, row0 + ROWS_PER_CONSUMER) + (block_n - 1)) // block_n)
     if wg == 1:
         ty.barrier_arrive(1, CONSUMER_THREADS)  # consumer 1 takes the first turn
     hopper.mbarrier_wait(bar_at(smem, lay.q_full), 0)
 
-    def k_desc(stage):
-        return hopper.smem_descriptor(base + ty.cast(lay.k + stage * lay.tile_bytes, ty.u32))
-
-    def v_desc(stage):
-        return hopper.smem_descriptor(base + ty.cast(lay.v + stage * lay.tile_bytes, ty.u32))
-
     # Tile 0: scores and softmax only; its PV product is issued with tile 1's scores.
-    hopper.mbarrier_wait(bar_at(smem, lay.k_full), 0)
-    ty.barrier_sync(my_turn, CONSUMER_THREADS)
-    s = score_gemm(atom_s, q_desc, k_desc(0))
-    ty.barrier_arrive(next_turn, CONSUMER_THREADS)
+    s = scores_for_tile(smem, lay, atom_s, q_desc, base, 0, stages, turn)
+    ty.barrier_arrive(turn.next, CONSUMER_THREADS)
     s = hopper.wgmma_wait(0, s)
-    if leader:
-        hopper.mbarrier_arrive(bar_at(smem, lay.k_empty))
+    release(smem, lay.k_empty, 0, stages, leader)
     s = maybe_mask(s, row0, 0, n_k, causal, mask_args, has_mask, block_n)
-    state = ty.SoftmaxState(s, partial_sum=True)
-    upd = ty.softmax_update(state, s, scale)
+    upd = ty.softmax_update(ty.SoftmaxState(s, partial_sum=True), s, scale)
     state = upd.state
     p = [ty.pack_operand_a(atom_o, upd.weights, kk) for kk in range(block_n // 16)]
     o = ty.Fragment(tuple(ty.cast(0.0, ty.f32) for _ in range(HEAD_DIM // 2)), ty.WARPGROUP, ty.wgmma_acc(HEAD_DIM))
 
-    for j in range(1, n_tiles):
-        stage = j % stages
-        phase = (j // stages) & 1
-        prev = (j - 1) % stages
-        prev_phase = ((j - 1) // stages) & 1
-        hopper.mbarrier_wait(bar_at(smem, lay.k_full + 8 * stage), phase)
-        ty.barrier_sync(my_turn, CONSUMER_THREADS)
-        s = score_gemm(atom_s, q_desc, k_desc(stage))
-        hopper.mbarrier_wait(bar_at(smem, lay.v_full + 8 * prev), prev_phase)
-        o = pv_gemm(atom_o, o, p, v_desc(prev))
-        ty.barrier_arrive(next_turn, CONSUMER_THREADS)
+    # Tile j: S_j and O += P_{j-1} V_{j-1} in flight together; softmax of S_j overlaps the PV product.
+    for j in range(1, my_tiles):
+        s = scores_for_tile(smem, lay, atom_s, q_desc, base, j, stages, turn)
+        o = pv_for_tile(smem, lay, atom_o, o, p, base, j - 1, stages)
+        ty.barrier_arrive(turn.next, CONSUMER_THREADS)
         s, o = hopper.wgmma_wait(1, s, o)
-        if leader:
-            hopper.mbarrier_arrive(bar_at(smem, lay.k_empty + 8 * stage))
+        release(smem, lay.k_empty, j, stages, leader)
         s = maybe_mask(s, row0, j * block_n, n_k, causal, mask_args, has_mask, block_n)
         upd = ty.softmax_update(state, s, scale)
         state = upd.state
         o, p = hopper.wgmma_wait(0, o, p)
-        if leader:
-            hopper.mbarrier_arrive(bar_at(smem, lay.v_empty + 8 * prev))
+        release(smem, lay.v_empty, j - 1, stages, leader)
         o = o * upd.rescale
         p = [ty.pack_operand_a(atom_o, upd.weights, kk) for kk in range(block_n // 16)]
 
-    last = (n_tiles - 1) % stages
-    last_phase = ((n_tiles - 1) // stages) & 1
-    hopper.mbarrier_wait(bar_at(smem, lay.v_full + 8 * last), last_phase)
-    o = pv_gemm(atom_o, o, p, v_desc(last))
+    o = pv_for_tile(smem, lay, atom_o, o, p, base, my_tiles - 1, stages)
     o = hopper.wgmma_wait(0, o)
-    if leader:
-        hopper.mbarrier_arrive(bar_at(smem, lay.v_empty + 8 * last))
+    release(smem, lay.v_empty, my_tiles - 1, stages, leader)
+    pass_dead_tiles(smem, lay, my_tiles, n_tiles, stages, turn, leader)
     o = ty.softmax_normalize(o, state)
     lse = ty.softmax_lse(state, scale) if return_lse else None
     store_output(o, lse, out, lse_ptr, row0, n_q, o_base, o_stride_n, lse_base, dtype, return_lse, scale)
@@ -282,8 +316,8 @@ def attention_fwd_sm90(
     n_q: ty.i32, n_k: ty.i32, n_heads: ty.i32, scale: ty.f32, causal: ty.i32,
     o_stride_b: ty.i64, o_stride_h: ty.i64, o_stride_n: ty.i64,
     m_stride_b: ty.i64, m_stride_h: ty.i64, m_stride_q: ty.i64, m_stride_k: ty.i64,
-    DTYPE: ty.constexpr = ty.bf16, BLOCK_N: ty.constexpr = 64, STAGES: ty.constexpr = 4,
-    CONSUMERS: ty.constexpr = 2, HAS_MASK: ty.constexpr = False, RETURN_LSE: ty.constexpr = False,
+    DTYPE: ty.constexpr = ty.bf16, BLOCK_N: ty.constexpr = 128, STAGES: ty.constexpr = 2,
+    CONSUMERS: ty.constexpr = 3, HAS_MASK: ty.constexpr = False, RETURN_LSE: ty.constexpr = False,
     COORD_ORDER: ty.constexpr = ("n", "h", "b"),
 ):
     lay = Smem(BLOCK_N, STAGES, CONSUMERS)
