@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One device call: install, GPU tests, smoke checks, benchmarks. Logs and JSON land in $OUT.
+# Usage: bash tools/gpu_session.sh [tests|smoke|bench|softmax|all ...]   (default: all)
+set -u
+OUT=${OUT:-/tmp/tylopy-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TYLOPY_CACHE_DIR=${TYLOPY_CACHE_DIR:-/tmp/tylopy-cache}
+python3 -m pip install -e . --no-deps --no-build-isolation -q 2>&1 | grep -v WARNING
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
+steps=${*:-all}
+want() { [[ " $steps " == *" $1 "* || " $steps " == *" all "* ]]; }
+TESTS=${GPU_TESTS:-tests}
+if want tests; then
+  timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout=120 --timeout-method=thread $TESTS \
+    2>&1 | tee "$OUT/pytest-gpu.log" | tail -25
+fi
+if want smoke; then
+  timeout 240 python3 tools/gpu_smoke.py --timeout 200 2>&1 | tee "$OUT/smoke.log"
+fi
+if want bench; then
+  timeout 400 python3 tools/bench_attention.py --output "$OUT/attention.json" --plot "$OUT/attention.png" \
+    2>&1 | tee "$OUT/bench-attention.log"
+fi
+if want softmax; then
+  timeout 200 python3 tools/bench_softmax.py --output "$OUT/softmax.json" 2>&1 | tee "$OUT/bench-softmax.log" | tail -20
+fi
