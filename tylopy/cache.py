@@ -91,6 +91,15 @@ def _source_digest(fn, seen: set) -> list[tuple[str, str]]:
     return out
 
 
+def _value_repr(x) -> str:
+    """A stable description of a closure value (functions by source hash, the rest by repr)."""
+    target = getattr(x, "fn", x)
+    if isinstance(target, types.FunctionType):
+        return ",".join(h for _, h in _source_digest(target, set()))
+    text = repr(x)
+    return text if " at 0x" not in text else type(x).__qualname__
+
+
 def cache_key(kernel, constexprs: dict) -> tuple[str, dict]:
     import llvmlite
     import llvmlite.binding as llvm
@@ -98,6 +107,10 @@ def cache_key(kernel, constexprs: dict) -> tuple[str, dict]:
     components = {
         "format": FORMAT,
         "kernel": kernel.name,
+        # Parameter types and closure values: kernels made by a factory share their source text.
+        "signature": [f"{n}: {k!r}" for n, k, _ in kernel.signature],
+        "closure": {name: _value_repr(c.cell_contents)
+                    for name, c in zip(kernel.fn.__code__.co_freevars, kernel.fn.__closure__ or ())},
         "source": dict(_source_digest(kernel.fn, set())),
         "constexprs": {k: repr(v) for k, v in sorted(constexprs.items())},
         "launch_bounds": [bounds.max_threads, bounds.min_blocks_per_sm, bounds.max_registers],
