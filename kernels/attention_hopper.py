@@ -51,7 +51,8 @@ class Smem:
         self.v = self.k + stages * self.tile_bytes
         bars = self.v + stages * self.tile_bytes
         self.q_full = bars
-        self.k_full = bars + 8
+        self.q_empty = bars + 8
+        self.k_full = bars + 16
         self.k_empty = self.k_full + 8 * stages
         self.v_full = self.k_empty + 8 * stages
         self.v_empty = self.v_full + 8 * stages
@@ -67,6 +68,7 @@ def bar_at(smem, offset):
 def init_barriers(smem, lay, stages, consumers):
     if ty.thread_idx() == 0:
         hopper.mbarrier_init(bar_at(smem, lay.q_full), 1)
+        hopper.mbarrier_init(bar_at(smem, lay.q_empty), consumers)
         for s in range(stages):
             hopper.mbarrier_init(bar_at(smem, lay.k_full + 8 * s), 1)
             hopper.mbarrier_init(bar_at(smem, lay.v_full + 8 * s), 1)
@@ -89,32 +91,81 @@ def tma_coords(order, n, h, b):
 REGISTER_SPLIT = {2: (24, 240), 3: (32, 160)}
 
 
+class Problem:
+    """The run-time sizes, strides and pointers every role needs (a plain holder of IR values)."""
+
+    def __init__(self, n_q, n_k, n_heads, n_batch, scale, causal, out, lse_ptr, mask, o_strides, m_strides,
+                 block_m, block_n):
+        self.n_q, self.n_k, self.n_heads, self.n_batch = n_q, n_k, n_heads, n_batch
+        self.scale, self.causal = scale, causal
+        self.out, self.lse_ptr, self.mask = out, lse_ptr, mask
+        self.o_strides, self.m_strides = o_strides, m_strides
+        self.block_m, self.block_n = block_m, block_n
+        self.num_m = (n_q + (block_m - 1)) // block_m
+        self.total = self.num_m * n_heads * n_batch
+
+
 @ty.func
-def producer(smem, lay, tm_q, tm_k, tm_v, m0, h, b, n_tiles, block_n, stages, order, consumers):
+def tile_position(k):
+    """The k-th work tile of this CTA: i, 2G-1-i, 2G+i, ... so heavy and light causal tiles alternate."""
+    g = ty.grid_dim(0)
+    i = ty.block_idx(0)
+    return k * g + ty.select((k & 1) == 0, i, g - 1 - i)
+
+
+@ty.func
+def work_tile(prob, pos):
+    """Tile position -> (first query row, head, batch, key tiles).
+
+    Non-causal: the query blocks of one (batch, head) are neighbours, so K and V are reused from
+    L2. Causal: heaviest query blocks (the last ones) first, for the tail of the schedule.
+    """
+    heads_x_batch = prob.n_heads * prob.n_batch
+    m_block = pos % prob.num_m
+    hb = pos // prob.num_m
+    if prob.causal != 0:
+        m_block = prob.num_m - 1 - pos // heads_x_batch
+        hb = pos % heads_x_batch
+    m0 = m_block * prob.block_m
+    kv_end = prob.n_k
+    if prob.causal != 0:
+        kv_end = ty.minimum(prob.n_k, m0 + prob.block_m)
+    return m0, hb % prob.n_heads, hb // prob.n_heads, (kv_end + (prob.block_n - 1)) // prob.block_n
+
+
+@ty.func
+def load_tile(smem, lay, tmap, offset, full, empty, it, row, h, b, stages, order):
+    """Wait until the ring stage of iteration ``it`` is free, then TMA one key tile into it."""
+    stage, phase = stage_of(it, stages)
+    hopper.mbarrier_wait(bar_at(smem, empty + 8 * stage), phase ^ 1)
+    full_bar = bar_at(smem, full + 8 * stage)
+    hopper.mbarrier_arrive_expect_tx(full_bar, lay.tile_bytes)
+    hopper.tma_load(smem + (offset + stage * lay.tile_bytes), tmap, full_bar, 0, *tma_coords(order, row, h, b))
+
+
+@ty.func
+def producer(smem, lay, prob, tm_q, tm_k, tm_v, n_rounds, stages, order, consumers):
     hopper.setmaxnreg(REGISTER_SPLIT[consumers][0], increase=False)
     warp = ty.warp_idx() & 3
     if warp == 0:
         if ty.elect_one():
             hopper.prefetch_tensormap(tm_k)
             hopper.prefetch_tensormap(tm_v)
-            q_full = bar_at(smem, lay.q_full)
-            hopper.mbarrier_arrive_expect_tx(q_full, lay.q_bytes)
-            hopper.tma_load(smem + lay.q, tm_q, q_full, 0, *tma_coords(order, m0, h, b))
-            for j in range(n_tiles):
-                stage = j % stages
-                phase = (j // stages) & 1
-                k_empty = bar_at(smem, lay.k_empty + 8 * stage)
-                k_full = bar_at(smem, lay.k_full + 8 * stage)
-                hopper.mbarrier_wait(k_empty, phase ^ 1)
-                hopper.mbarrier_arrive_expect_tx(k_full, lay.tile_bytes)
-                hopper.tma_load(smem + (lay.k + stage * lay.tile_bytes), tm_k, k_full, 0,
-                                *tma_coords(order, j * block_n, h, b))
-                v_empty = bar_at(smem, lay.v_empty + 8 * stage)
-                v_full = bar_at(smem, lay.v_full + 8 * stage)
-                hopper.mbarrier_wait(v_empty, phase ^ 1)
-                hopper.mbarrier_arrive_expect_tx(v_full, lay.tile_bytes)
-                hopper.tma_load(smem + (lay.v + stage * lay.tile_bytes), tm_v, v_full, 0,
-                                *tma_coords(order, j * block_n, h, b))
+            it = 0
+            for k in range(n_rounds):
+                pos = tile_position(k)
+                if pos < prob.total:
+                    m0, h, b, n_tiles = work_tile(prob, pos)
+                    # Q has one buffer: the next tile's Q lands while the consumers finish this one.
+                    hopper.mbarrier_wait(bar_at(smem, lay.q_empty), (k & 1) ^ 1)
+                    q_full = bar_at(smem, lay.q_full)
+                    hopper.mbarrier_arrive_expect_tx(q_full, lay.q_bytes)
+                    hopper.tma_load(smem + lay.q, tm_q, q_full, 0, *tma_coords(order, m0, h, b))
+                    for j in range(n_tiles):
+                        row = j * prob.block_n
+                        load_tile(smem, lay, tm_k, lay.k, lay.k_full, lay.k_empty, it + j, row, h, b, stages, order)
+                        load_tile(smem, lay, tm_v, lay.v, lay.v_full, lay.v_empty, it + j, row, h, b, stages, order)
+                    it = it + n_tiles
 
 
 @ty.func
@@ -143,17 +194,19 @@ def mask_scores(s, row0, col0, n_k, causal, mask_args, has_mask):
     """-inf where a key is past the end, in the future (causal), or masked off by the user."""
     warp = ty.warp_idx() & 3
     lane = ty.lane_id()
+    slots = s.layout.row_slots
+    first = [slots.index(k) for k in range(max(slots) + 1)]
+    rows = [row0 + s.layout.coord(warp, lane, i)[0] for i in first]  # this thread's two rows
+    if has_mask:
+        mask, n_q, m_base, m_stride_q, m_stride_k = mask_args
+        row_ptrs = [mask + (m_base + ty.cast(r, ty.i64) * m_stride_q) for r in rows]
     vals = []
     for i in range(len(s)):
-        r, c = s.layout.coord(warp, lane, i)
-        row = row0 + r
-        col = col0 + c
+        row = rows[slots[i]]
+        col = col0 + s.layout.coord(warp, lane, i)[1]
         ok = (col < n_k) & ((causal == 0) | (col <= row))
         if has_mask:
-            mask, n_q, m_base, m_stride_q, m_stride_k = mask_args
-            inside = ok & (row < n_q)
-            flag = ty.load(mask + (m_base + ty.cast(row, ty.i64) * m_stride_q + ty.cast(col, ty.i64) * m_stride_k),
-                           mask=inside)
+            flag = ty.load(row_ptrs[slots[i]] + ty.cast(col, ty.i64) * m_stride_k, mask=ok & (row < n_q))
             ok = ok & (flag != 0)
         vals.append(ty.select(ok, s.values[i], NEG_INF))
     return s.with_data(vals)
@@ -248,29 +301,47 @@ def pass_dead_tiles(smem, lay, first, n_tiles, stages, turn, leader):
 
 
 @ty.func
-def consumer(smem, lay, out, lse_ptr, mask_args, wg, m0, n_q, n_k, n_tiles, scale, causal, o_base, o_stride_n,
-             lse_base, dtype, block_n, stages, has_mask, return_lse, consumers):
+def consumer(smem, lay, prob, wg, n_rounds, dtype, block_n, stages, has_mask, return_lse, consumers):
     hopper.setmaxnreg(REGISTER_SPLIT[consumers][1], increase=True)
+    turn = Turn(wg, consumers)
+    if wg == 1:
+        ty.barrier_arrive(1, CONSUMER_THREADS)  # consumer 1 takes the first turn
+    it = 0
+    for k in range(n_rounds):
+        pos = tile_position(k)
+        if pos < prob.total:
+            m0, h, b, n_tiles = work_tile(prob, pos)
+            consumer_tile(smem, lay, prob, wg, turn, k, it, m0, h, b, n_tiles, dtype, block_n, stages, has_mask,
+                          return_lse)
+            it = it + n_tiles
+
+
+@ty.func
+def consumer_tile(smem, lay, prob, wg, turn, k, it, m0, h, b, n_tiles, dtype, block_n, stages, has_mask, return_lse):
+    """One work tile for one consumer: 64 query rows against every key tile of the tile's range.
+
+    ``it`` is the ring iteration of this tile's first key tile (the ring runs on across tiles).
+    """
     atom_s = hopper.WgmmaAtom(block_n, dtype, "ss")
     atom_o = hopper.WgmmaAtom(HEAD_DIM, dtype, "rs")
+    n_k, causal, scale = prob.n_k, prob.causal, prob.scale
     row0 = m0 + (wg - 1) * ROWS_PER_CONSUMER
-    turn = Turn(wg, consumers)
     base = ty.address(smem)
     q_desc = hopper.smem_descriptor(base + ty.cast(lay.q + (wg - 1) * ROWS_PER_CONSUMER * ROW_BYTES, ty.u32))
     leader = (ty.thread_idx() & 127) == 0
+    m_base = ty.cast(b, ty.i64) * prob.m_strides[0] + ty.cast(h, ty.i64) * prob.m_strides[1]
+    mask_args = (prob.mask, prob.n_q, m_base, prob.m_strides[2], prob.m_strides[3])
     # Under causal masking this consumer's last useful tile ends at its own last row.
     my_tiles = n_tiles
     if causal != 0:
         my_tiles = ty.minimum(n_tiles, (ty.minimum(n_k, row0 + ROWS_PER_CONSUMER) + (block_n - 1)) // block_n)
-    if wg == 1:
-        ty.barrier_arrive(1, CONSUMER_THREADS)  # consumer 1 takes the first turn
-    hopper.mbarrier_wait(bar_at(smem, lay.q_full), 0)
+    hopper.mbarrier_wait(bar_at(smem, lay.q_full), k & 1)
 
     # Tile 0: scores and softmax only; its PV product is issued with tile 1's scores.
-    s = scores_for_tile(smem, lay, atom_s, q_desc, base, 0, stages, turn)
+    s = scores_for_tile(smem, lay, atom_s, q_desc, base, it, stages, turn)
     ty.barrier_arrive(turn.next, CONSUMER_THREADS)
     s = hopper.wgmma_wait(0, s)
-    release(smem, lay.k_empty, 0, stages, leader)
+    release(smem, lay.k_empty, it, stages, leader)
     s = maybe_mask(s, row0, 0, n_k, causal, mask_args, has_mask, block_n)
     upd = ty.softmax_update(ty.SoftmaxState(s, partial_sum=True), s, scale)
     state = upd.state
@@ -279,26 +350,31 @@ def consumer(smem, lay, out, lse_ptr, mask_args, wg, m0, n_q, n_k, n_tiles, scal
 
     # Tile j: S_j and O += P_{j-1} V_{j-1} in flight together; softmax of S_j overlaps the PV product.
     for j in range(1, my_tiles):
-        s = scores_for_tile(smem, lay, atom_s, q_desc, base, j, stages, turn)
-        o = pv_for_tile(smem, lay, atom_o, o, p, base, j - 1, stages)
+        s = scores_for_tile(smem, lay, atom_s, q_desc, base, it + j, stages, turn)
+        o = pv_for_tile(smem, lay, atom_o, o, p, base, it + j - 1, stages)
         ty.barrier_arrive(turn.next, CONSUMER_THREADS)
         s, o = hopper.wgmma_wait(1, s, o)
-        release(smem, lay.k_empty, j, stages, leader)
+        release(smem, lay.k_empty, it + j, stages, leader)
         s = maybe_mask(s, row0, j * block_n, n_k, causal, mask_args, has_mask, block_n)
         upd = ty.softmax_update(state, s, scale)
         state = upd.state
         o, p = hopper.wgmma_wait(0, o, p)
-        release(smem, lay.v_empty, j - 1, stages, leader)
+        release(smem, lay.v_empty, it + j - 1, stages, leader)
         o = o * upd.rescale
         p = [ty.pack_operand_a(atom_o, upd.weights, kk) for kk in range(block_n // 16)]
 
-    o = pv_for_tile(smem, lay, atom_o, o, p, base, my_tiles - 1, stages)
+    if leader:  # every S GEMM of this tile has completed: the producer may load the next Q
+        hopper.mbarrier_arrive(bar_at(smem, lay.q_empty))
+    o = pv_for_tile(smem, lay, atom_o, o, p, base, it + my_tiles - 1, stages)
     o = hopper.wgmma_wait(0, o)
-    release(smem, lay.v_empty, my_tiles - 1, stages, leader)
-    pass_dead_tiles(smem, lay, my_tiles, n_tiles, stages, turn, leader)
+    release(smem, lay.v_empty, it + my_tiles - 1, stages, leader)
+    pass_dead_tiles(smem, lay, it + my_tiles, it + n_tiles, stages, turn, leader)
     o = ty.softmax_normalize(o, state)
     lse = ty.softmax_lse(state, scale) if return_lse else None
-    store_output(o, lse, out, lse_ptr, row0, n_q, o_base, o_stride_n, lse_base, dtype, return_lse, scale)
+    o_base = ty.cast(b, ty.i64) * prob.o_strides[0] + ty.cast(h, ty.i64) * prob.o_strides[1]
+    lse_base = (ty.cast(b, ty.i64) * ty.cast(prob.n_heads, ty.i64) + ty.cast(h, ty.i64)) * ty.cast(prob.n_q, ty.i64)
+    store_output(o, lse, prob.out, prob.lse_ptr, row0, prob.n_q, o_base, prob.o_strides[2], lse_base, dtype,
+                 return_lse, scale)
 
 
 def _threads(CONSUMERS=2, **_):
@@ -313,32 +389,24 @@ def _smem_bytes(BLOCK_N, STAGES, CONSUMERS):
 def attention_fwd_sm90(
     tm_q: ty.tensormap, tm_k: ty.tensormap, tm_v: ty.tensormap,
     out: ty.ptr(ty.i16), lse_ptr: ty.ptr(ty.f32), mask: ty.ptr(ty.u8),
-    n_q: ty.i32, n_k: ty.i32, n_heads: ty.i32, scale: ty.f32, causal: ty.i32,
+    n_q: ty.i32, n_k: ty.i32, n_heads: ty.i32, n_batch: ty.i32, scale: ty.f32, causal: ty.i32,
     o_stride_b: ty.i64, o_stride_h: ty.i64, o_stride_n: ty.i64,
     m_stride_b: ty.i64, m_stride_h: ty.i64, m_stride_q: ty.i64, m_stride_k: ty.i64,
     DTYPE: ty.constexpr = ty.bf16, BLOCK_N: ty.constexpr = 128, STAGES: ty.constexpr = 2,
     CONSUMERS: ty.constexpr = 3, HAS_MASK: ty.constexpr = False, RETURN_LSE: ty.constexpr = False,
     COORD_ORDER: ty.constexpr = ("n", "h", "b"),
 ):
+    """One CTA works through tiles (query block, head, batch): one per CTA when the grid covers
+    them all, or a persistent loop when the grid is the number of SMs."""
     lay = Smem(BLOCK_N, STAGES, CONSUMERS)
     smem = ty.dynamic_shared(ty.u8, lay.total, align=1024)
-    # Longest query blocks first: under causal masking the last blocks carry the most tiles.
-    m_block = ty.grid_dim(0) - 1 - ty.block_idx(0)
-    h = ty.block_idx(1)
-    b = ty.block_idx(2)
-    m0 = m_block * (ROWS_PER_CONSUMER * CONSUMERS)
-    kv_end = n_k
-    if causal != 0:
-        kv_end = ty.minimum(n_k, m0 + ROWS_PER_CONSUMER * CONSUMERS)
-    n_tiles = (kv_end + (BLOCK_N - 1)) // BLOCK_N
+    prob = Problem(n_q, n_k, n_heads, n_batch, scale, causal, out, lse_ptr, mask,
+                   (o_stride_b, o_stride_h, o_stride_n), (m_stride_b, m_stride_h, m_stride_q, m_stride_k),
+                   ROWS_PER_CONSUMER * CONSUMERS, BLOCK_N)
+    n_rounds = (prob.total + ty.grid_dim(0) - 1) // ty.grid_dim(0)
     init_barriers(smem, lay, STAGES, CONSUMERS)
     wg = ty.warpgroup_idx()
-    o_base = ty.cast(b, ty.i64) * o_stride_b + ty.cast(h, ty.i64) * o_stride_h
-    lse_base = (ty.cast(b, ty.i64) * ty.cast(n_heads, ty.i64) + ty.cast(h, ty.i64)) * ty.cast(n_q, ty.i64)
-    m_base = ty.cast(b, ty.i64) * m_stride_b + ty.cast(h, ty.i64) * m_stride_h
-    mask_args = (mask, n_q, m_base, m_stride_q, m_stride_k)
     if wg == 0:
-        producer(smem, lay, tm_q, tm_k, tm_v, m0, h, b, n_tiles, BLOCK_N, STAGES, COORD_ORDER, CONSUMERS)
+        producer(smem, lay, prob, tm_q, tm_k, tm_v, n_rounds, STAGES, COORD_ORDER, CONSUMERS)
     else:
-        consumer(smem, lay, out, lse_ptr, mask_args, wg, m0, n_q, n_k, n_tiles, scale, causal, o_base, o_stride_n,
-                 lse_base, DTYPE, BLOCK_N, STAGES, HAS_MASK, RETURN_LSE, CONSUMERS)
+        consumer(smem, lay, prob, wg, n_rounds, DTYPE, BLOCK_N, STAGES, HAS_MASK, RETURN_LSE, CONSUMERS)

@@ -10,7 +10,7 @@ from .attention_hopper import HEAD_DIM, attention_fwd_sm90
 
 # Measured on the H200 (results/attention-sweep-H200-2026-11-29.json): 128-key tiles and three
 # consumer warpgroups beat 64 x 2 by 15-30%; the stage count barely matters at this depth.
-SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 3}
+SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 3, "PERSISTENT": True}
 # With a user mask the per-element mask loads need more registers than 160 per consumer thread
 # (3 consumers spill 156 bytes); two consumers get 240.
 MASKED_SCHEDULE = {"CONSUMERS": 2}
@@ -40,6 +40,10 @@ def _tensor_map(t: torch.Tensor, rows: int, order: tuple) -> TensorMap:
     return tm
 
 
+def _sm_count(device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _dummy(device, dtype):
     key = (device, dtype)
     t = _dummies.get(key)
@@ -67,10 +71,12 @@ def launch_hopper(q, k, v, attn_mask, is_causal, scale, out, lse, schedule=None)
     else:
         mask_t, ms = _dummy(q.device, torch.uint8), [0, 0, 0, 0]
     lse_t = lse if lse is not None else _dummy(q.device, torch.float32)
-    grid = ((n_q + block_m - 1) // block_m, H, B)
+    tiles = (n_q + block_m - 1) // block_m * H * B
+    persistent = sched.pop("PERSISTENT")
+    grid = (min(tiles, _sm_count(q.device)) if persistent else tiles,)
     attention_fwd_sm90[grid](
         tm_q, tm_k, tm_v, out.view(torch.int16), lse_t, mask_t,
-        n_q, n_k, H, scale, int(is_causal),
+        n_q, n_k, H, B, scale, int(is_causal),
         out.stride(0), out.stride(1), out.stride(2),
         ms[0], ms[1], ms[2], ms[3],
         DTYPE=ty.bf16 if q.dtype == torch.bfloat16 else ty.f16, HAS_MASK=attn_mask is not None,

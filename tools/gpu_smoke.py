@@ -94,6 +94,9 @@ def main():
     case("attn lse", attn(1, 2, 200, 333, lse=True))
     case("attn masked", attn(1, 2, 200, 333, masked=True, lse=True))
     case("attn big logits", attn(1, 1, 256, 256, scale_inputs=30.0))
+    case("attn many tiles per CTA", attn(16, 32, 512, 512))
+    case("attn many tiles per CTA causal", attn(16, 32, 640, 640, causal=True, lse=True))
+    case("attn many tiles masked", attn(4, 32, 700, 900, masked=True))
 
     def bench():
         from triton.testing import do_bench

@@ -47,6 +47,8 @@ def is_defined(x) -> bool:
 
 def flatten(x) -> tuple[list[Value], Any]:
     """Split ``x`` into its IR values and a static description to rebuild it."""
+    if isinstance(x, _Undefined):
+        return [], ("static", x)
     if isinstance(x, Value):
         return [x], ("v",)
     if isinstance(x, (tuple, list)):
@@ -116,70 +118,57 @@ def if_(cond, then_fn, else_fn, names, values):
         return (then_fn if cond else else_fn)(*values)
     if cond.type != _b.i1:
         cond = cond != 0
-    # Only values defined before the if, or in both branches, survive it.
-    flat_in = [flatten(v) if is_defined(v) else None for v in values]
-    shapes: dict[str, Any] = {}
-    static_aux: list[dict] = [{}, {}]
-
-    def run(fn):
-        def traced():
-            outs = fn(*values)
-            leaves = []
-            for name, o, fin in zip(names, outs, flat_in):
-                if not is_defined(o):
-                    shapes.setdefault(name, None)
-                    continue
-                l, aux = flatten(o)
-                static_aux[len(branch_leaves)][name] = aux
-                prev = shapes.get(name, "unset")
-                if prev == "unset":
-                    shapes[name] = (aux, len(l))
-                elif prev is None or prev[1] != len(l):
-                    shapes[name] = None
-                leaves.append((name, l))
-            return leaves
-        return traced
-
-    # Trace both branches, then keep the names whose structure agrees.
     bld = _b.current_builder()
-    branch_leaves = []
-    regions = []
+    # Trace both branches into their own blocks; each gives the names' values at its end.
+    branches = []  # (open block, {name: output})
     for fn in (then_fn, else_fn):
         bld.push_block(())
         try:
-            branch_leaves.append(dict(run(fn)()))
+            outs = fn(*values)
         except BaseException:
             bld.discard_block()
             raise
-        regions.append(None)
-        bld_blocks_top = bld._blocks[-1]
-        regions[-1] = bld_blocks_top
-        bld._blocks.pop()
-    keep = [n for n in names if n in branch_leaves[0] and n in branch_leaves[1]
-            and len(branch_leaves[0][n]) == len(branch_leaves[1][n])
-            and [v.type for v in branch_leaves[0][n]] == [v.type for v in branch_leaves[1][n]]]
-    for n in keep:
-        if not _same_static(static_aux[0][n], static_aux[1][n]):
-            bld.error(f"{n!r} holds different compile-time values on the two paths of a run-time if",
+        branches.append((bld.suspend_block(), dict(zip(names, outs))))
+    # A name survives the if when both paths define it with the same structure; a Python number
+    # on one path and a scalar value on the other becomes a constant on the first.
+    merged = []  # (name, aux, [leaves per branch])
+    for name in names:
+        outs = [br[1][name] for br in branches]
+        if not all(is_defined(o) for o in outs):
+            continue
+        for k in (0, 1):
+            other = outs[1 - k]
+            if isinstance(outs[k], (bool, int, float)) and isinstance(other, Value) and \
+                    isinstance(other.type, ScalarType) and not _static_equal(outs[k], other):
+                bld.resume_block(branches[k][0])
+                outs[k] = _b.as_value(outs[k], other.type)
+                branches[k] = (bld.suspend_block(), branches[k][1])
+        flat = [flatten(o) for o in outs]
+        (l0, a0), (l1, a1) = flat
+        if len(l0) != len(l1) or [v.type for v in l0] != [v.type for v in l1]:
+            continue
+        if not _same_static(a0, a1):
+            bld.error(f"{name!r} holds different compile-time values on the two paths of a run-time if",
                       hint="compute it with run-time values (e.g. ty.select) or decide it at compile time")
-    # static leaves (python values) must agree too
+        merged.append((name, a0, (l0, l1)))
     blocks = []
-    for blk, leaves in zip(regions, branch_leaves):
-        outs = [v for n in keep for v in leaves[n]]
-        bld._blocks.append(blk)
-        bld.emit("yield", outs)
+    for k, (blk, _) in enumerate(branches):
+        bld.resume_block(blk)
+        bld.emit("yield", [v for _, _, leaves in merged for v in leaves[k]])
         blocks.append(bld.pop_block())
-    result_types = tuple(v.type for n in keep for v in branch_leaves[0][n])
-    results = bld.emit("if", (cond,), regions=tuple(blocks), result_types=result_types)
-    out, i = [], 0
+    result_types = tuple(v.type for _, _, leaves in merged for v in leaves[0])
+    results = list(bld.emit("if", (cond,), regions=tuple(blocks), result_types=result_types))
+    by_name, i = {}, 0
+    for name, aux, leaves in merged:
+        n = len(leaves[0])
+        by_name[name] = unflatten(aux, results[i:i + n])
+        i += n
+    out = []
     for name, v in zip(names, values):
-        if name in keep:
-            n = len(branch_leaves[0][name])
-            aux = shapes[name][0]
-            out.append(unflatten(aux, list(results[i:i + n])))
-            i += n
-        elif name not in branch_leaves[0] and name not in branch_leaves[1]:
-            out.append(v)
+        if name in by_name:
+            out.append(by_name[name])
+        elif all(br[1][name] is v for br in branches):
+            out.append(v)  # untouched on both paths
         else:
             out.append(_Undefined(name))
     return tuple(out)

@@ -110,6 +110,13 @@ class Builder:
     def discard_block(self):
         self._blocks.pop()
 
+    def suspend_block(self) -> "_BlockBuilder":
+        """Take the innermost block off the stack unfinished (to append to it later)."""
+        return self._blocks.pop()
+
+    def resume_block(self, block: "_BlockBuilder"):
+        self._blocks.append(block)
+
     def finish(self) -> Block:
         if len(self._blocks) != 1:
             raise RuntimeError("unbalanced blocks at the end of tracing")
