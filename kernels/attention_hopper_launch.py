@@ -10,7 +10,11 @@ from .attention_hopper import HEAD_DIM, attention_fwd_sm90
 
 # Measured on the H200 (results/attention-sweep-H200-2026-11-29.json): 128-key tiles and three
 # consumer warpgroups beat 64 x 2 by 15-30%; the stage count barely matters at this depth.
-SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 3, "PERSISTENT": True}
+SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 3, "PERSISTENT": "auto"}
+# A persistent grid (one CTA per SM looping over work tiles, the next Q loading under the current
+# epilogue) wins only where each work tile is short; with long rows the hardware's dynamic block
+# scheduler balances causal work better than our static order (results/*-v3-persistent.json).
+PERSISTENT_MAX_KEYS = 1024
 # With a user mask the per-element mask loads need more registers than 160 per consumer thread
 # (3 consumers spill 156 bytes); two consumers get 240.
 MASKED_SCHEDULE = {"CONSUMERS": 2}
@@ -73,6 +77,8 @@ def launch_hopper(q, k, v, attn_mask, is_causal, scale, out, lse, schedule=None)
     lse_t = lse if lse is not None else _dummy(q.device, torch.float32)
     tiles = (n_q + block_m - 1) // block_m * H * B
     persistent = sched.pop("PERSISTENT")
+    if persistent == "auto":
+        persistent = n_k <= PERSISTENT_MAX_KEYS
     grid = (min(tiles, _sm_count(q.device)) if persistent else tiles,)
     attention_fwd_sm90[grid](
         tm_q, tm_k, tm_v, out.view(torch.int16), lse_t, mask_t,
