@@ -117,15 +117,11 @@ def tile_position(k):
 def work_tile(prob, pos):
     """Tile position -> (first query row, head, batch, key tiles).
 
-    Non-causal: the query blocks of one (batch, head) are neighbours, so K and V are reused from
-    L2. Causal: heaviest query blocks (the last ones) first, for the tail of the schedule.
+    The query blocks of one (batch, head) are neighbours, so K and V are reused from L2, and the
+    last block comes first: under causal masking it carries the most key tiles.
     """
-    heads_x_batch = prob.n_heads * prob.n_batch
-    m_block = pos % prob.num_m
+    m_block = prob.num_m - 1 - pos % prob.num_m
     hb = pos // prob.num_m
-    if prob.causal != 0:
-        m_block = prob.num_m - 1 - pos // heads_x_batch
-        hb = pos % heads_x_batch
     m0 = m_block * prob.block_m
     kv_end = prob.n_k
     if prob.causal != 0:
