@@ -1,22 +1,37 @@
-"""Three row-softmax kernels with one warp per row, to compare what a row costs to keep.
+"""Three row-softmax kernels, to compare what a row costs to keep.
 
 Each computes ``torch.softmax(x, dim=1)`` for a (rows, cols) tensor of float32, float16 or
 bfloat16 (the arithmetic is float32; the output has the input's dtype):
 
 ``softmax_streaming`` (``streaming_kernel``)
-    Four values per lane per 128-column chunk, whatever the row width, so registers stay
+    One warp per row, four values per lane per 128-column chunk, whatever the row width, so registers stay
     bounded (the loops take two chunks per step, to keep two loads in flight). Pass 1 reads
     the row once and keeps per-lane online statistics: a running maximum m and a running sum
     l of exp(x - m), rescaled whenever m grows. A shfl_xor butterfly then merges the 32 lane
     states. Pass 2 reads the row again and writes the probabilities. Traffic: two reads and
     one write of the row.
 ``softmax_full_row`` (``full_row_kernel``)
-    The row width is a compile-time ``COLS``; each lane keeps its COLS/32 values in registers:
-    one read, one write. ``COLS <= MAX_FULL_ROW_COLS`` (4096): at 8192 a lane would hold 256
-    values, more than the 255 registers a thread has, and ptxas spills.
+    The row width is a compile-time ``COLS`` and the row stays in registers: one read, one
+    write. ``WARPS_PER_ROW`` warps (constexpr) share a row, each lane holding
+    COLS/(32*WARPS_PER_ROW) values:
+
+    1. every thread loads its values (16-byte vector loads where aligned; the ragged last chunk
+       masked to -inf) and reduces them to its maximum;
+    2. a shfl_xor butterfly gives each warp the maximum; with several warps, lane 0 of each
+       writes it to a static shared array of WARPS_PER_ROW floats, ``syncthreads``, and every
+       warp reads the entries back and finishes with a butterfly over WARPS_PER_ROW lanes;
+    3. the same for the sum of exponentials, through a second shared array (so no second
+       barrier is needed before the first array's entries could be overwritten);
+    4. every thread writes its probabilities (stores past the row's end are skipped).
+
+    ``full_row_warps(cols)`` chooses WARPS_PER_ROW: 1 up to 4096 columns (four rows a block of
+    128 threads, up to 128 values a lane), then one row a block of 4, 8 or 16 warps up to 8192,
+    16384 and 32768 columns (at most 64 values a lane, which ptxas keeps without spills).
+    ``COLS <= MAX_FULL_ROW_COLS`` (32768): a 65536-column float32 row is 256 KiB, the whole
+    register file of an SM, so wider rows are for the streaming kernel.
 ``softmax_three_pass`` (``three_pass_kernel``)
-    A scalar loop per lane over columns lane, lane+32, ...: one pass for the maximum, one for
-    the sum of exponentials, one to write. Three reads and one write.
+    A scalar loop per lane over columns lane, lane+32, ..., one warp per row: one pass for the
+    maximum, one for the sum of exponentials, one to write. Three reads and one write.
 
 Numerics, shared by the three. Everything runs in the exp2 domain: the maximum is kept as
 ``m = fl(max(x) * log2(e))`` and each weight is ``exp2(fma(x, log2(e), -m))`` (PTX
@@ -33,19 +48,19 @@ same guard. Both are branch-free (``ty.select``). Columns past the end of the ro
 which gives them zero weight. A row whose logits are all -inf ends with l = 0 and is written
 as zeros (torch gives NaN); NaN logits give a NaN row.
 
-Memory access. With ``VEC=4`` lane i owns columns 4i..4i+3 of each 128-column chunk and moves
-them with one vector access (``ld.global.nc.v4``: 16 bytes for float32, 8 for 16-bit types).
-That needs every row start aligned to 4 elements, so the launchers choose ``VEC=4`` only when
-cols % 4 == 0 and both tensors are 4-element aligned; otherwise ``VEC=1``, where lane i owns columns
-i, i+32, i+64, i+96 of each chunk and uses four scalar (still coalesced) accesses. Either way
-the ragged last chunk is masked: its loads read nothing past the row and its stores are
-guarded.
+Memory access. The T threads on a row (32, or 32*WARPS_PER_ROW) walk it in chunks of 4*T
+columns. With ``VEC=4`` thread i owns columns 4i..4i+3 of each chunk and moves them with one
+vector access (``ld.global.nc.v4``: 16 bytes for float32, 8 for 16-bit types). That needs every
+row start aligned to 4 elements, so the launchers choose ``VEC=4`` only when cols % 4 == 0 and
+both tensors are 4-element aligned; otherwise ``VEC=1``, where thread i owns columns i, i+T,
+i+2T, i+3T of each chunk and uses four scalar (still coalesced) accesses. Either way the ragged
+last chunk is masked: its loads read nothing past the row and its stores are guarded.
 
 Kernels per dtype. A parameter's annotation is fixed when the kernel is defined, so
 ``streaming_kernel(ty.f16)`` etc. define one kernel per element type; each has its own name
 (``softmax_streaming_f16``), which also keeps their disk-cache keys apart. The launchers
 ``softmax_streaming(x, out=None)``, ``softmax_full_row`` and ``softmax_three_pass`` pick the
-kernel and VEC, and write into ``out`` when given (contiguous, like x, not overlapping it).
+kernel, VEC and (full_row) WARPS_PER_ROW, and write into ``out`` when given (contiguous, like x, not overlapping it).
 
 Run and check (needs a GPU)::
 
@@ -57,6 +72,8 @@ Inspect one specialization without a GPU::
 
     python -c "import tylopy as ty; from tylopy_kernels.streaming_softmax import streaming_kernel; \\
 k = streaming_kernel(ty.f32).compile(VEC=4); print(k.ptx); print(k.report)"
+    python -c "import tylopy as ty; from tylopy_kernels.streaming_softmax import full_row_kernel, full_row_warps; \
+print(full_row_kernel(ty.f32).compile(COLS=16384, VEC=4, WARPS_PER_ROW=full_row_warps(16384)).report)"
 """
 import functools
 import operator
@@ -64,9 +81,12 @@ import operator
 import tylopy as ty
 from tylopy_kernels.row_softmax import LOG2E, NEG_INF, warp_max, warp_sum
 
-WARPS = 4  # rows per block, one warp each
+WARPS = 4  # rows per block, one warp each (full_row: when WARPS_PER_ROW == 1)
 CHUNK = 128  # columns a warp covers per step: 32 lanes x 4 values
-MAX_FULL_ROW_COLS = 4096
+MAX_ONE_WARP_COLS = 4096  # full_row: the widest row one warp holds (128 values a lane)
+MAX_VALUES_PER_LANE = 64  # full_row with several warps a row: the most values a lane holds
+WARPS_PER_ROW_CHOICES = (1, 2, 4, 8, 16)  # powers of two: the cross-warp butterfly needs one
+MAX_FULL_ROW_COLS = 32 * max(WARPS_PER_ROW_CHOICES) * MAX_VALUES_PER_LANE  # 32768
 DTYPES = {"float32": ty.f32, "float16": ty.f16, "bfloat16": ty.bf16}  # torch dtype name -> element type
 
 
@@ -89,17 +109,17 @@ def safe_shift(m):
 
 
 @ty.func
-def chunk_columns(c0, lane, VEC):
-    """The four columns this lane owns in the 128-column chunk starting at ``c0``."""
+def chunk_columns(c0, lane, VEC, threads=32):
+    """The four columns that thread ``lane`` of a row's ``threads`` owns in the chunk of 4*threads at ``c0``."""
     if VEC == 4:
         return [c0 + lane * 4 + j for j in range(4)]
-    return [c0 + lane + 32 * j for j in range(4)]
+    return [c0 + lane + threads * j for j in range(4)]
 
 
 @ty.func
-def load_chunk(row_ptr, c0, lane, cols, VEC, MASKED):
-    """This lane's four logits of the chunk at ``c0`` as f32; columns at or past ``cols`` give -inf."""
-    col = chunk_columns(c0, lane, VEC)
+def load_chunk(row_ptr, c0, lane, cols, VEC, MASKED, threads=32):
+    """This thread's four logits of the chunk at ``c0`` as f32; columns at or past ``cols`` give -inf."""
+    col = chunk_columns(c0, lane, VEC, threads)
     in_row = [c < cols for c in col] if MASKED else [None] * 4
     if VEC == 4:  # cols % 4 == 0, so a vector lies wholly inside the row or wholly past it
         raw = ty.load(row_ptr + col[0], vec=4, mask=in_row[0])
@@ -112,9 +132,9 @@ def load_chunk(row_ptr, c0, lane, cols, VEC, MASKED):
 
 
 @ty.func
-def store_chunk(row_ptr, c0, lane, cols, vals, VEC, MASKED):
-    """Write this lane's four f32 results of the chunk at ``c0`` in the row's dtype."""
-    col = chunk_columns(c0, lane, VEC)
+def store_chunk(row_ptr, c0, lane, cols, vals, VEC, MASKED, threads=32):
+    """Write this thread's four f32 results of the chunk at ``c0`` in the row's dtype."""
+    col = chunk_columns(c0, lane, VEC, threads)
     vals = [ty.cast(v, row_ptr.type.pointee) for v in vals]
     if VEC == 4:
         if not MASKED:
@@ -158,6 +178,42 @@ def row_pointers(x, out, rows, cols):
     row = ty.block_idx() * WARPS + (ty.thread_idx() >> 5)
     start = ty.cast(row, ty.i64) * ty.cast(cols, ty.i64)  # i64: rows*cols may pass 2**31
     return row, lane, x + start, out + start
+
+
+@ty.func
+def full_row_pointers(x, out, rows, cols, WARPS_PER_ROW):
+    """(row index, this thread's index among the row's 32*WARPS_PER_ROW, x and out advanced to the row's start).
+
+    One warp a row: four rows a block, as ``row_pointers``. Several warps: one row a block.
+    """
+    if WARPS_PER_ROW == 1:
+        return row_pointers(x, out, rows, cols)
+    row = ty.block_idx()
+    start = ty.cast(row, ty.i64) * ty.cast(cols, ty.i64)
+    return row, ty.thread_idx(), x + start, out + start
+
+
+@ty.func
+def row_reduce(op, v, thread, WARPS_PER_ROW):
+    """``op`` over the row's 32*WARPS_PER_ROW threads, in every thread (bitwise the same in each).
+
+    A shfl_xor butterfly inside each warp; with several warps, lane 0 of each writes its warp's
+    result to a small shared array, and after one barrier every warp reads it back, lane i taking
+    entry i % WARPS_PER_ROW, and finishes with a butterfly over WARPS_PER_ROW lanes. Each call
+    allocates its own array, so a second call needs no barrier to protect the first one's reads.
+    """
+    for offset in (16, 8, 4, 2, 1):
+        v = op(v, ty.shfl_xor(v, offset))
+    if WARPS_PER_ROW > 1:
+        partial = ty.shared(ty.f32, WARPS_PER_ROW)
+        lane = thread & 31
+        if lane == 0:
+            partial[thread >> 5] = v
+        ty.syncthreads()
+        v = partial[lane & (WARPS_PER_ROW - 1)]
+        for offset in [o for o in (16, 8, 4, 2, 1) if o < WARPS_PER_ROW]:  # log2(WARPS_PER_ROW) shuffles
+            v = op(v, ty.shfl_xor(v, offset))
+    return v
 
 
 @ty.func
@@ -208,23 +264,37 @@ def streaming_kernel(dtype):
     return softmax_streaming
 
 
+def full_row_threads(COLS, VEC, WARPS_PER_ROW):
+    """Block size of a full_row specialization: four one-warp rows, or one row of WARPS_PER_ROW warps."""
+    if WARPS_PER_ROW not in WARPS_PER_ROW_CHOICES:
+        raise ValueError(f"full_row_kernel expects WARPS_PER_ROW in {WARPS_PER_ROW_CHOICES}, "
+                         f"but got {WARPS_PER_ROW!r}")
+    return WARPS * 32 if WARPS_PER_ROW == 1 else WARPS_PER_ROW * 32
+
+
 @functools.cache
 def full_row_kernel(dtype):
-    """The register-resident kernel for ``dtype`` elements (one specialization per COLS and VEC)."""
+    """The register-resident kernel for ``dtype`` elements (one specialization per COLS, VEC, WARPS_PER_ROW)."""
 
-    @ty.kernel(threads=WARPS * 32, name=f"softmax_full_row_{dtype}")
-    def softmax_full_row(x: ty.ptr(dtype), out: ty.ptr(dtype), rows: ty.i32, COLS: ty.constexpr, VEC: ty.constexpr):
-        row, lane, x_row, out_row = row_pointers(x, out, rows, COLS)
-        if row < rows:
-            n_chunks = (COLS + CHUNK - 1) // CHUNK
-            ragged = [(k + 1) * CHUNK > COLS for k in range(n_chunks)]  # compile time: only the last can be
-            vals = [v for k in range(n_chunks) for v in load_chunk(x_row, k * CHUNK, lane, COLS, VEC, ragged[k])]
-            shift = safe_shift(warp_max(tree_reduce(ty.maximum, vals)) * LOG2E)
+    @ty.kernel(threads=full_row_threads, name=f"softmax_full_row_{dtype}")
+    def softmax_full_row(x: ty.ptr(dtype), out: ty.ptr(dtype), rows: ty.i32, COLS: ty.constexpr, VEC: ty.constexpr,
+                         WARPS_PER_ROW: ty.constexpr = 1):
+        row, thread, x_row, out_row = full_row_pointers(x, out, rows, COLS, WARPS_PER_ROW)
+        if row < rows:  # with several warps a row the whole block agrees, so the barriers see every thread
+            threads = 32 * WARPS_PER_ROW
+            span = CHUNK * WARPS_PER_ROW  # columns the row's threads cover per chunk
+            n_chunks = (COLS + span - 1) // span
+            ragged = [(k + 1) * span > COLS for k in range(n_chunks)]  # compile time: only the last can be
+            vals = [v for k in range(n_chunks)
+                    for v in load_chunk(x_row, k * span, thread, COLS, VEC, ragged[k], threads)]
+            m = row_reduce(ty.maximum, tree_reduce(ty.maximum, vals), thread, WARPS_PER_ROW)
+            shift = safe_shift(m * LOG2E)
             probs = [exp2_shifted(v, shift) for v in vals]
-            l = warp_sum(tree_reduce(operator.add, probs))
+            l = row_reduce(operator.add, tree_reduce(operator.add, probs), thread, WARPS_PER_ROW)
             inv_l = ty.select(l > 0.0, ty.rcp(l), 0.0)
             for k in range(n_chunks):
-                store_chunk(out_row, k * CHUNK, lane, COLS, [p * inv_l for p in probs[4 * k:4 * k + 4]], VEC, ragged[k])
+                store_chunk(out_row, k * span, thread, COLS, [p * inv_l for p in probs[4 * k:4 * k + 4]], VEC,
+                            ragged[k], threads)
 
     return softmax_full_row
 
@@ -267,7 +337,7 @@ def _checked_tensors(fn: str, x, out, max_cols: int | None = None):
     if x.shape[0] >= 2**31 or x.shape[1] >= 2**31:
         raise ValueError(f"{fn} expects rows and cols below 2**31, but got shape {tuple(x.shape)}")
     if max_cols is not None and x.shape[1] > max_cols:
-        raise ValueError(f"{fn} expects x with at most {max_cols} columns (one warp holds the row in registers), "
+        raise ValueError(f"{fn} expects x with at most {max_cols} columns (one block holds the row in registers), "
                          f"but got {x.shape[1]}; use softmax_streaming for wider rows")
     if x.device.type != "cuda":
         raise ValueError(f"{fn} expects x on a CUDA device, but got one on {x.device}")
@@ -307,12 +377,38 @@ def softmax_streaming(x, out=None):
     return out
 
 
+def full_row_warps(cols: int) -> int:
+    """WARPS_PER_ROW for a row of ``cols`` columns: how many warps share it in softmax_full_row.
+
+    * cols <= 4096: 1. A lane holds up to 128 values; a 128-thread block lets ptxas give a thread
+      up to 255 registers, so nothing spills (H200: ~4100 GB/s at 4096 columns).
+    * wider: the fewest warps (a power of two) for which a lane holds at most 64 values
+      (MAX_VALUES_PER_LANE): 4 up to 8192 columns, 8 up to 16384, 16 up to 32768. A block of T
+      threads caps a thread at 65536 / T registers, 128 at 16 warps; 64 values take 80-100
+      registers with the addresses and indices (ptxas, float32, VEC=4), 128 at 32768 with VEC=1.
+      More warps with fewer values (32 a lane) hold no more of a row per register: each thread
+      carries the same ~15-25 registers of overhead, so as many or fewer rows fit on an SM at once
+      (16384 columns, by ptxas's counts: 3 rows at 8 warps, 2 at 16), and the cross-warp exchange
+      has more entries.
+    * above 32768 (MAX_FULL_ROW_COLS) no block can hold the row: 32 warps would cap a thread at 64
+      registers, and a 65536-column float32 row is 256 KiB, the whole register file of an SM.
+    """
+    if not 1 <= cols <= MAX_FULL_ROW_COLS:
+        raise ValueError(f"full_row_warps expects 1 <= cols <= {MAX_FULL_ROW_COLS}, but got {cols}")
+    if cols <= MAX_ONE_WARP_COLS:
+        return 1
+    lanes = -(-cols // MAX_VALUES_PER_LANE)
+    return next(w for w in WARPS_PER_ROW_CHOICES if 32 * w >= lanes)
+
+
 def softmax_full_row(x, out=None):
-    """``torch.softmax(x, dim=1)`` by the register-resident kernel; needs cols <= MAX_FULL_ROW_COLS."""
+    """``torch.softmax(x, dim=1)`` by the register-resident kernel; needs cols <= MAX_FULL_ROW_COLS (32768)."""
     x, dtype, out = _checked_tensors("softmax_full_row", x, out, max_cols=MAX_FULL_ROW_COLS)
     rows, cols = x.shape
     if rows and cols:
-        full_row_kernel(dtype)[_grid(rows)](x, out, rows, COLS=cols, VEC=_vec(x, out))
+        warps_per_row = full_row_warps(cols)
+        grid = _grid(rows) if warps_per_row == 1 else (rows,)
+        full_row_kernel(dtype)[grid](x, out, rows, COLS=cols, VEC=_vec(x, out), WARPS_PER_ROW=warps_per_row)
     return out
 
 

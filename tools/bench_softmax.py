@@ -9,7 +9,10 @@ median is reported. In the same run it times ``y.copy_(x)`` at the same size.
 Reported per kernel and width: time, useful GB/s (input read once + output written once),
 traffic GB/s (bytes the kernel asks for: streaming reads the input twice, three-pass three
 times; re-reads of narrow rows may be served by L2), and useful GB/s as a fraction of the copy's
-(read + write) GB/s. The full-row kernel runs only up to its column limit.
+(read + write) GB/s. The full-row kernel runs up to its column limit (``MAX_FULL_ROW_COLS``,
+32768: one warp a row up to 4096 columns, then 4, 8 or 16 warps a row); its records carry the
+``warps_per_row`` it used. At 65536 it is skipped: a float32 row that wide does not fit in
+registers.
 
     python tools/bench_softmax.py [--output results/softmax.json] [--widths 1024,65536]
 
@@ -57,14 +60,20 @@ def check(result, ref) -> tuple[bool, float]:
 
 
 def variants():
-    """(name, run(x, out) -> result, bytes moved per input byte or None, max cols or None)."""
+    """(name, run(x, out) -> result, bytes moved per input byte or None, max cols or None,
+    config(cols) -> dict of the launcher's choices to record)."""
     import torch
     from tylopy_kernels import streaming_softmax as ss
+
+    def none(cols):
+        return {}
+
     return [
-        ("torch.softmax", lambda x, out: torch.softmax(x, dim=1), None, None),
-        ("streaming", lambda x, out: ss.softmax_streaming(x, out=out), 3, None),
-        ("full_row", lambda x, out: ss.softmax_full_row(x, out=out), 2, ss.MAX_FULL_ROW_COLS),
-        ("three_pass", lambda x, out: ss.softmax_three_pass(x, out=out), 4, None),
+        ("torch.softmax", lambda x, out: torch.softmax(x, dim=1), None, None, none),
+        ("streaming", lambda x, out: ss.softmax_streaming(x, out=out), 3, None, none),
+        ("full_row", lambda x, out: ss.softmax_full_row(x, out=out), 2, ss.MAX_FULL_ROW_COLS,
+         lambda cols: {"warps_per_row": ss.full_row_warps(cols)}),
+        ("three_pass", lambda x, out: ss.softmax_three_pass(x, out=out), 4, None, none),
     ]
 
 
@@ -79,11 +88,12 @@ def bench_width(cols: int, mbytes: int, warmup: int, iters: int) -> tuple[dict, 
     copy = {"cols": cols, "rows": rows, "ms": copy_ms, "gbps": 2 * nbytes / copy_ms / 1e6}
     ref = torch.softmax(x.double(), dim=1)
     results = []
-    for name, run, traffic, max_cols in variants():
+    for name, run, traffic, max_cols, config in variants():
         rec = {"kernel": name, "cols": cols, "rows": rows, "bytes_in": nbytes}
         if max_cols is not None and cols > max_cols:
             results.append({**rec, "status": f"skipped: cols > {max_cols}"})
             continue
+        rec.update(config(cols))
         out.fill_(float("nan"))
         t0 = time.perf_counter()
         res = run(x, out)  # first call compiles
@@ -132,7 +142,8 @@ def markdown(copies: list[dict], results: list[dict]) -> str:
                 lines.append(f"| {cols} | {r['rows']} | {r['kernel']} | {r['status']} | | | | {err} |")
                 continue
             traffic = f"{r['traffic_gbps']:.0f}" if r["traffic_gbps"] else "-"
-            lines.append(f"| {cols} | {r['rows']} | {r['kernel']} | {r['ms'] * 1e3:.1f} | {r['useful_gbps']:.0f} | "
+            kernel = f"{r['kernel']} ({r['warps_per_row']} warps/row)" if "warps_per_row" in r else r["kernel"]
+            lines.append(f"| {cols} | {r['rows']} | {kernel} | {r['ms'] * 1e3:.1f} | {r['useful_gbps']:.0f} | "
                          f"{traffic} | {100 * r['fraction_of_copy']:.0f}% | {err} |")
     return "\n".join(lines)
 
