@@ -1,0 +1,29 @@
+"""A lane-exact CPU emulator of tylopy kernels, with checks of the asynchronous protocols.
+
+    report = kernel.emulate(x, y, out, n, grid=(4,))      # torch CPU tensors or numpy arrays
+    report = kernel.emulate(*args, grid=g, ctas=[(0, 0, 0)], HEAD_DIM=64)   # a subset, constexprs
+
+It executes the IR, not PTX: every CTA of the grid (or the chosen ones) with all its threads,
+warps in lockstep with lane masks for divergence, values as numpy arrays over the 32 lanes.
+Each op has the semantics of its LLVM/PTX lowering (see the ``ops_*`` modules); the places
+where the emulator is exact only up to the hardware's own documented error are stated there
+(``ex2.approx``, ``lg2.approx``, ``rsqrt.approx`` and the tensor cores' accumulation order).
+
+Protocol checks raise ``ProtocolError`` naming the source line, the barrier or stage and the
+warps: deadlock (every live warp waiting), an mbarrier phase that can never complete,
+expect_tx bytes that differ from the bytes the copies deliver, too many arrivals, a wgmma
+accumulator read before its wait_group, a wgmma without wgmma_fence, smem written by ordinary
+stores and read by wgmma without fence.proxy.async, an mbarrier used before its
+initialization is visible (or used by TMA without the init fence), two warps writing the same
+shared bytes with nothing ordering them, warps of a warpgroup disagreeing on a collective, and
+``.sync.aligned`` instructions in diverged warps. Memory errors (``MemoryAccessError``): global
+or shared accesses out of bounds, misaligned vector accesses.
+
+``tylopy emulate FILE.py[:KERNEL]`` runs the file's ``emulate_example()`` (see ``cli.py``).
+"""
+from .errors import EmulationError, MemoryAccessError, ProtocolError, UnsupportedOpError
+from .launch import EmulationReport, emulate_kernel
+from .cli import cli_main
+
+__all__ = ["emulate_kernel", "cli_main", "EmulationReport", "EmulationError", "ProtocolError", "MemoryAccessError",
+           "UnsupportedOpError"]

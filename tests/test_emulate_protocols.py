@@ -1,0 +1,300 @@
+"""Each protocol check of the emulator, triggered by a small deliberately broken kernel.
+
+Every message must name the kernel source line (``FILE:LINE`` and its text); the lines are
+marked ``# <- name`` and found with ``line_of``. Where a check could fire wrongly, a correct
+twin of the kernel runs clean.
+"""
+import re
+
+import pytest
+import torch
+
+import tylopy as ty
+from tylopy.emulate import ProtocolError, UnsupportedOpError
+from tylopy.runtime.tensormap import TensorMapSpec
+from test_emulate_dsl import (desc, fence_mbarrier_init, fence_proxy_async, line_of, mbar_arrive, mbar_expect_tx,
+                              mbar_init, mbar_wait, setmaxnreg, tma_load, wgmma, wgmma_commit, wgmma_fence,
+                              wgmma_wait)
+
+HERE = __file__
+
+
+def at(marker: str) -> str:
+    """The ``FILE:LINE`` a message must contain for the line marked ``marker``."""
+    return re.escape(f"{HERE}:{line_of(HERE, marker)}")
+
+
+def tile_map(rows=64, cols=64):
+    t = torch.randn(rows, cols).to(torch.bfloat16)
+    return TensorMapSpec(t, (cols, rows), (cols * 2,), (cols, 64), "bf16", 128)
+
+
+# -- deadlock and mbarrier phases -------------------------------------------------------------------------
+
+@ty.kernel(threads=64)
+def two_barriers():
+    if ty.warp_idx() == 0:
+        ty.barrier_sync(1, 64)  # <- bar1
+    else:
+        ty.barrier_sync(2, 64)  # <- bar2
+
+
+def test_deadlock_names_each_waiting_warp_and_barrier():
+    with pytest.raises(ProtocolError) as e:
+        two_barriers.emulate(grid=1)
+    msg = str(e.value)
+    assert msg.startswith("deadlock in CTA (0, 0, 0): every live warp is waiting")
+    assert re.search(f"warp 0 .* waits at {at('bar1')} `ty.barrier_sync\\(1, 64\\) .*`: bar.sync 1 for 64 threads: "
+                     "32 arrived \\(warps 0\\)", msg)
+    assert re.search(f"warp 1 .* waits at {at('bar2')}.*bar.sync 2 for 64 threads", msg)
+
+
+@ty.kernel(threads=64)
+def short_arrivals():
+    bar = ty.shared(ty.u64, 2, align=8)
+    tid = ty.thread_idx()
+    if tid == 0:
+        mbar_init(bar + 1, 2)
+    ty.syncthreads()
+    if tid == 32:
+        mbar_arrive(bar + 1)  # one arrival of the two the phase needs
+    if tid < 32:
+        mbar_wait(bar + 1, 0)  # <- never_completes
+
+
+def test_phase_that_can_never_complete():
+    with pytest.raises(ProtocolError) as e:
+        short_arrivals.emulate(grid=1)
+    msg = str(e.value)
+    assert msg.startswith("mbarrier phase can never complete")
+    assert re.search(f"waits at {at('never_completes')} .* on mbarrier smem0\\[1\\] \\(parity 0, phase 0\\), which "
+                     "still needs 1 arrival\\(s\\)", msg)
+    assert "warps 1 exited" in msg
+
+
+@ty.kernel(threads=32)
+def tma_expect(src: ty.tensormap, EXPECT: ty.constexpr):
+    tile = ty.dynamic_shared(ty.bf16, 8192, align=1024)
+    bar = ty.shared(ty.u64, 1, align=8)
+    if ty.lane_id() == 0:
+        mbar_init(bar, 1)
+        fence_mbarrier_init()
+        mbar_expect_tx(bar, EXPECT)  # <- expect_tx
+        tma_load(tile, src, bar, 0, 0)  # <- tma
+    mbar_wait(bar, 0)  # <- tma_wait
+
+
+def test_expect_tx_more_than_delivered():
+    with pytest.raises(ProtocolError) as e:
+        tma_expect.emulate(tile_map(), grid=1, EXPECT=16384)
+    msg = str(e.value)
+    assert msg.startswith("expect_tx mismatch on mbarrier smem0[0] (phase 0): expect_tx announced 8192 more bytes "
+                          "than the copies delivered")
+    assert re.search(f"expect_tx\\(16384\\) at {at('expect_tx')}", msg)
+    assert re.search(f"TMA of 8192 bytes at {at('tma')}", msg)
+    assert re.search(f"warp 0 .* waits at {at('tma_wait')}", msg)
+
+
+def test_expect_tx_less_than_delivered():
+    with pytest.raises(ProtocolError, match=f"expect_tx mismatch on mbarrier smem0\\[0\\] \\(phase 0\\) at {at('tma')}"
+                                            ".*delivered 4096 more bytes than expect_tx announced"):
+        tma_expect.emulate(tile_map(), grid=1, EXPECT=4096)
+
+
+def test_expect_tx_exact_passes():
+    tma_expect.emulate(tile_map(), grid=1, EXPECT=8192)
+
+
+# -- mbarrier initialization ---------------------------------------------------------------------------
+
+@ty.kernel(threads=64)
+def init_not_visible(SYNC: ty.constexpr):
+    bar = ty.shared(ty.u64, 1, align=8)
+    tid = ty.thread_idx()
+    if tid == 0:
+        mbar_init(bar, 1)  # <- init
+    if SYNC:
+        ty.syncthreads()
+    if tid == 32:
+        mbar_arrive(bar)  # <- early_arrive
+
+
+@ty.kernel(threads=32)
+def never_initialized():
+    bar = ty.shared(ty.u64, 1, align=8)
+    if ty.lane_id() == 0:
+        mbar_arrive(bar)  # <- uninit
+
+
+@ty.kernel(threads=32)
+def tma_without_init_fence(src: ty.tensormap):
+    tile = ty.dynamic_shared(ty.bf16, 8192, align=1024)
+    bar = ty.shared(ty.u64, 1, align=8)
+    if ty.lane_id() == 0:
+        mbar_init(bar, 1)
+        mbar_expect_tx(bar, 8192)
+        tma_load(tile, src, bar, 0, 0)  # <- unfenced_tma
+    mbar_wait(bar, 0)
+
+
+def test_mbarrier_used_before_its_init_is_visible():
+    with pytest.raises(ProtocolError) as e:
+        init_not_visible.emulate(grid=1, SYNC=False)
+    msg = str(e.value)
+    assert re.search(f"mbarrier smem0\\[0\\] used at {at('early_arrive')} .* by warp 1 .* before its initialization "
+                     f"is visible: warp 0 initialized it at {at('init')}", msg)
+    init_not_visible.emulate(grid=1, SYNC=True)
+
+
+def test_mbarrier_never_initialized():
+    with pytest.raises(ProtocolError, match=f"used at {at('uninit')} .* before any mbarrier_init"):
+        never_initialized.emulate(grid=1)
+
+
+def test_tma_needs_the_init_fence():
+    with pytest.raises(ProtocolError, match=f"used by TMA at {at('unfenced_tma')}.*never made visible to the async "
+                                            "proxy"):
+        tma_without_init_fence.emulate(tile_map(), grid=1)
+
+
+# -- wgmma --------------------------------------------------------------------------------------------------
+
+@ty.kernel(threads=128)
+def wgmma_from_smem(d: ty.ptr(ty.f32), MODE: ty.constexpr):
+    """A and B written by ordinary stores, then read by an SS wgmma; MODE picks the mistake."""
+    smem = ty.dynamic_shared(ty.bf16, 16384, align=1024)
+    tid = ty.thread_idx()
+    for k in ty.static_range(64):
+        smem[tid * 64 + k] = ty.cast(1.0, ty.bf16)  # <- generic_store
+    if MODE != "no_proxy_fence":
+        fence_proxy_async()
+    ty.syncthreads()
+    if MODE != "no_wgmma_fence":
+        wgmma_fence()
+    acc = wgmma(64, None, desc(ty.address(smem)), desc(ty.address(smem) + 8192))  # <- wgmma
+    wgmma_commit()
+    if MODE == "read_pending":
+        d[tid] = acc[0]  # <- pending_read
+    if MODE == "wait_too_loose":
+        acc = wgmma_wait(1, acc)
+        d[tid] = acc[1]  # <- loose_read
+    if MODE == "mismatch":
+        if ty.warp_idx() == 3:
+            acc = wgmma_wait(1, acc)  # <- odd_wait
+        else:
+            acc = wgmma_wait(0, acc)
+    acc = wgmma_wait(0, acc)
+    d[tid] = acc[0]
+
+
+def test_wgmma_reads_generic_stores_without_proxy_fence():
+    with pytest.raises(ProtocolError) as e:
+        wgmma_from_smem.emulate(torch.zeros(128), grid=1, MODE="no_proxy_fence")
+    msg = str(e.value)
+    assert re.search(f"missing fence.proxy.async: wgmma \\(B\\) at {at('wgmma')}", msg)
+    assert re.search(f"with an ordinary store at {at('generic_store')}", msg)
+
+
+def test_wgmma_correct_twin_runs_clean():
+    d = torch.zeros(128)
+    wgmma_from_smem.emulate(d, grid=1, MODE="ok")
+    assert (d == 16.0).all()  # 16 products of 1 * 1
+
+
+def test_accumulator_read_before_wait_group():
+    with pytest.raises(ProtocolError, match=f"wgmma accumulator read before its wgmma_wait: store at "
+                                            f"{at('pending_read')}.*result of the wgmma at {at('wgmma')}"):
+        wgmma_from_smem.emulate(torch.zeros(128), grid=1, MODE="read_pending")
+
+
+def test_wait_group_that_does_not_cover_the_group():
+    with pytest.raises(ProtocolError, match=f"read before its wgmma_wait: store at {at('loose_read')}.*commit group 0"):
+        wgmma_from_smem.emulate(torch.zeros(128), grid=1, MODE="wait_too_loose")
+
+
+def test_wgmma_without_fence():
+    with pytest.raises(ProtocolError, match=f"wgmma at {at('wgmma')} .* without wgmma_fence"):
+        wgmma_from_smem.emulate(torch.zeros(128), grid=1, MODE="no_wgmma_fence")
+
+
+def test_warpgroup_warps_disagree_on_a_collective():
+    with pytest.raises(ProtocolError) as e:
+        wgmma_from_smem.emulate(torch.zeros(128), grid=1, MODE="mismatch")
+    msg = str(e.value)
+    assert msg.startswith("warps of warpgroup 0 disagree at their warpgroup-collective instruction #4")
+    assert re.search(f"wgmma_wait \\(1,\\) at {at('odd_wait')}", msg) and "wgmma_wait (0,)" in msg
+
+
+# -- shared-memory races --------------------------------------------------------------------------------
+
+@ty.kernel(threads=64)
+def racy_writes(out: ty.ptr(ty.f32), ORDER: ty.constexpr):
+    buf = ty.shared(ty.f32, 32)
+    bar = ty.shared(ty.u64, 1, align=8)
+    tid = ty.thread_idx()
+    lane = tid & 31
+    if tid == 0:
+        mbar_init(bar, 1)
+    ty.syncthreads()
+    if tid < 32:
+        buf[lane] = 1.0  # <- first_write
+        if ORDER == "mbarrier":
+            mbar_arrive(bar)
+    if ORDER == "syncthreads":
+        ty.syncthreads()
+    if tid >= 32:
+        if ORDER == "mbarrier":
+            mbar_wait(bar, 0)
+        buf[lane] = 2.0  # <- second_write
+    ty.syncthreads()
+    out[tid] = buf[lane]
+
+
+def test_two_warps_writing_the_same_bytes_without_ordering():
+    with pytest.raises(ProtocolError) as e:
+        racy_writes.emulate(torch.zeros(64), grid=1, ORDER="none")
+    msg = str(e.value)
+    first, second = at("first_write"), at("second_write")  # either warp may be the second writer
+    assert re.search(f"shared-memory race at ({first}|{second}) .*: warp [01] .* writes smem0\\+0, which warp [01] "
+                     f"wrote at ({first}|{second})", msg)
+    assert line_of(HERE, "first_write") != line_of(HERE, "second_write")
+    assert re.search(first, msg) and re.search(second, msg)
+
+
+@pytest.mark.parametrize("order", ["syncthreads", "mbarrier"])
+def test_ordered_writes_are_not_a_race(order):
+    out = torch.zeros(64)
+    racy_writes.emulate(out, grid=1, ORDER=order)
+    assert (out == 2.0).all()
+
+
+# -- setmaxnreg, inline PTX ------------------------------------------------------------------------------
+
+@ty.kernel(threads=384, min_blocks_per_sm=1)
+def register_split(PRODUCER: ty.constexpr):
+    if ty.warpgroup_idx() == 0:
+        setmaxnreg(PRODUCER, PRODUCER > 168)
+    else:
+        setmaxnreg(240, True)  # <- inc
+
+
+def test_setmaxnreg_budget():
+    register_split.emulate(grid=1, PRODUCER=24)  # 128 * 24 + 256 * 240 = 384 * 168: the whole pool
+    with pytest.raises(ProtocolError) as e:
+        register_split.emulate(grid=1, PRODUCER=40)  # 40/240 leaves the consumers 2048 registers short
+    msg = str(e.value)
+    assert msg.startswith("deadlock")
+    assert re.search(f"waits at {at('inc')} `setmaxnreg\\(240, True\\) .*`: setmaxnreg.inc 240: needs 2304 more "
+                     "registers for the warp, but the CTA's pool has", msg)
+
+
+@ty.kernel(threads=32)
+def uses_inline_ptx(out: ty.ptr(ty.u32)):
+    v = ty.inline_ptx("mov.u32 $0, %laneid;", constraints="=r", results=[ty.u32])  # <- asm
+    out[ty.lane_id()] = v
+
+
+def test_inline_ptx_is_refused_with_its_line():
+    with pytest.raises(UnsupportedOpError, match=f"cannot emulate inline PTX at {at('asm')}"):
+        uses_inline_ptx.emulate(torch.zeros(32, dtype=torch.int32).view(torch.uint32)
+                                if hasattr(torch, "uint32") else torch.zeros(32, dtype=torch.int32), grid=1)

@@ -1,0 +1,154 @@
+"""Structured control flow over a warp's lanes: ``if``, ``for`` and ``while`` with lane masks.
+
+A warp runs its lanes in lockstep. An ``if`` whose condition splits the active lanes runs
+both regions, each under its own mask, and merges the yielded values per lane; a uniform
+condition runs only the taken region. Loops run while any active lane still iterates; lanes
+that finish keep the values of their last iteration. A loop whose bounds are the same in
+every active lane (the common case) iterates on Python integers with no per-lane masks.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import EmulationError, where
+from .program import handler, run_block
+from .values import WARP, merge, np_dtype
+
+MAX_ITERATIONS = 10_000_000
+
+
+def _loop_limit(w, op, n):
+    if n > w.cta.launch.max_iterations:
+        raise EmulationError(f"loop at {where(op)} ran {n} iterations in {w.describe()} without finishing "
+                             f"(limit max_iterations={w.cta.launch.max_iterations})")
+
+
+def _bind(env, slots, vals):
+    for s, v in zip(slots, vals):
+        env[s] = v
+
+
+@handler("if")
+def make_if(prog, op):
+    c = prog.slot(op.operands[0])
+    then_b, else_b = prog.block(op.regions[0]), prog.block(op.regions[1])
+    res = [prog.slot(r) for r in op.results]
+    mergef = merge if any(r.id in prog.pending for r in op.results) else np.where
+
+    def run(w):
+        env = w.env
+        cond = env[c]
+        m, n = w.mask, w.nactive
+        tm = m & cond
+        nt = int(np.count_nonzero(tm))
+        if nt == n or nt == 0:
+            blk = then_b if nt == n else else_b
+            yield from run_block(w, blk)
+            _bind(env, res, [env[s] for s in blk.term])
+            return
+        w.set_mask(tm, nt)
+        yield from run_block(w, then_b)
+        tv = [env[s] for s in then_b.term]
+        w.set_mask(m & ~cond, n - nt)
+        yield from run_block(w, else_b)
+        ev = [env[s] for s in else_b.term]
+        w.set_mask(m, n)
+        _bind(env, res, [mergef(cond, a, b) for a, b in zip(tv, ev)])
+
+    return True, run
+
+
+def _uniform(x: np.ndarray, m: np.ndarray, full: bool):
+    if full:
+        return x[0] if (x == x[0]).all() else None
+    xa = x[m]
+    return xa[0] if (xa == xa[0]).all() else None
+
+
+@handler("for")
+def make_for(prog, op):
+    lo, hi, st = (prog.slot(v) for v in op.operands[:3])
+    init = [prog.slot(v) for v in op.operands[3:]]
+    body = prog.block(op.regions[0])
+    iv_slot, carried = body.args[0], body.args[1:]
+    res = [prog.slot(r) for r in op.results]
+    t = op.operands[0].type
+    dt = np_dtype(t)
+    bits = t.bits
+    tmin = -(1 << (bits - 1)) if t.is_signed else 0
+    mergef = merge if any(r.id in prog.pending for r in op.results) else np.where
+
+    def wrap(i):
+        return ((i - tmin) % (1 << bits)) + tmin
+
+    def run(w):
+        env = w.env
+        L, H, S = env[lo], env[hi], env[st]
+        vals = [env[s] for s in init]
+        m, n = w.mask, w.nactive
+        full = n == WARP
+        l0, h0, s0 = _uniform(L, m, full), _uniform(H, m, full), _uniform(S, m, full)
+        if l0 is not None and h0 is not None and s0 is not None:
+            i, h, s, count = int(l0), int(h0), int(s0), 0
+            while i < h:
+                env[iv_slot] = np.full(WARP, i, dtype=dt)
+                _bind(env, carried, vals)
+                yield from run_block(w, body)
+                vals = [env[x] for x in body.term]
+                i = wrap(i + s)
+                count += 1
+                if count > w.cta.launch.max_iterations:
+                    _loop_limit(w, op, count)
+        else:
+            iv = L.copy()
+            active = m & (iv < H)
+            count = 0
+            while active.any():
+                w.set_mask(active)
+                env[iv_slot] = iv
+                _bind(env, carried, vals)
+                yield from run_block(w, body)
+                vals = [mergef(active, a, b) for a, b in zip((env[x] for x in body.term), vals)]
+                iv = np.where(active, iv + S, iv).astype(dt)
+                active = active & (iv < H)
+                count += 1
+                _loop_limit(w, op, count)
+            w.set_mask(m, n)
+        _bind(env, res, vals)
+
+    return True, run
+
+
+@handler("while")
+def make_while(prog, op):
+    init = [prog.slot(v) for v in op.operands]
+    cond_b, body_b = prog.block(op.regions[0]), prog.block(op.regions[1])
+    res = [prog.slot(r) for r in op.results]
+    mergef = merge if any(r.id in prog.pending for r in op.results) else np.where
+
+    def run(w):
+        env = w.env
+        vals = [env[s] for s in init]
+        m, n0 = w.mask, w.nactive
+        active, n, count = m, n0, 0
+        while True:
+            _bind(env, cond_b.args, vals)
+            yield from run_block(w, cond_b)
+            go = active & env[cond_b.term[0]]
+            ng = int(np.count_nonzero(go))
+            if ng == 0:
+                break
+            if ng != n:
+                w.set_mask(go, ng)
+            _bind(env, body_b.args, vals)
+            yield from run_block(w, body_b)
+            new = [env[s] for s in body_b.term]
+            vals = new if ng == n0 else [mergef(go, a, b) for a, b in zip(new, vals)]
+            active, n = go, ng
+            count += 1
+            if count > w.cta.launch.max_iterations:
+                _loop_limit(w, op, count)
+        w.set_mask(m, n0)
+        _bind(env, res, vals)
+
+    return True, run

@@ -1,0 +1,207 @@
+"""Binding a launch's arguments and running the grid (``Kernel.emulate`` ends here).
+
+Pointer arguments are CPU torch tensors or C-contiguous numpy arrays of the pointee dtype
+(bf16 may also be a ``uint16`` numpy array of raw bits); the kernel's stores land in them.
+Scalars are Python numbers, range-checked like a real launch. A ``ty.tensormap`` parameter
+takes a ``TensorMapSpec`` (no driver needed) or a ``TensorMap`` (its ``.spec`` is used).
+"""
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import LaunchTypeError, LaunchValueError
+from ..ir.builder import int_range
+from ..ir.core import KernelIR
+from ..ir.types import PointerType, ScalarType, TensorMapType
+from .errors import ProtocolError
+from .machine import CTA
+from .memory import GlobalMemory
+from .ops_hopper import TensorMapInfo
+from .program import Program
+from .values import TENSORMAP_BASE, np_dtype, splat
+
+OPTIONS = ("ctas", "check_races", "max_iterations")
+_TORCH_NAMES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "i32": "int32",
+                "i64": "int64", "i16": "int16", "i8": "int8", "u8": "uint8", "i1": "bool", "b32": "int32",
+                "u32": "uint32", "u64": "uint64", "u16": "uint16"}
+_programs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+@dataclass
+class EmulationReport:
+    """What an emulated launch did: which CTAs ran, how long it took, and notes (e.g. ptxas caveats)."""
+
+    kernel: str
+    grid: tuple
+    ctas: list
+    warps_per_cta: int
+    seconds: float
+    notes: list = field(default_factory=list)
+
+    def __str__(self):
+        s = (f"emulated {self.kernel}: {len(self.ctas)} CTA(s) of grid {self.grid}, {self.warps_per_cta} warps each, "
+             f"{self.seconds:.2f} s")
+        return s + "".join(f"\n  note: {n}" for n in self.notes)
+
+
+class Launch:
+    """One emulated launch: global memory, bound parameters, tensor maps, caches and options."""
+
+    def __init__(self, prog: Program, args, grid, check_races=True, max_iterations=10_000_000):
+        self.prog, self.grid = prog, grid
+        self.check_races, self.max_iterations = check_races, max_iterations
+        self.gmem = GlobalMemory()
+        self.tensormaps: dict[int, TensorMapInfo] = {}
+        self.desc_cache: dict = {}
+        self.notes: list[str] = []
+        kir = prog.kir
+        if len(args) != len(kir.params):
+            names = ", ".join(p.name for p in kir.params)
+            raise LaunchTypeError(f"{kir.name}: expects {len(kir.params)} arguments ({names}), but got {len(args)}")
+        self.template = prog.template({p.name: self._bind(p, x) for p, x in zip(kir.params, args)})
+
+    def note(self, text: str):
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def tensormap(self, addr: int, op) -> TensorMapInfo:
+        info = self.tensormaps.get(addr)
+        if info is None:
+            from .errors import where
+            raise ProtocolError(f"tma_load at {where(op)}: the tensor-map operand ({addr:#x}) is not a tensor-map "
+                                "parameter of the kernel")
+        return info
+
+    def _bind(self, p, x):
+        kname = self.prog.kir.name
+        t = p.type
+        if isinstance(t, PointerType):
+            _check_buffer(kname, p.name, t, x)
+            try:
+                addr = self.gmem.add(p.name, x)
+            except ValueError as e:
+                raise LaunchValueError(f"{kname}: argument {p.name!r} {e}") from None
+            return splat(addr, _U64)
+        if isinstance(t, TensorMapType):
+            spec = getattr(x, "spec", x)
+            if not all(hasattr(spec, a) for a in ("tensor", "dims", "strides_bytes", "box", "swizzle")):
+                raise LaunchTypeError(f"{kname}: argument {p.name!r} expects a TensorMapSpec or TensorMap, "
+                                      f"but got {type(x).__name__}")
+            addr = TENSORMAP_BASE + 128 * len(self.tensormaps)
+            self.tensormaps[addr] = TensorMapInfo(p.name, spec, self.gmem)
+            return splat(addr, _U64)
+        return splat(_scalar(kname, p.name, t, x), t)
+
+
+_U64 = ScalarType("u64", 64, "uint")
+
+
+def _check_buffer(kname, name, t: PointerType, x):
+    want = t.pointee.name
+    if isinstance(x, np.ndarray):
+        ok = x.dtype == np_dtype(t.pointee) or (want == "b32" and x.dtype in (np.int32, np.uint32))
+        if not ok:
+            raise LaunchTypeError(f"{kname}: argument {name!r} expects a numpy array of {np_dtype(t.pointee)} "
+                                  f"({want}), but got {x.dtype}")
+        return
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        torch = None
+    if torch is None or not isinstance(x, torch.Tensor):
+        raise LaunchTypeError(f"{kname}: argument {name!r} expects a CPU torch.Tensor or numpy array of {want}, "
+                              f"but got {type(x).__name__}")
+    tname = str(x.dtype).replace("torch.", "")
+    if tname != _TORCH_NAMES.get(want) and not (want == "b32" and tname in ("int32", "uint32")):
+        raise LaunchTypeError(f"{kname}: argument {name!r} expects dtype torch.{_TORCH_NAMES.get(want)}, "
+                              f"but got {x.dtype}")
+    if x.device.type != "cpu":
+        raise LaunchValueError(f"{kname}: argument {name!r} expects a CPU tensor for emulation, but got one on "
+                               f"{x.device}")
+
+
+def _scalar(kname, name, t: ScalarType, x):
+    if isinstance(x, np.generic):
+        x = x.item()
+    if t.is_float:
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise LaunchTypeError(f"{kname}: argument {name!r} expects a Python float for {t}, but got "
+                                  f"{type(x).__name__}")
+        return float(x)
+    if t.is_bool:
+        if not isinstance(x, bool):
+            raise LaunchTypeError(f"{kname}: argument {name!r} expects a bool, but got {type(x).__name__}")
+        return x
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise LaunchTypeError(f"{kname}: argument {name!r} expects a Python int for {t}, but got {type(x).__name__}")
+    lo, hi = int_range(t)
+    if not lo <= x <= hi:
+        raise LaunchValueError(f"{kname}: argument {name!r} expects a value in {lo}..{hi} ({t}), but got {x}")
+    return x
+
+
+def _grid3(kname, grid) -> tuple[int, int, int]:
+    if isinstance(grid, (int, np.integer)):
+        grid = (int(grid),)
+    if not isinstance(grid, (tuple, list)) or not 1 <= len(grid) <= 3 or not all(
+            isinstance(g, (int, np.integer)) and g >= 0 for g in grid):
+        raise LaunchTypeError(f"{kname}: grid expects an int or a tuple of 1 to 3 non-negative ints, but got {grid!r}")
+    g = [int(x) for x in grid] + [1] * (3 - len(grid))
+    return g[0], g[1], g[2]
+
+
+def _ctas(kname, grid, ctas):
+    if ctas is None:
+        return [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
+    out = []
+    for c in ctas:
+        c = (int(c),) if isinstance(c, (int, np.integer)) else tuple(int(v) for v in c)
+        c = c + (0,) * (3 - len(c))
+        if len(c) != 3 or not all(0 <= v < g for v, g in zip(c, grid)):
+            raise LaunchValueError(f"{kname}: ctas expects block indices inside the grid {grid}, but got {c}")
+        out.append(c)
+    return out
+
+
+def program_for(kernel, constexprs: dict) -> Program:
+    """The compiled emulator program of one specialization (cached per kernel object)."""
+    if isinstance(kernel, KernelIR):
+        return Program(kernel)
+    key = tuple(sorted((k, repr(v)) for k, v in constexprs.items()))
+    per = _programs.setdefault(kernel, {})
+    prog = per.get(key)
+    if prog is None:
+        prog = per[key] = Program(kernel.trace(**constexprs))
+    return prog
+
+
+def emulate_kernel(kernel, args, grid, **kwargs) -> EmulationReport:
+    """Run ``kernel`` (a ``Kernel`` or a ``KernelIR``) on the CPU over ``grid`` with ``args``.
+
+    Keyword arguments that name the kernel's constexprs specialize it; the others are options:
+    ``ctas`` (the block indices to run, default all), ``check_races`` (default True) and
+    ``max_iterations`` (per loop, default 10**7).
+    """
+    names = [] if isinstance(kernel, KernelIR) else kernel.constexpr_names
+    constexprs = {k: v for k, v in kwargs.items() if k in names}
+    options = {k: v for k, v in kwargs.items() if k not in names}
+    unknown = [k for k in options if k not in OPTIONS]
+    if unknown:
+        kname = getattr(kernel, "name", "kernel")
+        raise TypeError(f"{kname}.emulate got an unexpected keyword {unknown[0]!r}: expects the kernel's constexprs "
+                        f"{names} or the options {list(OPTIONS)}")
+    t0 = time.perf_counter()
+    prog = program_for(kernel, constexprs)
+    kname = prog.kir.name
+    grid3 = _grid3(kname, grid)
+    ctas = _ctas(kname, grid3, options.pop("ctas", None))
+    launch = Launch(prog, tuple(args), grid3, **options)
+    with np.errstate(all="ignore"):  # inactive lanes compute on garbage; IEEE results are what we want
+        for coord in ctas:
+            CTA(launch, coord).run()
+    nwarps = -(-prog.kir.launch.max_threads // 32)
+    return EmulationReport(kname, grid3, ctas, nwarps, time.perf_counter() - t0, launch.notes)

@@ -1,0 +1,254 @@
+"""Barriers, mbarriers, proxy fences, setmaxnreg and TMA tile loads.
+
+TMA (``cp.async.bulk.tensor``): the box starting at the coordinates (innermost first) is read
+from the tensor map's tensor; elements outside the map's dims are zero (FLOAT_OOB_FILL_NONE)
+and still counted. The box is written densely (dim 0 fastest) at the destination, and each
+16-byte chunk is moved by the map's swizzle applied to the absolute shared address: for 128B,
+chunk bits 4-6 are XORed with bits 7-9, so chunk c of row r of a 1024-byte-aligned tile lands
+at c ^ (r % 8) (CuTe Swizzle<3,4,3>; 64B and 32B use 2 and 1 bits). The copy then completes
+the box's bytes on its mbarrier. The emulator lands the copy at once, when it is issued.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import MemoryAccessError, ProtocolError, where
+from .ops_scalar import check_converged
+from .program import handler
+from .sync import MBarrier, Wait, mbarrier_lookup
+
+SWIZZLE_BITS = {0: 0, 32: 1, 64: 2, 128: 3}
+
+
+def swizzle(addr: np.ndarray, swizzle_bytes: int) -> np.ndarray:
+    """Swizzle<B,4,3> on byte addresses: bits [7, 7+B) XORed into bits [4, 4+B)."""
+    b = SWIZZLE_BITS[swizzle_bytes]
+    if b == 0:
+        return addr
+    mask = (1 << b) - 1
+    return addr ^ (((addr >> 7) & mask) << 4)
+
+
+class TensorMapInfo:
+    """A tensor map's box, precomputed for TMA reads (from a ``TensorMapSpec``)."""
+
+    def __init__(self, name: str, spec, gmem):
+        self.name, self.spec = name, spec
+        t = spec.tensor
+        self.es = t.element_size() if hasattr(t, "element_size") else t.itemsize
+        self.raw, _ = gmem.storage_of(t)
+        self.base_off = (t.storage_offset() * self.es) if hasattr(t, "storage_offset") else 0
+        self.dims = [int(x) for x in spec.dims]
+        self.strides = [self.es] + [int(x) for x in spec.strides_bytes]
+        self.box = [int(x) for x in spec.box]
+        self.rank = len(self.dims)
+        idx = np.indices(tuple(reversed(self.box))).reshape(self.rank, -1)[::-1]  # dim 0 fastest
+        self.box_idx = idx.astype(np.int64)
+        self.rel = sum(idx[i].astype(np.int64) * self.strides[i] for i in range(self.rank))
+        self.nelem = idx.shape[1]
+        self.box_bytes = self.nelem * self.es
+        self.lin = np.arange(self.nelem, dtype=np.int64) * self.es
+
+    def read(self, coords, op, who) -> np.ndarray:
+        """The box's bytes, shape (nelem, es); out-of-bounds elements are zero."""
+        inb = np.ones(self.nelem, dtype=np.bool_)
+        start = self.base_off
+        for i, c in enumerate(coords):
+            g = c + self.box_idx[i]
+            inb &= (g >= 0) & (g < self.dims[i])
+            start += c * self.strides[i]
+        off = np.where(inb, start + self.rel, 0)
+        if inb.any():
+            lo, hi = int(off[inb].min()), int(off[inb].max()) + self.es
+            if lo < 0 or hi > len(self.raw):
+                raise MemoryAccessError(
+                    f"TMA at {where(op)} ({who.describe()}) reads outside the memory of tensor map {self.name!r}: its dims "
+                    f"and strides reach byte {hi} but the tensor's storage has {len(self.raw)} bytes")
+        data = self.raw[off[:, None] + np.arange(self.es)]
+        data[~inb] = 0
+        return data
+
+
+@handler("barrier", "barrier_arrive")
+def make_barrier(prog, op):
+    bid, count = op.attr("id"), op.attr("count")
+    sync = op.opcode == "barrier"
+    what = f"bar.sync {bid}" if sync else f"bar.arrive {bid}"
+
+    def run(w):
+        check_converged(w, op, what)
+        cta = w.cta
+        b = cta.named_barrier(bid)
+        gen = b.arrive(cta, w, op, count, sync)
+        if not sync:
+            return
+        if gen is None:
+            gen = b.generation - 1
+        else:
+            yield Wait(lambda: b.generation > gen, op, b.describe, b)
+        cta.acquire(w.wid, b.clocks[gen])
+
+    return True, run
+
+
+def _by_address(addrs: np.ndarray, lanes: np.ndarray):
+    if len(lanes) == 1 or (addrs == addrs[0]).all():
+        return [(int(addrs[0]), lanes)]
+    return [(int(a), lanes[addrs == a]) for a in np.unique(addrs)]
+
+
+def _lanes(w):
+    return np.flatnonzero(w.mask)
+
+
+@handler("mbarrier_init")
+def make_mbarrier_init(prog, op):
+    b, c = (prog.slot(v) for v in op.operands)
+
+    def run(w):
+        cta = w.cta
+        lanes = _lanes(w)
+        for lane in lanes:
+            addr, count = int(w.env[b][lane]), int(w.env[c][lane])
+            if addr % 8:
+                raise MemoryAccessError(f"mbarrier_init at {where(op)}: address {addr} is not 8-byte aligned")
+            cta.smem.check(np.array([addr]), 8, op, w, "write", np.array([lane]))
+            if not 1 <= count < (1 << 20):
+                raise ProtocolError(f"mbarrier_init at {where(op)} ({w.describe()}): count expects 1..2**20-1, "
+                                    f"but got {count}")
+            cta.mbars[addr] = MBarrier(cta, addr, count, op, w)
+    return False, run
+
+
+@handler("mbarrier_arrive")
+def make_mbarrier_arrive(prog, op):
+    b = prog.slot(op.operands[0])
+
+    def run(w):
+        lanes = _lanes(w)
+        if not len(lanes):
+            return
+        for addr, ls in _by_address(w.env[b][lanes], lanes):
+            mbarrier_lookup(w.cta, w, op, addr).arrive(w.cta, w, op, len(ls))
+    return False, run
+
+
+@handler("mbarrier_arrive_expect_tx")
+def make_mbarrier_arrive_expect_tx(prog, op):
+    b, n = (prog.slot(v) for v in op.operands)
+
+    def run(w):
+        lanes = _lanes(w)
+        for lane in lanes:
+            addr, nbytes = int(w.env[b][lane]), int(w.env[n][lane])
+            mbarrier_lookup(w.cta, w, op, addr).arrive(w.cta, w, op, 1, nbytes)
+    return False, run
+
+
+@handler("mbarrier_try_wait")
+def make_mbarrier_try_wait(prog, op):
+    b, p = (prog.slot(v) for v in op.operands)
+    r = prog.slot(op.result)
+
+    def run(w):
+        cta, env = w.cta, w.env
+        lanes = _lanes(w)
+        keys = sorted({(int(env[b][i]), int(env[p][i]) & 1) for i in lanes})
+        for addr, parity in keys:
+            mb = mbarrier_lookup(cta, w, op, addr)
+            if (mb.phase & 1) == parity:
+                target = mb.phase
+                yield Wait(lambda mb=mb, t=target: mb.phase > t, op,
+                           lambda mb=mb, par=parity: mb.describe_wait(par), (mb, parity))
+            cta.acquire(w.wid, mb.done_clock[parity])
+        env[r] = w.mask.copy()
+
+    return True, run
+
+
+def _publish_inits(w):
+    for mb in w.cta.mbars.values():
+        if mb.init_warp == w.wid:
+            mb.async_visible = True
+
+
+@handler("fence_proxy_async")
+def make_fence_proxy_async(prog, op):
+    def run(w):
+        lanes = _lanes(w)
+        if len(lanes):
+            w.cta.smem.fence_proxy(w.tids[lanes])
+            _publish_inits(w)
+    return False, run
+
+
+@handler("fence_mbarrier_init")
+def make_fence_mbarrier_init(prog, op):
+    def run(w):
+        if w.nactive:
+            _publish_inits(w)
+    return False, run
+
+
+@handler("setmaxnreg")
+def make_setmaxnreg(prog, op):
+    n, inc = op.attr("n"), bool(op.attr("inc"))
+    what = f"setmaxnreg.{'inc' if inc else 'dec'} {n}"
+
+    def run(w):
+        check_converged(w, op, what)
+        cta = w.cta
+        pool = cta.regpool
+        if not pool.known:
+            cta.launch.note(f"{what} at {where(op)}: the kernel declares neither min_blocks_per_sm nor "
+                            "max_registers, so ptxas ignores setmaxnreg (C7508); emulated with 1 block per SM")
+        cta.check_warpgroup_collective(w, op, ("setmaxnreg", n, inc))
+        if not 24 <= n <= 256 or n % 8:
+            raise ProtocolError(f"{what} at {where(op)}: the count expects a multiple of 8 in 24..256")
+        if inc:
+            if n < w.regs:
+                raise ProtocolError(f"{what} at {where(op)} ({w.describe()}) asks for fewer registers than the "
+                                    f"warp holds ({w.regs}); use the dec form")
+            need = 32 * (n - w.regs)
+            if pool.free < need:
+                yield Wait(lambda: pool.free >= need, op, lambda: f"{what}: " + pool.describe_need(need), pool)
+            pool.free -= need
+        else:
+            if n > w.regs:
+                raise ProtocolError(f"{what} at {where(op)} ({w.describe()}) would raise the warp's registers "
+                                    f"from {w.regs}; use the inc form")
+            pool.free += 32 * (w.regs - n)
+        w.regs = n
+
+    return True, run
+
+
+@handler("tma_load")
+def make_tma_load(prog, op):
+    rank = op.attr("rank")
+    d, tm, b = (prog.slot(v) for v in op.operands[:3])
+    cs = [prog.slot(v) for v in op.operands[3:]]
+
+    def run(w):
+        cta, env = w.cta, w.env
+        smem = cta.smem
+        for lane in _lanes(w):
+            dst, taddr, bar = int(env[d][lane]), int(env[tm][lane]), int(env[b][lane])
+            coords = [int(env[c][lane]) for c in cs]
+            info = cta.launch.tensormap(taddr, op)
+            who = w
+            if info.rank != rank:
+                raise ProtocolError(f"tma_load at {where(op)} gives {rank} coordinates, but tensor map "
+                                    f"{info.name!r} has rank {info.rank}")
+            if dst % 128:
+                raise MemoryAccessError(f"tma_load at {where(op)} ({w.describe()}): the destination {smem.name(dst)} is not "
+                                        "128-byte aligned, as TMA requires")
+            smem.check(np.array([dst]), info.box_bytes, op, who, "write", np.array([lane]))
+            mb = mbarrier_lookup(cta, w, op, bar, async_use=True)
+            data = info.read(coords, op, who)
+            addrs = swizzle(dst + info.lin, info.spec.swizzle)
+            bi = (addrs[:, None] + np.arange(info.es)).ravel()
+            smem.note_write(bi, w.wid, cta.vc[w.wid], op, who, None)
+            smem.buf[bi] = data.ravel()
+            mb.complete_tx(cta, w, op, info.box_bytes)
+    return False, run

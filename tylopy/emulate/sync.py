@@ -1,0 +1,209 @@
+"""Synchronization state of a CTA: named barriers, mbarriers, the setmaxnreg register pool.
+
+Ordering between warps is tracked with vector clocks (``CTA.vc``): a warp *releases* its clock
+into a barrier when it arrives (bar.sync/bar.arrive, mbarrier arrive, a TMA completing bytes
+on an mbarrier) and *acquires* the merged clock when its wait completes. Two events are
+ordered when the later warp's clock has caught up with the earlier one's epoch; the shared
+memory race check and the "mbarrier initialization not visible" check use this.
+
+mbarrier semantics (PTX ISA, hopper-reference.md section 5): ``init(count)`` starts phase 0
+with ``count`` pending arrivals and tx-count 0; ``arrive`` takes one arrival per thread;
+``arrive.expect_tx(b)`` first adds ``b`` to the tx-count; a TMA copy's complete_tx subtracts
+its bytes. A phase completes when both reach zero; then the next phase starts with ``count``
+arrivals. ``try_wait.parity(P)`` is true once the phase with parity P has completed: on a
+fresh barrier parity 1 passes at once. The emulator treats the try_wait loop as a blocking
+wait (it never returns false), which changes no result, only how long a hardware spin takes.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import ProtocolError, where
+
+
+class Wait:
+    """What a blocked warp waits for: ``ready()`` polls, ``describe()`` says what is missing."""
+
+    __slots__ = ("ready", "op", "describe", "obj")
+
+    def __init__(self, ready, op, describe, obj=None):
+        self.ready, self.op, self.describe, self.obj = ready, op, describe, obj
+
+
+def warps_text(wids) -> str:
+    wids = sorted(set(wids))
+    return ", ".join(str(x) for x in wids) if wids else "none"
+
+
+# -- named barriers (bar.sync / bar.arrive) ------------------------------------------------------------
+
+class NamedBarrier:
+    def __init__(self, bid: int, nwarps: int):
+        self.id = bid
+        self.expected = 0
+        self.arrived = 0
+        self.parts: list = []  # (warp, op, is_sync) of the instance in progress
+        self.generation = 0
+        self.clock = np.zeros(nwarps, dtype=np.int64)
+        self.clocks: dict[int, np.ndarray] = {}
+
+    def arrive(self, cta, w, op, count, sync: bool):
+        """Count warp ``w`` in; returns the generation it waits for, or None if it completed the barrier."""
+        expected = count if count is not None else cta.nwarps * 32
+        if self.arrived == 0:
+            self.expected = expected
+        elif expected != self.expected:
+            first = self.parts[0][1]
+            raise ProtocolError(
+                f"named barrier {self.id} used with two thread counts: {w.describe()} at {where(op)} expects "
+                f"{expected} threads, but warp {self.parts[0][0]} arrived at {where(first)} expecting {self.expected}")
+        cta.release(w.wid, self.clock)
+        self.arrived += 32
+        self.parts.append((w.wid, op, sync))
+        gen = self.generation
+        if self.arrived >= self.expected:
+            self.clocks[gen] = self.clock.copy()
+            self.clock[:] = 0
+            self.arrived, self.parts = 0, []
+            self.generation += 1
+            return None
+        return gen
+
+    def describe(self) -> str:
+        who = warps_text(p[0] for p in self.parts)
+        return (f"bar.sync {self.id} for {self.expected} threads: {self.arrived} arrived "
+                f"(warps {who})")
+
+
+# -- mbarriers ------------------------------------------------------------------------------------------
+
+class MBarrier:
+    def __init__(self, cta, addr: int, count: int, op, w):
+        self.addr = addr
+        self.name = cta.smem.slot_name(addr, 8)
+        self.count = count
+        self.pending = count
+        self.tx = 0
+        self.phase = 0  # phases completed so far; the one in progress has parity phase & 1
+        self.init_op, self.init_warp = op, w.wid
+        self.init_epoch = int(cta.vc[w.wid, w.wid])
+        self.async_visible = False
+        self.clock = np.zeros(cta.nwarps, dtype=np.int64)
+        self.done_clock = {0: np.zeros(cta.nwarps, dtype=np.int64), 1: np.zeros(cta.nwarps, dtype=np.int64)}
+        self.expects: list = []  # (op, bytes, warp) announced in this phase
+        self.delivered: list = []  # (op, bytes, warp) completed by copies in this phase
+        self.arrivals: list = []  # warps that arrived in this phase
+
+    def label(self) -> str:
+        return f"mbarrier {self.name}"
+
+    def _complete(self):
+        self.done_clock[self.phase & 1] = self.clock.copy()
+        self.clock[:] = 0
+        self.phase += 1
+        self.pending, self.tx = self.count, 0
+        self.expects, self.delivered, self.arrivals = [], [], []
+
+    def _tx_text(self) -> str:
+        ex = sum(b for _, b, _ in self.expects)
+        de = sum(b for _, b, _ in self.delivered)
+        parts = [f"expect_tx announced {ex} bytes"]
+        parts += [f"  expect_tx({b}) at {where(o)} by warp {wid}" for o, b, wid in self.expects]
+        parts.append(f"the copies delivered {de} bytes")
+        parts += [f"  TMA of {b} bytes at {where(o)} issued by warp {wid}" for o, b, wid in self.delivered]
+        return "\n".join(parts)
+
+    def _check_over(self, op, w):
+        if self.pending == 0 and self.tx < 0:
+            raise ProtocolError(
+                f"expect_tx mismatch on {self.label()} (phase {self.phase}) at {where(op)} ({w.describe()}): the "
+                f"copies delivered {-self.tx} more bytes than expect_tx announced; the extra bytes would complete "
+                f"the next phase early (silent corruption on the GPU).\n{self._tx_text()}")
+
+    def arrive(self, cta, w, op, k: int, tx_each: int = 0):
+        """``k`` threads of ``w`` arrive, each after adding ``tx_each`` to the tx-count."""
+        cta.release(w.wid, self.clock)
+        while k > 0:
+            if tx_each:
+                self.tx += tx_each
+                self.expects.append((op, tx_each, w.wid))
+            if self.pending == 0:
+                raise ProtocolError(
+                    f"too many arrivals on {self.label()} at {where(op)} ({w.describe()}): phase {self.phase} "
+                    f"expects {self.count} arrivals (mbarrier_init at {where(self.init_op)}), all of which came, "
+                    f"and it is still waiting for {self.tx} transaction bytes")
+            take = 1 if tx_each else min(k, self.pending)
+            self.pending -= take
+            k -= take
+            self.arrivals.append(w.wid)
+            if self.pending == 0 and self.tx == 0:
+                self._complete()
+                cta.release(w.wid, self.clock)
+            else:
+                self._check_over(op, w)
+
+    def complete_tx(self, cta, w, op, nbytes: int):
+        """A TMA copy issued by ``w`` landed ``nbytes`` (its writes are ordered before the phase)."""
+        cta.release(w.wid, self.clock)
+        self.tx -= nbytes
+        self.delivered.append((op, nbytes, w.wid))
+        if self.pending == 0 and self.tx == 0:
+            self._complete()
+        else:
+            self._check_over(op, w)
+
+    def describe_wait(self, parity: int) -> str:
+        msg = (f"{self.label()} parity {parity}: phase {self.phase} still needs {self.pending} of {self.count} "
+               f"arrival(s)")
+        if self.tx > 0:
+            msg += f" and {self.tx} transaction bytes"
+        elif self.tx < 0:
+            msg += f" ({-self.tx} bytes already delivered ahead of expect_tx)"
+        return msg
+
+    def tx_shortfall(self) -> str | None:
+        """Why the phase cannot complete if every arrival came but bytes are missing."""
+        if self.pending == 0 and self.tx > 0:
+            return (f"expect_tx mismatch on {self.label()} (phase {self.phase}): expect_tx announced {self.tx} "
+                    f"more bytes than the copies delivered, so the phase never completes.\n{self._tx_text()}")
+        return None
+
+
+def mbarrier_lookup(cta, w, op, addr: int, async_use: bool = False) -> MBarrier:
+    """The initialized mbarrier at ``addr``, checking its initialization is visible to ``w``."""
+    mb = cta.mbars.get(addr)
+    if mb is None:
+        raise ProtocolError(
+            f"mbarrier {cta.smem.slot_name(addr, 8)} used at {where(op)} by {w.describe()} before any mbarrier_init: "
+            f"no thread initialized it")
+    if mb.init_warp != w.wid and cta.vc[w.wid, mb.init_warp] < mb.init_epoch:
+        raise ProtocolError(
+            f"{mb.label()} used at {where(op)} by {w.describe()} before its initialization is visible: warp "
+            f"{mb.init_warp} initialized it at {where(mb.init_op)}, and no barrier (syncthreads / bar.sync) "
+            f"after the init orders it before this use")
+    if async_use and not mb.async_visible:
+        raise ProtocolError(
+            f"{mb.label()} is used by TMA at {where(op)} ({w.describe()}), but its initialization at "
+            f"{where(mb.init_op)} was never made visible to the async proxy: warp {mb.init_warp} must execute "
+            f"fence_mbarrier_init() (or fence_proxy_async()) after mbarrier_init and before the barrier")
+    return mb
+
+
+# -- setmaxnreg ------------------------------------------------------------------------------------------
+
+class RegisterPool:
+    """The CTA's register budget: every thread starts with the entry cap; dec returns, inc takes."""
+
+    def __init__(self, kir, nwarps: int):
+        lb = kir.launch
+        self.known = bool(lb.max_registers or lb.min_blocks_per_sm)
+        if lb.max_registers:
+            cap = lb.max_registers
+        else:
+            cap = 65536 // (lb.max_threads * (lb.min_blocks_per_sm or 1))
+        self.cap = min(cap, 255) // 8 * 8
+        self.total = self.cap * 32 * nwarps
+        self.free = 0
+
+    def describe_need(self, need: int) -> str:
+        return f"needs {need} more registers for the warp, but the CTA's pool has {self.free} free"
