@@ -106,6 +106,34 @@ class Problem:
 
 
 @ty.func
+def tiles_of_this_cta(prob, persistent):
+    """How many work tiles this CTA loops over (upper bound; ``work_tile`` says which are real)."""
+    if persistent:
+        return (prob.total + ty.grid_dim(0) - 1) // ty.grid_dim(0)
+    return 1
+
+
+@ty.func
+def next_tile(prob, k, persistent):
+    """(valid, first query row, head, batch, key tiles) of this CTA's k-th work tile.
+
+    One tile per CTA: the grid is (query blocks, heads, batch) and the block indices are the
+    coordinates (the last query block first: under causal masking it carries the most key tiles;
+    the hardware's block scheduler balances the rest). Persistent: CTA i takes positions i,
+    2G-1-i, 2G+i, ... of the sequence ``work_tile`` decodes.
+    """
+    if persistent:
+        pos = tile_position(k)
+        m0, h, b, n_tiles = work_tile(prob, pos)
+        return pos < prob.total, m0, h, b, n_tiles
+    m0 = (ty.grid_dim(0) - 1 - ty.block_idx(0)) * prob.block_m
+    kv_end = prob.n_k
+    if prob.causal != 0:
+        kv_end = ty.minimum(prob.n_k, m0 + prob.block_m)
+    return ty.cast(1, ty.i1), m0, ty.block_idx(1), ty.block_idx(2), (kv_end + (prob.block_n - 1)) // prob.block_n
+
+
+@ty.func
 def tile_position(k):
     """The k-th work tile of this CTA: i, 2G-1-i, 2G+i, ... so heavy and light causal tiles alternate."""
     g = ty.grid_dim(0)
@@ -140,7 +168,7 @@ def load_tile(smem, lay, tmap, offset, full, empty, it, row, h, b, stages, order
 
 
 @ty.func
-def producer(smem, lay, prob, tm_q, tm_k, tm_v, n_rounds, stages, order, consumers):
+def producer(smem, lay, prob, tm_q, tm_k, tm_v, persistent, stages, order, consumers):
     hopper.setmaxnreg(REGISTER_SPLIT[consumers][0], increase=False)
     warp = ty.warp_idx() & 3
     if warp == 0:
@@ -148,10 +176,9 @@ def producer(smem, lay, prob, tm_q, tm_k, tm_v, n_rounds, stages, order, consume
             hopper.prefetch_tensormap(tm_k)
             hopper.prefetch_tensormap(tm_v)
             it = 0
-            for k in range(n_rounds):
-                pos = tile_position(k)
-                if pos < prob.total:
-                    m0, h, b, n_tiles = work_tile(prob, pos)
+            for k in range(tiles_of_this_cta(prob, persistent)):
+                valid, m0, h, b, n_tiles = next_tile(prob, k, persistent)
+                if valid:
                     # Q has one buffer: the next tile's Q lands while the consumers finish this one.
                     hopper.mbarrier_wait(bar_at(smem, lay.q_empty), (k & 1) ^ 1)
                     q_full = bar_at(smem, lay.q_full)
@@ -297,16 +324,15 @@ def pass_dead_tiles(smem, lay, first, n_tiles, stages, turn, leader):
 
 
 @ty.func
-def consumer(smem, lay, prob, wg, n_rounds, dtype, block_n, stages, has_mask, return_lse, consumers):
+def consumer(smem, lay, prob, wg, persistent, dtype, block_n, stages, has_mask, return_lse, consumers):
     hopper.setmaxnreg(REGISTER_SPLIT[consumers][1], increase=True)
     turn = Turn(wg, consumers)
     if wg == 1:
         ty.barrier_arrive(1, CONSUMER_THREADS)  # consumer 1 takes the first turn
     it = 0
-    for k in range(n_rounds):
-        pos = tile_position(k)
-        if pos < prob.total:
-            m0, h, b, n_tiles = work_tile(prob, pos)
+    for k in range(tiles_of_this_cta(prob, persistent)):
+        valid, m0, h, b, n_tiles = next_tile(prob, k, persistent)
+        if valid:
             consumer_tile(smem, lay, prob, wg, turn, k, it, m0, h, b, n_tiles, dtype, block_n, stages, has_mask,
                           return_lse)
             it = it + n_tiles
@@ -390,7 +416,7 @@ def attention_fwd_sm90(
     m_stride_b: ty.i64, m_stride_h: ty.i64, m_stride_q: ty.i64, m_stride_k: ty.i64,
     DTYPE: ty.constexpr = ty.bf16, BLOCK_N: ty.constexpr = 128, STAGES: ty.constexpr = 2,
     CONSUMERS: ty.constexpr = 3, HAS_MASK: ty.constexpr = False, RETURN_LSE: ty.constexpr = False,
-    COORD_ORDER: ty.constexpr = ("n", "h", "b"),
+    COORD_ORDER: ty.constexpr = ("n", "h", "b"), PERSISTENT: ty.constexpr = False,
 ):
     """One CTA works through tiles (query block, head, batch): one per CTA when the grid covers
     them all, or a persistent loop when the grid is the number of SMs."""
@@ -399,10 +425,9 @@ def attention_fwd_sm90(
     prob = Problem(n_q, n_k, n_heads, n_batch, scale, causal, out, lse_ptr, mask,
                    (o_stride_b, o_stride_h, o_stride_n), (m_stride_b, m_stride_h, m_stride_q, m_stride_k),
                    ROWS_PER_CONSUMER * CONSUMERS, BLOCK_N)
-    n_rounds = (prob.total + ty.grid_dim(0) - 1) // ty.grid_dim(0)
     init_barriers(smem, lay, STAGES, CONSUMERS)
     wg = ty.warpgroup_idx()
     if wg == 0:
-        producer(smem, lay, prob, tm_q, tm_k, tm_v, n_rounds, STAGES, COORD_ORDER, CONSUMERS)
+        producer(smem, lay, prob, tm_q, tm_k, tm_v, PERSISTENT, STAGES, COORD_ORDER, CONSUMERS)
     else:
-        consumer(smem, lay, prob, wg, n_rounds, DTYPE, BLOCK_N, STAGES, HAS_MASK, RETURN_LSE, CONSUMERS)
+        consumer(smem, lay, prob, wg, PERSISTENT, DTYPE, BLOCK_N, STAGES, HAS_MASK, RETURN_LSE, CONSUMERS)

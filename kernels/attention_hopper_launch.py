@@ -11,6 +11,9 @@ from .attention_hopper import HEAD_DIM, attention_fwd_sm90
 # Measured on the H200 (results/attention-sweep-H200-2026-11-29.json): 128-key tiles and three
 # consumer warpgroups beat 64 x 2 by 15-30%; the stage count barely matters at this depth.
 SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 3, "PERSISTENT": "auto"}
+# The persistent loop needs a few more live registers than 160 per consumer thread allow
+# (3 consumers spill 32 bytes), so it runs with two consumers.
+PERSISTENT_SCHEDULE = {"CONSUMERS": 2}
 # A persistent grid (one CTA per SM looping over work tiles, the next Q loading under the current
 # epilogue) wins only where each work tile is short; with long rows the hardware's dynamic block
 # scheduler balances causal work better than our static order (results/*-v3-persistent.json).
@@ -60,6 +63,10 @@ def launch_hopper(q, k, v, attn_mask, is_causal, scale, out, lse, schedule=None)
     sched = dict(SCHEDULE, **(MASKED_SCHEDULE if attn_mask is not None else {}), **(schedule or {}))
     B, H, n_q, _ = q.shape
     n_k = k.shape[2]
+    if sched["PERSISTENT"] == "auto":
+        sched["PERSISTENT"] = n_k <= PERSISTENT_MAX_KEYS
+    if sched["PERSISTENT"]:
+        sched.update(PERSISTENT_SCHEDULE)
     block_m = 64 * sched["CONSUMERS"]
     order = _coord_order(q)
     if _coord_order(k) != order or _coord_order(v) != order:
@@ -75,11 +82,8 @@ def launch_hopper(q, k, v, attn_mask, is_causal, scale, out, lse, schedule=None)
     else:
         mask_t, ms = _dummy(q.device, torch.uint8), [0, 0, 0, 0]
     lse_t = lse if lse is not None else _dummy(q.device, torch.float32)
-    tiles = (n_q + block_m - 1) // block_m * H * B
-    persistent = sched.pop("PERSISTENT")
-    if persistent == "auto":
-        persistent = n_k <= PERSISTENT_MAX_KEYS
-    grid = (min(tiles, _sm_count(q.device)) if persistent else tiles,)
+    num_m = (n_q + block_m - 1) // block_m
+    grid = (min(num_m * H * B, _sm_count(q.device)),) if sched["PERSISTENT"] else (num_m, H, B)
     attention_fwd_sm90[grid](
         tm_q, tm_k, tm_v, out.view(torch.int16), lse_t, mask_t,
         n_q, n_k, H, B, scale, int(is_causal),

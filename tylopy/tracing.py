@@ -80,8 +80,10 @@ def unflatten(aux, leaves: list[Value]):
 
 
 def _static_equal(a, b) -> bool:
+    if isinstance(a, Value) or isinstance(b, Value):  # comparing would build an op
+        return a is b
     try:
-        return bool(a == b) if not isinstance(a, Value) else a is b
+        return bool(a == b)
     except Exception:
         return a is b
 
@@ -139,7 +141,7 @@ def if_(cond, then_fn, else_fn, names, values):
         for k in (0, 1):
             other = outs[1 - k]
             if isinstance(outs[k], (bool, int, float)) and isinstance(other, Value) and \
-                    isinstance(other.type, ScalarType) and not _static_equal(outs[k], other):
+                    isinstance(other.type, ScalarType):
                 bld.resume_block(branches[k][0])
                 outs[k] = _b.as_value(outs[k], other.type)
                 branches[k] = (bld.suspend_block(), branches[k][1])
