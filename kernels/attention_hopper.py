@@ -161,7 +161,7 @@ def work_tile(prob, pos):
 def load_tile(smem, lay, tmap, offset, full, empty, it, row, h, b, stages, order):
     """Wait until the ring stage of iteration ``it`` is free, then TMA one key tile into it."""
     stage, phase = stage_of(it, stages)
-    hopper.mbarrier_wait(bar_at(smem, empty + 8 * stage), phase ^ 1)
+    hopper.mbarrier_wait(bar_at(smem, empty + 8 * stage), phase ^ 1, "stage empty", stage)
     full_bar = bar_at(smem, full + 8 * stage)
     hopper.mbarrier_arrive_expect_tx(full_bar, lay.tile_bytes)
     hopper.tma_load(smem + (offset + stage * lay.tile_bytes), tmap, full_bar, 0, *tma_coords(order, row, h, b))
@@ -180,7 +180,7 @@ def producer(smem, lay, prob, tm_q, tm_k, tm_v, persistent, stages, order, consu
                 valid, m0, h, b, n_tiles = next_tile(prob, k, persistent)
                 if valid:
                     # Q has one buffer: the next tile's Q lands while the consumers finish this one.
-                    hopper.mbarrier_wait(bar_at(smem, lay.q_empty), (k & 1) ^ 1)
+                    hopper.mbarrier_wait(bar_at(smem, lay.q_empty), (k & 1) ^ 1, "q_empty")
                     q_full = bar_at(smem, lay.q_full)
                     hopper.mbarrier_arrive_expect_tx(q_full, lay.q_bytes)
                     hopper.tma_load(smem + lay.q, tm_q, q_full, 0, *tma_coords(order, m0, h, b))
@@ -286,7 +286,7 @@ def stage_of(j, stages):
 def scores_for_tile(smem, lay, atom_s, q_desc, base, j, stages, turn):
     """Wait for K_j, take the turn and issue S_j = Q K_j^T (the turn is passed on by the caller)."""
     stage, phase = stage_of(j, stages)
-    hopper.mbarrier_wait(bar_at(smem, lay.k_full + 8 * stage), phase)
+    hopper.mbarrier_wait(bar_at(smem, lay.k_full + 8 * stage), phase, "k_full", stage)
     ty.barrier_sync(turn.mine, CONSUMER_THREADS)
     k_desc = hopper.smem_descriptor(base + ty.cast(lay.k + stage * lay.tile_bytes, ty.u32))
     return score_gemm(atom_s, q_desc, k_desc)
@@ -296,7 +296,7 @@ def scores_for_tile(smem, lay, atom_s, q_desc, base, j, stages, turn):
 def pv_for_tile(smem, lay, atom_o, o, p, base, j, stages):
     """Wait for V_j and issue O += P_j V_j."""
     stage, phase = stage_of(j, stages)
-    hopper.mbarrier_wait(bar_at(smem, lay.v_full + 8 * stage), phase)
+    hopper.mbarrier_wait(bar_at(smem, lay.v_full + 8 * stage), phase, "v_full", stage)
     v_desc = hopper.smem_descriptor(base + ty.cast(lay.v + stage * lay.tile_bytes, ty.u32))
     return pv_gemm(atom_o, o, p, v_desc)
 
@@ -315,11 +315,11 @@ def pass_dead_tiles(smem, lay, first, n_tiles, stages, turn, leader):
     step the other consumers and the producer count on."""
     for j in range(first, n_tiles):
         stage, phase = stage_of(j, stages)
-        hopper.mbarrier_wait(bar_at(smem, lay.k_full + 8 * stage), phase)
+        hopper.mbarrier_wait(bar_at(smem, lay.k_full + 8 * stage), phase, "k_full (dead tile)", stage)
         ty.barrier_sync(turn.mine, CONSUMER_THREADS)
         ty.barrier_arrive(turn.next, CONSUMER_THREADS)
         release(smem, lay.k_empty, j, stages, leader)
-        hopper.mbarrier_wait(bar_at(smem, lay.v_full + 8 * stage), phase)
+        hopper.mbarrier_wait(bar_at(smem, lay.v_full + 8 * stage), phase, "v_full (dead tile)", stage)
         release(smem, lay.v_empty, j, stages, leader)
 
 
@@ -357,7 +357,7 @@ def consumer_tile(smem, lay, prob, wg, turn, k, it, m0, h, b, n_tiles, dtype, bl
     my_tiles = n_tiles
     if causal != 0:
         my_tiles = ty.minimum(n_tiles, (ty.minimum(n_k, row0 + ROWS_PER_CONSUMER) + (block_n - 1)) // block_n)
-    hopper.mbarrier_wait(bar_at(smem, lay.q_full), k & 1)
+    hopper.mbarrier_wait(bar_at(smem, lay.q_full), k & 1, "q_full")
 
     # Tile 0: scores and softmax only; its PV product is issued with tile 1's scores.
     s = scores_for_tile(smem, lay, atom_s, q_desc, base, it, stages, turn)

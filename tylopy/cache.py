@@ -115,6 +115,7 @@ def cache_key(kernel, constexprs: dict) -> tuple[str, dict]:
         "constexprs": {k: repr(v) for k, v in sorted(constexprs.items())},
         "launch_bounds": [bounds.max_threads, bounds.min_blocks_per_sm, bounds.max_registers],
         "arch": kernel.arch,
+        "debug_waits": os.environ.get("TYLOPY_DEBUG_WAITS", ""),
         "tylopy": tylopy_source_hash(),
         "llvmlite": llvmlite.__version__,
         "llvm": ".".join(map(str, llvm.llvm_version_info)),

@@ -40,12 +40,55 @@ def mbarrier_try_wait(bar, parity) -> Value:
     return current_builder().emit1("mbarrier_try_wait", (_bar(bar), as_value(parity, i32)))
 
 
-def mbarrier_wait(bar, parity) -> None:
-    """Spin on try_wait until the phase with ``parity`` completes."""
+DEBUG_WAITS_ENV = "TYLOPY_DEBUG_WAITS"
+
+
+def debug_waits_enabled() -> bool:
+    """With TYLOPY_DEBUG_WAITS=1 at compile time, every mbarrier wait gives up after ~2 s."""
+    return os.environ.get(DEBUG_WAITS_ENV, "") not in ("", "0")
+
+
+def mbarrier_wait(bar, parity, label: str = "", stage=None) -> None:
+    """Spin on try_wait until the phase with ``parity`` completes.
+
+    In debug mode (``TYLOPY_DEBUG_WAITS=1``) the wait is bounded: on timeout it records which
+    wait it was (``label`` and the source line), the barrier's shared address, the parity and
+    ``stage``, and returns; the launcher then raises ``MbarrierTimeoutError`` instead of hanging.
+    """
     from .tracing import while_
+    bld = current_builder()
     b = _bar(bar)
     p = as_value(parity, i32)
-    while_(lambda: ~current_builder().emit1("mbarrier_try_wait", (b, p)), lambda: (), (), ())
+    if not debug_waits_enabled():
+        while_(lambda: ~bld.emit1("mbarrier_try_wait", (b, p)), lambda: (), (), ())
+        return
+    from .ir.builder import user_location
+    sites = bld.meta.setdefault("wait_sites", [])
+    sites.append((label, str(user_location())))
+    site = len(sites)
+    start = bld.emit1("special", (), reg="globaltimer_lo")
+    limit = as_value(int(float(os.environ.get("TYLOPY_DEBUG_WAIT_SECONDS", "2")) * 1e9), lang.u32)
+
+    def waiting(timed_out):
+        done = bld.emit1("mbarrier_try_wait", (b, p))
+        return ~done & (timed_out == 0)
+
+    def step(timed_out):
+        now = bld.emit1("special", (), reg="globaltimer_lo")
+        return (lang.select(now - start > limit, 1, 0),)
+
+    (timed_out,) = while_(waiting, step, ("timed_out",), (as_value(0, i32),))
+    record = bld.emit1("debug_record", ())
+    from .tracing import if_
+
+    def report():
+        lang.store(record, as_value(site, i32))
+        lang.store(record + 1, p)
+        lang.store(record + 2, lang.bitcast(lang.address(bar), lang.i32))
+        lang.store(record + 3, as_value(-1 if stage is None else stage, i32))
+        return ()
+
+    if_(timed_out != 0, report, lambda: (), (), ())
 
 
 def fence_proxy_async() -> None:

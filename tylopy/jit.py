@@ -221,7 +221,8 @@ class Kernel:
         body = bld.finish()
         kir = KernelIR(self.name, tuple(params), body, bounds, self.arch, tuple(bld.shared_allocs),
                        bld.dynamic_shared_bytes, bld.dynamic_shared_align, self.source_file,
-                       tuple(sorted((k, repr(v)) for k, v in cx.items())))
+                       tuple(sorted((k, repr(v)) for k, v in cx.items()))
+                       + (("wait_sites", tuple(bld.meta.get("wait_sites", ()))),))
         verify(kir)
         return kir
 

@@ -433,6 +433,21 @@ def lower_shared_ptr(L: _Lowering, op: Op):
     L.set(op.result, L.b.bitcast(g, ir.PointerType(addrspace=3)))
 
 
+DEBUG_RECORD = "tylopy_debug_record"
+DEBUG_RECORD_WORDS = 4
+
+
+def lower_debug_record(L: _Lowering, op: Op):
+    g = L.globals.get(DEBUG_RECORD)
+    if g is None:
+        g = ir.GlobalVariable(L.m, ir.ArrayType(I32, DEBUG_RECORD_WORDS), DEBUG_RECORD, addrspace=1)
+        g.initializer = ir.Constant(g.value_type, [I32(0)] * DEBUG_RECORD_WORDS)
+        g.align = 16
+        g.type = ir.PointerType(addrspace=1)
+        L.globals[DEBUG_RECORD] = g
+    L.set(op.result, g)
+
+
 def lower_dynamic_shared_ptr(L: _Lowering, op: Op):
     g = L.dynamic_shared_global()
     L.set(op.result, L.b.bitcast(g, ir.PointerType(addrspace=3)))
@@ -646,6 +661,7 @@ LOWER = {
     "ptr_to_int": lower_ptr_to_int, "load": lower_load, "store": lower_store, "special": lower_special,
     "barrier": lower_barrier, "barrier_arrive": lower_barrier, "shfl": lower_shfl, "asm": lower_asm,
     "shared_ptr": lower_shared_ptr, "dynamic_shared_ptr": lower_dynamic_shared_ptr,
+    "debug_record": lower_debug_record,
     "for": lower_for, "if": lower_if, "while": lower_while,
     "mbarrier_init": _asm_op("mbarrier_init"), "mbarrier_arrive": _asm_op("mbarrier_arrive"),
     "mbarrier_arrive_expect_tx": _asm_op("mbarrier_arrive_expect_tx"), "mbarrier_try_wait": lower_mbarrier_try_wait,

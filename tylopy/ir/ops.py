@@ -290,6 +290,7 @@ OPS: dict[str, Rule] = {
     "load": _load, "store": _store, "special": _special, "shfl": _shfl,
     "barrier": lambda ts, a: _barrier(ts, a), "barrier_arrive": lambda ts, a: _barrier(ts, a), "membar": _none(0),
     "asm": _asm, "shared_ptr": _shared_ptr, "dynamic_shared_ptr": _shared_ptr,
+    "debug_record": lambda ts, a: (PointerType(i32, "global"),),
     # Hopper
     "mbarrier_init": _mbar(2), "mbarrier_arrive": _mbar(1), "mbarrier_arrive_expect_tx": _mbar(2),
     "mbarrier_try_wait": _mbar(2, (i1,)), "fence_proxy_async": _none(0), "fence_mbarrier_init": _none(0),

@@ -127,6 +127,7 @@ class Launcher:
         self._functions: dict[int, object] = {}
         self._config = None
         self._streams: dict[int, object] = {}
+        self._debug_record = self.DEBUG_RECORD if self.DEBUG_RECORD in compiled.ptx else None
 
     def pack(self, args) -> tuple[int | None, list]:
         """Check and pack every argument; needs no GPU. Returns (device index, ctypes values)."""
@@ -190,8 +191,40 @@ class Launcher:
         cfg.hStream = s
         ptrs = (ctypes.c_void_p * len(slots))(*[
             (x.getPtr() if hasattr(x, "getPtr") else ctypes.addressof(x)) for x in slots])
+        if self._debug_record is not None:
+            self._reset_debug_record(device, s)
         err, = d.cuLaunchKernelEx(cfg, f, ctypes.addressof(ptrs), 0)
         if err != d.CUresult.CUDA_SUCCESS:
             from ..errors import DriverError
             raise DriverError("cuLaunchKernelEx", drv._result_name(d, err), self.ck.name,
                               f"grid={(gx, gy, gz)}, block={self.ck.threads}, smem={self.ck.dynamic_shared_bytes}")
+        if self._debug_record is not None:
+            self._check_debug_record(device, s)
+
+    # -- debug mode (TYLOPY_DEBUG_WAITS=1 at compile time): bounded mbarrier waits -------------
+    DEBUG_RECORD = "tylopy_debug_record"
+
+    def _record_ptr(self, device):
+        self.function(device)
+        ptr, _size = drv.call("cuModuleGetGlobal", self._module, self.DEBUG_RECORD.encode(), kernel=self.ck.name)
+        return ptr
+
+    def _reset_debug_record(self, device, stream):
+        drv.call("cuMemsetD32Async", self._record_ptr(device), 0, 4, stream, kernel=self.ck.name)
+
+    def _check_debug_record(self, device, stream):
+        """Debug mode only: wait for the kernel and turn a recorded timeout into an error."""
+        drv.call("cuStreamSynchronize", stream, kernel=self.ck.name)
+        buf = (ctypes.c_int32 * 4)()
+        drv.call("cuMemcpyDtoH", ctypes.addressof(buf), self._record_ptr(device), 16, kernel=self.ck.name)
+        site, parity, address, stage = list(buf)
+        if site == 0:
+            return
+        from ..errors import MbarrierTimeoutError
+        sites = dict(self.ck.ir.meta).get("wait_sites", ())
+        label, where = sites[site - 1] if 0 < site <= len(sites) else ("?", "?")
+        what = f"mbarrier wait{(' ' + repr(label)) if label else ''} at {where}"
+        stage_text = f", stage {stage}" if stage >= 0 else ""
+        raise MbarrierTimeoutError(f"{self.ck.name}: {what} timed out waiting for phase parity {parity} of the "
+                                   f"mbarrier at shared address {address:#x}{stage_text}; the phase never "
+                                   "completed (an expect_tx byte count or arrival count that does not match?)")
