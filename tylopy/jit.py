@@ -148,6 +148,7 @@ class Kernel:
         self.source_file = inspect.getsourcefile(fn) or "<unknown>"
         self._traceable = None
         self._compiled: dict[Any, CompiledKernel] = {}
+        self._fast: dict[tuple, CompiledKernel] = {}
         functools.update_wrapper(self, fn)
 
     def with_arch(self, arch: str) -> "Kernel":
@@ -158,6 +159,7 @@ class Kernel:
         other = copy.copy(self)
         other.arch = arch
         other._compiled = {}
+        other._fast = {}
         return other
 
     # -- specialization ---------------------------------------------------------------------
@@ -228,6 +230,20 @@ class Kernel:
 
     def compile(self, **constexprs) -> CompiledKernel:
         """Compile (or fetch from the memory or disk cache) one specialization."""
+        try:  # the launch path: the same keyword arguments as last time, no normalization
+            fast = self._fast.get(tuple(constexprs.items()))
+        except TypeError:  # an unhashable constexpr value
+            fast = None
+        if fast is not None:
+            return fast
+        ck = self._compile(constexprs)
+        try:
+            self._fast[tuple(constexprs.items())] = ck
+        except TypeError:
+            pass
+        return ck
+
+    def _compile(self, constexprs: dict) -> CompiledKernel:
         cx = self._constexprs(constexprs)
         mkey = tuple(sorted((k, _hashable(v)) for k, v in cx.items()))
         ck = self._compiled.get(mkey)

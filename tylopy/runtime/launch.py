@@ -14,6 +14,8 @@ from ..errors import LaunchTypeError, LaunchValueError, ResourceLimitError
 from ..ir.types import PointerType, ScalarType, TensorMapType
 from . import driver as drv
 
+TensorMapSlot = None  # set to runtime.tensormap.TensorMap once a kernel takes a tensor map
+
 _INT_CTYPES = {"i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32, "i64": ctypes.c_int64,
                "u8": ctypes.c_uint8, "u16": ctypes.c_uint16, "u32": ctypes.c_uint32, "u64": ctypes.c_uint64,
                "b32": ctypes.c_uint32, "i1": ctypes.c_bool}
@@ -83,6 +85,8 @@ def _scalar_packer(kernel: str, name: str, t: ScalarType):
 
 def _tensormap_packer(kernel: str, name: str):
     from .tensormap import TensorMap
+    global TensorMapSlot
+    TensorMapSlot = TensorMap
 
     def pack(x, device):
         if not isinstance(x, TensorMap):
@@ -128,6 +132,7 @@ class Launcher:
         self._config = None
         self._streams: dict[int, object] = {}
         self._debug_record = self.DEBUG_RECORD if self.DEBUG_RECORD in compiled.ptx else None
+        self._ptr_array = ctypes.c_void_p * max(len(self.packers), 1)
 
     def pack(self, args) -> tuple[int | None, list]:
         """Check and pack every argument; needs no GPU. Returns (device index, ctypes values)."""
@@ -189,8 +194,7 @@ class Launcher:
         if s is None:
             s = self._streams[handle] = d.CUstream(handle)
         cfg.hStream = s
-        ptrs = (ctypes.c_void_p * len(slots))(*[
-            (x.getPtr() if hasattr(x, "getPtr") else ctypes.addressof(x)) for x in slots])
+        ptrs = self._ptr_array(*[x.getPtr() if type(x) is TensorMapSlot else ctypes.addressof(x) for x in slots])
         if self._debug_record is not None:
             self._reset_debug_record(device, s)
         err, = d.cuLaunchKernelEx(cfg, f, ctypes.addressof(ptrs), 0)
