@@ -431,15 +431,13 @@ MISDECLARED = [  # (id, layout, declared ownership, oracle, dims)
 ]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "fragment.py _check_ownership compares only row_lanes with the layout, never col_lanes, row_warps or "
-    "col_warps: a narrower ownership (e.g. QUAD on tiled_mma_c(1, 1, 1, 2), as mma_sync.accumulator() builds "
-    "it) is accepted and reduce() silently returns per-warp or per-lane partial summaries"))
 @pytest.mark.parametrize("cid,layout,own,oracle,dims", MISDECLARED, ids=[c[0] for c in MISDECLARED])
 def test_misdeclared_ownership_is_refused(cid, layout, own, oracle, dims):
+    """A reduction over lanes or warps the declaration leaves out must fail, not return partials:
+    wrong lanes are refused when the fragment is built, rows or columns spread over warps when reduced."""
     rng = np.random.default_rng(9)
-    frag = fragment_from_tile(random_tile(rng, layout.shape), layout, own, oracle)
     with pytest.raises(OwnershipError):
+        frag = fragment_from_tile(random_tile(rng, layout.shape), layout, own, oracle)
         frag.reduce("max", dims)
 
 

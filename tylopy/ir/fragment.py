@@ -285,7 +285,8 @@ class Fragment:
         if self.pack != 1:
             raise LayoutError("reduce expects an unpacked fragment (pack == 1)")
         own = self.ownership
-        warps = own.row_warps if dims == 2 else own.col_warps
+        warps = max(own.row_warps if dims == 2 else own.col_warps,
+                    self.layout.sharing_warps(0 if dims == 2 else 1) if not self.layout.replicated else 1)
         if warps > 1:
             raise OwnershipError(f"a dims={dims} reduction of {self.layout} spans {warps} warps ({own}); "
                                  "that needs shared memory, not shuffles", None)
@@ -342,15 +343,26 @@ _checked: set = set()
 
 
 def _check_ownership(layout: Layout, own: Ownership):
+    """The declared ownership must be what the layout does: the lanes (and warps) that share a
+    row or a column. A narrower declaration would make reductions return partial results."""
     key = (layout, own)
     if key in _checked:
         return
     if own.kind == "local":
         if layout.threads != 1:
             raise OwnershipError(f"LocalOwnership expects a one-lane layout, but got {layout}", None)
-    elif layout.threads >= 32 and not layout.replicated and layout.nvalues and own.kind != "reduced":
-        rows = layout.sharing_lanes(0)
-        if rows != own.row_lanes:
-            raise OwnershipError(f"{own} says lanes xor {list(own.row_lanes)} share a row, but in {layout} "
-                                 f"lanes xor {list(rows)} do", None)
+    elif layout.threads >= 32 and not layout.replicated and own.kind != "reduced":
+        # Lanes must match exactly; warps are checked where they matter, in ``reduce``, against the
+        # layout itself (an accumulator tiled over M warps is still quad-owned along its rows).
+        for axis, name, lanes in ((0, "row", own.row_lanes), (1, "column", own.col_lanes)):
+            have = layout.sharing_lanes(axis)
+            if have != tuple(lanes):
+                raise OwnershipError(f"{own} says lanes xor {list(lanes)} share a {name}, but in {layout} "
+                                     f"lanes xor {list(have)} do", None)
     _checked.add(key)
+
+
+def ownership_of(layout: Layout, kind: str = "quad") -> Ownership:
+    """The ownership a layout implies (who shares its rows and columns)."""
+    return Ownership(kind, layout.sharing_lanes(0), layout.sharing_lanes(1), layout.sharing_warps(0),
+                     layout.sharing_warps(1))

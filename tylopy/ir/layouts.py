@@ -173,6 +173,16 @@ class Layout:
                                   f"{'row' if axis == 0 else 'column'}; it cannot be reduced lane by lane")
         return ref
 
+    def sharing_warps(self, axis: int) -> int:
+        """How many warps hold elements of one row (axis 0) or column (axis 1), at most."""
+        if self.threads < 64:
+            return 1
+        owners: dict[int, set] = {}
+        for th in range(self.threads):
+            for x in self.table[th, :, axis]:
+                owners.setdefault(int(x), set()).add(th // 32)
+        return max(len(v) for v in owners.values())
+
     def sharing_lanes(self, axis: int) -> tuple[int, ...]:
         """xor masks that connect lanes holding the same row (axis 0) or column (axis 1) in a warp."""
         masks = []

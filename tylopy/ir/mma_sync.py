@@ -146,6 +146,8 @@ def accumulator(m_reps: int = 1, n_reps: int = 1, value: float = 0.0, warps_m: i
     """A traced f32 accumulator tiled over (m_reps x n_reps) atoms, filled with ``value``."""
     from .builder import as_value
     from .types import f32
+    from .fragment import ownership_of
     layout = tiled_mma_c(m_reps, n_reps, warps_m, warps_n)
     v = as_value(float(value), f32)
-    return Fragment((v,) * layout.nvalues, QUAD, layout)
+    own = QUAD if warps_m == warps_n == 1 else ownership_of(layout)
+    return Fragment((v,) * layout.nvalues, own, layout)
