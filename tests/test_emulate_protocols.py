@@ -298,3 +298,99 @@ def test_inline_ptx_is_refused_with_its_line():
     with pytest.raises(UnsupportedOpError, match=f"cannot emulate inline PTX at {at('asm')}"):
         uses_inline_ptx.emulate(torch.zeros(32, dtype=torch.int32).view(torch.uint32)
                                 if hasattr(torch, "uint32") else torch.zeros(32, dtype=torch.int32), grid=1)
+
+
+# -- write-after-read and read-after-write races ----------------------------------------------------------
+
+@ty.kernel(threads=64)
+def reuse_buffer(x: ty.ptr(ty.f32), out: ty.ptr(ty.f32), SYNC: ty.constexpr):
+    buf = ty.shared(ty.f32, 64)
+    t = ty.thread_idx()
+    buf[t] = x[t]
+    ty.syncthreads()
+    out[t] = buf[63 - t]  # <- war_read
+    if SYNC:
+        ty.syncthreads()
+    buf[t] = x[t] * 2.0  # <- war_write
+    ty.syncthreads()
+    out[64 + t] = buf[63 - t]
+
+
+def test_buffer_overwritten_before_the_other_warp_read_it():
+    with pytest.raises(ProtocolError) as e:
+        reuse_buffer.emulate(torch.randn(64), torch.zeros(128), grid=1, SYNC=False)
+    msg = str(e.value)
+    # the emulator runs warp 1 on while warp 0 waits: warp 0's read of warp 1's new values is caught first
+    assert re.search(f"shared-memory race at {at('war_read')}.* reads smem0\\+\\d+, which warp 1 wrote at "
+                     f"{at('war_write')}", msg) or \
+        re.search(f"shared-memory race at {at('war_write')}.* overwrites smem0\\+\\d+, which warp \\d read at "
+                  f"{at('war_read')}", msg)
+    x, out = torch.randn(64), torch.zeros(128)
+    reuse_buffer.emulate(x, out, grid=1, SYNC=True)
+    assert torch.equal(out, torch.cat([x.flip(0), 2 * x.flip(0)]))
+
+
+@ty.kernel(threads=160)
+def stage_ring(a_map: ty.tensormap, d: ty.ptr(ty.f32), RELEASE: ty.constexpr):
+    """Warps 0-3 consume two tiles through one stage that warp 4 refills; RELEASE says when they free it."""
+    smem = ty.dynamic_shared(ty.bf16, 8192, align=1024)
+    bars = ty.shared(ty.u64, 2, align=8)  # full, empty
+    tid = ty.thread_idx()
+    if tid == 0:
+        mbar_init(bars, 1)
+        mbar_init(bars + 1, 1)
+        fence_mbarrier_init()
+    ty.syncthreads()
+    if ty.warp_idx() == 4:
+        if ty.lane_id() == 0:
+            for j in range(2):
+                mbar_wait(bars + 1, (j & 1) ^ 1)
+                mbar_expect_tx(bars, 8192)
+                tma_load(smem, a_map, bars, 0, 64 * j)  # <- refill
+    else:
+        for j in range(2):
+            mbar_wait(bars, j & 1)
+            addr = ty.address(smem)
+            wgmma_fence()
+            acc = wgmma(64, None, desc(addr), desc(addr))  # <- ring_wgmma
+            wgmma_commit()
+            if RELEASE == "early":
+                if tid == 0:
+                    mbar_arrive(bars + 1)  # released while the wgmma may still read the stage
+            acc = wgmma_wait(0, acc)
+            if RELEASE == "after_wait":
+                if tid == 0:
+                    mbar_arrive(bars + 1)
+            d[j * 128 + tid] = acc[0]
+
+
+def test_stage_released_before_the_wgmma_finished():
+    a_map = tile_map(rows=128)
+    with pytest.raises(ProtocolError) as e:
+        stage_ring.emulate(a_map, torch.zeros(256), grid=1, RELEASE="early")
+    msg = str(e.value)
+    assert re.search(f"shared-memory race at {at('refill')} .*overwrites dynamic_smem\\+\\d+, which the wgmma at "
+                     f"{at('ring_wgmma')} .*of warpgroup 0 reads", msg)
+    stage_ring.emulate(a_map, torch.zeros(256), grid=1, RELEASE="after_wait")
+
+
+@ty.kernel(threads=128)
+def partial_wgmma(d: ty.ptr(ty.f32)):
+    smem = ty.dynamic_shared(ty.bf16, 16384, align=1024)
+    tid = ty.thread_idx()
+    if ty.warp_idx() != 3:
+        wgmma_fence()
+        acc = wgmma(64, None, desc(ty.address(smem)), desc(ty.address(smem) + 8192))  # <- partial
+        wgmma_commit()
+        acc = wgmma_wait(0, acc)
+        d[tid] = acc[0]
+
+
+def test_wgmma_waits_for_the_whole_warpgroup():
+    with pytest.raises(ProtocolError) as e:
+        partial_wgmma.emulate(torch.zeros(128), grid=1)
+    msg = str(e.value)
+    assert msg.startswith("deadlock")
+    assert re.search(f"warp 0 .* waits at {at('partial')} .*: wgmma \\(warpgroup-collective\\): warps 3 of "
+                     "warpgroup 0 have not issued it", msg)
+    assert "exited warps: 3" in msg

@@ -10,14 +10,17 @@ where the emulator is exact only up to the hardware's own documented error are s
 (``ex2.approx``, ``lg2.approx``, ``rsqrt.approx`` and the tensor cores' accumulation order).
 
 Protocol checks raise ``ProtocolError`` naming the source line, the barrier or stage and the
-warps: deadlock (every live warp waiting), an mbarrier phase that can never complete,
-expect_tx bytes that differ from the bytes the copies deliver, too many arrivals, a wgmma
-accumulator read before its wait_group, a wgmma without wgmma_fence, smem written by ordinary
-stores and read by wgmma without fence.proxy.async, an mbarrier used before its
-initialization is visible (or used by TMA without the init fence), two warps writing the same
-shared bytes with nothing ordering them, warps of a warpgroup disagreeing on a collective, and
+warps: deadlock (every live warp waiting, including a wgmma that not all 4 warps of its
+warpgroup issue), an mbarrier phase that can never complete, expect_tx bytes that differ from
+the bytes the copies deliver, too many arrivals, a wgmma accumulator read before its
+wait_group, a wgmma without wgmma_fence, smem written by ordinary stores and read by wgmma
+without fence.proxy.async, an mbarrier used before its initialization is visible (or used by
+TMA without the init fence), shared-memory races between warps (two writes, a read and a
+write, or a write over bytes a wgmma still reads, with nothing ordering them: vector clocks
+over bar.sync and mbarrier phases), warps of a warpgroup disagreeing on a collective, and
 ``.sync.aligned`` instructions in diverged warps. Memory errors (``MemoryAccessError``): global
-or shared accesses out of bounds, misaligned vector accesses.
+or shared accesses out of bounds, misaligned vector accesses. ``check_races=False`` turns the
+race checks off.
 
 ``tylopy emulate FILE.py[:KERNEL]`` runs the file's ``emulate_example()`` (see ``cli.py``).
 """

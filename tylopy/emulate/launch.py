@@ -58,11 +58,17 @@ class Launch:
         self.tensormaps: dict[int, TensorMapInfo] = {}
         self.desc_cache: dict = {}
         self.notes: list[str] = []
+        self._debug = None
         kir = prog.kir
         if len(args) != len(kir.params):
             names = ", ".join(p.name for p in kir.params)
             raise LaunchTypeError(f"{kir.name}: expects {len(kir.params)} arguments ({names}), but got {len(args)}")
         self.template = prog.template({p.name: self._bind(p, x) for p, x in zip(kir.params, args)})
+
+    def debug_record(self) -> np.ndarray:
+        if self._debug is None:
+            self._debug = splat(self.gmem.add("debug_record", np.zeros(4, dtype=np.int32)), _U64)
+        return self._debug
 
     def note(self, text: str):
         if text not in self.notes:

@@ -12,10 +12,13 @@ CTAs cannot synchronize with each other, so they run one after another.
 """
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from .errors import ProtocolError, where
-from .memory import SharedMemory, shared_layout
+from .memory import shared_layout
+from .shared import SharedMemory
 from .program import run_block
 from .sync import MBarrier, NamedBarrier, RegisterPool, warps_text
 from .values import LANES, WARP
@@ -35,7 +38,7 @@ class Warp:
         self.regs = cta.regpool.cap
         self.committed = 0  # wgmma commit groups closed
         self.waited = 0  # groups below this index are complete
-        self.fence_ok = self.ever_fenced = self.wgmma_open = False
+        self.fence_ok = self.ever_fenced = False
         self.last_wait_op = None
         self.ncollective = 0
         self.wait = None
@@ -83,6 +86,29 @@ class Warp:
         return v
 
 
+_uids = itertools.count()
+
+
+class Collective:
+    """One execution of a warpgroup-collective instruction by the 4 warps of a warpgroup."""
+
+    __slots__ = ("op", "key", "wid", "wg", "arrived", "inputs", "outputs", "done", "group", "reads", "retired", "uid")
+
+    def __init__(self, op, key, wid: int, wg: int):
+        self.op, self.key, self.wid, self.wg = op, key, wid, wg
+        self.arrived: list[int] = []
+        self.inputs: dict = {}
+        self.outputs: dict = {}
+        self.done = False
+        self.group = None
+        self.reads = None  # smem bytes an in-flight wgmma reads
+        self.retired: set[int] = set()  # warps (0-3) whose wgmma_wait covered it
+        self.uid = next(_uids)
+
+    def missing(self) -> str:
+        return warps_text(set(range(4 * self.wg, 4 * self.wg + 4)) - set(self.arrived))
+
+
 class CTA:
     """One thread block: its warps, shared memory, barriers, mbarriers and vector clocks."""
 
@@ -92,12 +118,13 @@ class CTA:
         self.threads = kir.launch.max_threads
         self.nwarps = -(-self.threads // WARP)
         _, _, total, names = shared_layout(kir)
-        self.smem = SharedMemory(total, names, launch.check_races)
+        self.smem = SharedMemory(total, names, launch.check_races, self.nwarps)
         self.vc = np.eye(self.nwarps, dtype=np.int64)  # vc[w] is warp w's vector clock
         self.barriers: dict[int, NamedBarrier] = {}
         self.mbars: dict[int, MBarrier] = {}
         self.regpool = RegisterPool(kir, self.nwarps)
-        self.wg_logs: dict[int, list] = {}
+        self.wg_logs: dict[int, dict] = {}
+        self.wg_reads: dict[int, list] = {}  # warpgroup -> wgmma instances whose smem reads are in flight
         self.clock = 0
         self.warps = [Warp(self, i, launch.template) for i in range(self.nwarps)]
 
@@ -115,24 +142,31 @@ class CTA:
             b = self.barriers[bid] = NamedBarrier(bid, self.nwarps)
         return b
 
-    def check_warpgroup_collective(self, w: Warp, op, key):
-        """The k-th warpgroup-collective instruction of each warp of a warpgroup must be the same one."""
+    def collective(self, w: Warp, op, key) -> "Collective":
+        """The instance of the k-th warpgroup-collective instruction of ``w``'s warpgroup.
+
+        Each of the 4 warps must execute the same one (same op, same uniform operands) as its
+        k-th; the instance carries what a rendezvous (wgmma) needs.
+        """
         wg = w.wid // 4
         if 4 * wg + 4 > self.nwarps:
             raise ProtocolError(f"{op.opcode} at {where(op)} needs a whole warpgroup (4 warps), but the block has "
                                 f"{self.threads} threads, so warpgroup {wg} is incomplete")
-        log = self.wg_logs.setdefault(wg, [])
+        log = self.wg_logs.setdefault(wg, {})
         k = w.ncollective
         w.ncollective += 1
-        if k < len(log):
-            op0, key0, wid0 = log[k]
-            if op0 is not op or key0 != key:
-                raise ProtocolError(
-                    f"warps of warpgroup {wg} disagree at their warpgroup-collective instruction #{k + 1}: warp "
-                    f"{wid0} executed {op0.opcode} {key0[1:]} at {where(op0)}, but {w.describe()} executes "
-                    f"{op.opcode} {key[1:]} at {where(op)} (.sync.aligned: all 4 warps must run the same one)")
-        else:
-            log.append((op, key, w.wid))
+        c = log.get(k)
+        if c is None:
+            c = log[k] = Collective(op, key, w.wid, wg)
+        elif c.op is not op or c.key != key:
+            raise ProtocolError(
+                f"warps of warpgroup {wg} disagree at their warpgroup-collective instruction #{k + 1}: warp "
+                f"{c.wid} executed {c.op.opcode} {c.key[1:]} at {where(c.op)}, but {w.describe()} executes "
+                f"{op.opcode} {key[1:]} at {where(op)} (.sync.aligned: all 4 warps must run the same one)")
+        c.arrived.append(w.wid)
+        if len(c.arrived) == 4:
+            del log[k]
+        return c
 
     # -- scheduling --------------------------------------------------------------------------------
     def run(self):
@@ -160,7 +194,7 @@ class CTA:
             if len(set(counts.values())) > 1:
                 most = max(counts, key=counts.get)
                 few = min(counts, key=counts.get)
-                op = log[counts[few]][0]
+                op = log[counts[few]].op
                 raise ProtocolError(
                     f"warp {few} of warpgroup {wg} in CTA {self.coord} exited after {counts[few]} "
                     f"warpgroup-collective instructions, but warp {most} executed {counts[most]}; warp {few} never "
@@ -172,11 +206,11 @@ class CTA:
         tail = "\n".join(lines) + f"\n  exited warps: {warps_text(exited)}"
         for w in live:
             obj = w.wait.obj
-            if isinstance(obj, tuple) and isinstance(obj[0], MBarrier):
+            if isinstance(obj, tuple) and obj and isinstance(obj[0], MBarrier):
                 short = obj[0].tx_shortfall()
                 if short:
                     return ProtocolError(f"{short}\nwaiting warps (the kernel would hang here):\n{tail}")
-        mb_waits = [w for w in live if isinstance(w.wait.obj, tuple)]
+        mb_waits = [w for w in live if isinstance(w.wait.obj, tuple) and isinstance(w.wait.obj[0], MBarrier)]
         first = live[0]
         if len(mb_waits) == len(live) and exited:
             mb, parity = first.wait.obj

@@ -6,18 +6,14 @@ view of the torch storage (or numpy array) that the caller passed; writes land i
 argument is a region ``[address, address + extent)``; an access outside every region is an
 error naming the nearest argument.
 
-Shared memory: one ``uint8`` array per CTA, addressed by u32 offsets of the shared window.
-Static allocations come first, each at its alignment, then the dynamic window at its own.
-Per byte it remembers the last writing warp and its vector-clock epoch (for the race check:
-two warps writing the same bytes with no synchronization between them), the op that wrote it
-(for messages) and, for ordinary stores, the writing thread until that thread executes
-``fence.proxy.async`` (a wgmma or TMA read of such a byte is a missing-fence error).
+Shared memory (``shared.py``) is laid out here: static allocations first, each at its
+alignment, then the dynamic window at its own.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .errors import MemoryAccessError, ProtocolError, where
+from .errors import MemoryAccessError, where
 
 GLOBAL_BASE_SHIFT = 40
 
@@ -183,112 +179,3 @@ def shared_layout(kir) -> tuple[dict, int, int, list]:
     if kir.dynamic_shared_bytes:
         names.append((dyn, total, "dynamic_smem"))
     return offs, dyn, total, names
-
-
-class SharedMemory:
-    """One CTA's shared memory and its per-byte bookkeeping."""
-
-    def __init__(self, size: int, names: list, check_races: bool):
-        self.size = size
-        n = max(16, -(-size // 16) * 16)
-        self.buf = np.zeros(n, dtype=np.uint8)
-        self.names = names
-        self.check_races = check_races
-        self.writer_warp = np.full(n, -1, dtype=np.int16)
-        self.writer_epoch = np.zeros(n, dtype=np.int64)
-        self.writer_op = np.full(n, -1, dtype=np.int32)
-        self.proxy_tid = np.full(n, -1, dtype=np.int32)  # generic writer not yet fenced for the async proxy
-        self.dirty = 0
-        self.ops: list = []  # op table for writer_op indices
-
-    def name(self, off: int) -> str:
-        for lo, hi, nm in self.names:
-            if lo <= off < hi:
-                return f"{nm}+{off - lo}"
-        return f"shared+{off}"
-
-    def slot_name(self, off: int, size: int) -> str:
-        """``smem2[1]``: the index of a ``size``-byte object in its allocation (mbarriers: stages)."""
-        for lo, hi, nm in self.names:
-            if lo <= off < hi and (off - lo) % size == 0:
-                return f"{nm}[{(off - lo) // size}]"
-        return self.name(off)
-
-    def check(self, offs, nbytes, op, who, verb, lanes):
-        bad = (offs.astype(np.int64) + nbytes > self.size)
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise MemoryAccessError(
-                f"shared-memory {verb} out of bounds at {where(op)}: lane {int(lanes[i])} of {who.describe()} {verb}s "
-                f"{nbytes} bytes at offset {int(offs[i])}, but the CTA has {self.size} bytes of shared memory")
-
-    def load(self, offs, dtype, vec, op, who, lanes):
-        self.check(offs, dtype.itemsize * vec, op, who, "read", lanes)
-        return gather(self.buf, offs, dtype, vec)
-
-    def _op_index(self, op) -> int:
-        try:
-            return self.ops.index(op)
-        except ValueError:
-            self.ops.append(op)
-            return len(self.ops) - 1
-
-    def note_write(self, bi: np.ndarray, warp: int, vc: np.ndarray, op, who: str, tids=None):
-        """Race check and bookkeeping for a write of the flat byte indices ``bi`` by ``warp``."""
-        if self.check_races:
-            prev = self.writer_warp[bi]
-            other = (prev >= 0) & (prev != warp)
-            if other.any():
-                pw = prev[other].astype(np.int64)
-                racy = self.writer_epoch[bi][other] > vc[pw]
-                if racy.any():
-                    j = int(np.flatnonzero(other)[int(np.argmax(racy))])
-                    b = int(bi[j])
-                    prev_op = self.ops[int(self.writer_op[b])]
-                    raise ProtocolError(
-                        f"shared-memory race at {where(op)}: {who.describe()} writes {self.name(b)}, which warp "
-                        f"{int(prev[j])} wrote at {where(prev_op)} with no barrier or mbarrier ordering the "
-                        f"two writes")
-        self.writer_warp[bi] = warp
-        self.writer_epoch[bi] = vc[warp]
-        self.writer_op[bi] = self._op_index(op)
-        if tids is None:
-            self.proxy_tid[bi] = -1
-        else:
-            self.proxy_tid[bi] = tids
-            self.dirty += 1
-
-    def store(self, offs, values, dtype, op, who, lanes, warp, vc, tids):
-        n, vec = values.shape
-        nb = dtype.itemsize * vec
-        self.check(offs, nb, op, who, "write", lanes)
-        bi = (offs.astype(np.int64)[:, None] + np.arange(nb, dtype=np.int64))
-        self.note_write(bi.ravel(), warp, vc, op, who, np.repeat(tids, nb))
-        scatter(self.buf, offs, values, dtype)
-
-    def fence_proxy(self, tids: np.ndarray):
-        """fence.proxy.async by threads ``tids``: their earlier generic writes become async-visible."""
-        if not self.dirty:
-            return
-        lo, hi = int(tids.min()), int(tids.max())
-        if hi - lo + 1 == len(tids):
-            hit = (self.proxy_tid >= lo) & (self.proxy_tid <= hi)
-        else:
-            hit = np.isin(self.proxy_tid, tids)
-        self.proxy_tid[hit] = -1
-        if not (self.proxy_tid >= 0).any():
-            self.dirty = 0
-
-    def check_async_read(self, bi: np.ndarray, op, who: str, what: str):
-        """An async-proxy read (wgmma, TMA store) of bytes ``bi``: every generic write must be fenced."""
-        if not self.dirty:
-            return
-        t = self.proxy_tid[bi]
-        if (t >= 0).any():
-            j = int(np.argmax(t >= 0))
-            b = int(bi[j])
-            wop = self.ops[int(self.writer_op[b])]
-            raise ProtocolError(
-                f"missing fence.proxy.async: {what} at {where(op)} ({who.describe()}) reads {self.name(b)}, written by "
-                f"thread {int(t[j])} with an ordinary store at {where(wop)}; that thread must execute "
-                f"fence_proxy_async() after its stores and before the barrier that publishes them")

@@ -202,7 +202,7 @@ def make_setmaxnreg(prog, op):
         if not pool.known:
             cta.launch.note(f"{what} at {where(op)}: the kernel declares neither min_blocks_per_sm nor "
                             "max_registers, so ptxas ignores setmaxnreg (C7508); emulated with 1 block per SM")
-        cta.check_warpgroup_collective(w, op, ("setmaxnreg", n, inc))
+        cta.collective(w, op, ("setmaxnreg", n, inc))
         if not 24 <= n <= 256 or n % 8:
             raise ProtocolError(f"{what} at {where(op)}: the count expects a multiple of 8 in 24..256")
         if inc:

@@ -173,6 +173,17 @@ def make_store(prog, op):
     return False, run
 
 
+@handler("debug_record")
+def make_debug_record(prog, op):
+    """The debug-wait record (hopper.mbarrier_wait under TYLOPY_DEBUG_WAITS): a scratch buffer of the
+    launch. The emulator's waits never time out, so it is never written."""
+    r = prog.slot(op.result)
+
+    def run(w):
+        w.env[r] = w.cta.launch.debug_record()
+    return False, run
+
+
 @handler("membar", "prefetch_tensormap")
 def make_noop(prog, op):
     return False, lambda w: None

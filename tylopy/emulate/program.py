@@ -108,7 +108,7 @@ class Program:
     """One kernel specialization, compiled for the emulator."""
 
     def __init__(self, kir: KernelIR):
-        from . import control, ops_hopper, ops_memory, ops_mma, ops_scalar  # noqa: F401  (register handlers)
+        from . import control, ops_hopper, ops_memory, ops_mma, ops_scalar, ops_wgmma  # noqa: F401  (handlers)
         self.kir = kir
         self.slots: dict[int, int] = {}
         self.consts: dict[int, object] = {}

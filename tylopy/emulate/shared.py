@@ -1,0 +1,233 @@
+"""One CTA's shared memory: bytes addressed by u32 offsets, and per-byte bookkeeping for the checks.
+
+Per byte it remembers:
+
+* the last writing warp, its vector-clock epoch and the op (write-after-write races: two warps
+  writing the same bytes with nothing ordering the writes);
+* the same for reads: a read of bytes another warp wrote with nothing ordering the write before
+  it is a read-after-write race;
+* per warp, the epoch of its last read and the op (write-after-read races: bytes overwritten,
+  by a store or a TMA copy, before the warp that read them released them, e.g. a producer
+  refilling a stage the consumers have not freed);
+* per warpgroup, the wgmma that last read the bytes: they count as being read from the moment
+  the warpgroup issues it until a wgmma_wait covers its commit group. The wgmma completes for
+  the whole warpgroup at once, so a write is ordered after it once it is ordered after the
+  covering wait of any one of the 4 warps (FA3's single elected thread releasing a stage);
+* for ordinary stores, the writing thread until that thread executes ``fence.proxy.async``: a
+  wgmma (async proxy) read of such a byte is a missing-fence error.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import MemoryAccessError, ProtocolError, where
+from .memory import gather, scatter
+
+READ_PENDING = np.int64(1) << np.int64(60)  # read epoch of bytes an in-flight wgmma still reads
+
+
+class SharedMemory:
+    def __init__(self, size: int, names: list, check_races: bool, nwarps: int):
+        self.size = size
+        n = max(16, -(-size // 16) * 16)
+        self.buf = np.zeros(n, dtype=np.uint8)
+        self.names = names
+        self.check_races = check_races
+        self.nwarps = nwarps
+        self.writer_warp = np.full(n, -1, dtype=np.int16)
+        self.writer_epoch = np.zeros(n, dtype=np.int64)
+        self.writer_op = np.full(n, -1, dtype=np.int32)
+        self.proxy_tid = np.full(n, -1, dtype=np.int32)  # generic writer not yet fenced for the async proxy
+        self.dirty = 0
+        self.read_epoch = None  # (nwarps, n), allocated at the first tracked read
+        self.read_op = None
+        self.nwg = nwarps // 4
+        self.wg_epoch = None  # (nwg, 4, n): per warp of the reading warpgroup, its covering wait's epoch
+        self.wg_inst = None  # (nwg, n): id of the wgmma instance that last read the byte, -1 none
+        self.wg_op = None
+        self.ops: list = []
+        self._op_ids: dict = {}
+
+    # -- names for messages -------------------------------------------------------------------------
+    def name(self, off: int) -> str:
+        for lo, hi, nm in self.names:
+            if lo <= off < hi:
+                return f"{nm}+{off - lo}"
+        return f"shared+{off}"
+
+    def slot_name(self, off: int, size: int) -> str:
+        """``smem2[1]``: the index of a ``size``-byte object in its allocation (mbarriers: stages)."""
+        for lo, hi, nm in self.names:
+            if lo <= off < hi and (off - lo) % size == 0:
+                return f"{nm}[{(off - lo) // size}]"
+        return self.name(off)
+
+    def _op_index(self, op) -> int:
+        k = self._op_ids.get(op)
+        if k is None:
+            k = self._op_ids[op] = len(self.ops)
+            self.ops.append(op)
+        return k
+
+    # -- plain accesses ---------------------------------------------------------------------------------
+    def check(self, offs, nbytes, op, who, verb, lanes):
+        bad = (offs.astype(np.int64) + nbytes > self.size)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise MemoryAccessError(
+                f"shared-memory {verb} out of bounds at {where(op)}: lane {int(lanes[i])} of {who.describe()} {verb}s "
+                f"{nbytes} bytes at offset {int(offs[i])}, but the CTA has {self.size} bytes of shared memory")
+
+    def load(self, offs, dtype, vec, op, who, lanes):
+        nb = dtype.itemsize * vec
+        self.check(offs, nb, op, who, "read", lanes)
+        if self.check_races:
+            bi = (offs.astype(np.int64)[:, None] + np.arange(nb, dtype=np.int64)).ravel()
+            vc = who.cta.vc[who.wid]
+            self.check_raw(bi, who.wid, vc, op, who)
+            self.note_read(bi, who.wid, vc[who.wid], op)
+        return gather(self.buf, offs, dtype, vec)
+
+    def store(self, offs, values, dtype, op, who, lanes, warp, vc, tids):
+        n, vec = values.shape
+        nb = dtype.itemsize * vec
+        self.check(offs, nb, op, who, "write", lanes)
+        bi = (offs.astype(np.int64)[:, None] + np.arange(nb, dtype=np.int64))
+        self.note_write(bi.ravel(), warp, vc, op, who, np.repeat(tids, nb))
+        scatter(self.buf, offs, values, dtype)
+
+    # -- read tracking --------------------------------------------------------------------------------
+    def _reads(self):
+        if self.read_epoch is None:
+            self.read_epoch = np.zeros((self.nwarps, len(self.buf)), dtype=np.int64)
+            self.read_op = np.full((self.nwarps, len(self.buf)), -1, dtype=np.int32)
+
+    def check_raw(self, bi, warp: int, vc, op, who, what: str = "reads"):
+        """A read of ``bi`` by ``warp`` (clock ``vc``): every other warp's write must be ordered before it."""
+        prev = self.writer_warp[bi]
+        other = (prev >= 0) & (prev != warp)
+        if not other.any():
+            return
+        racy = self.writer_epoch[bi][other] > vc[prev[other].astype(np.int64)]
+        if racy.any():
+            j = int(np.flatnonzero(other)[int(np.argmax(racy))])
+            b = int(bi[j])
+            wop = self.ops[int(self.writer_op[b])]
+            raise ProtocolError(
+                f"shared-memory race at {where(op)}: {who.describe()} {what} {self.name(b)}, which warp {int(prev[j])} "
+                f"wrote at {where(wop)} with no barrier or mbarrier ordering that write before this read")
+
+    def note_read(self, bi, warp: int, epoch, op):
+        self._reads()
+        self.read_epoch[warp, bi] = epoch
+        self.read_op[warp, bi] = self._op_index(op)
+
+    def async_read_begin(self, bi, wg: int, inst_id: int, op):
+        """Warpgroup ``wg``'s wgmma instance ``inst_id`` reads ``bi`` until a wait covers it."""
+        if not self.check_races:
+            return
+        if self.wg_epoch is None:
+            n = len(self.buf)
+            self.wg_epoch = np.zeros((self.nwg, 4, n), dtype=np.int64)
+            self.wg_inst = np.full((self.nwg, n), -1, dtype=np.int64)
+            self.wg_op = np.full((self.nwg, n), -1, dtype=np.int32)
+        self.wg_epoch[wg][:, bi] = READ_PENDING
+        self.wg_inst[wg, bi] = inst_id
+        self.wg_op[wg, bi] = self._op_index(op)
+
+    def async_read_done(self, bi, wg: int, q: int, inst_id: int, epoch):
+        """Warp ``q`` of ``wg`` passed a wait that covers instance ``inst_id``: it saw the reads complete."""
+        if not self.check_races:
+            return
+        own = bi[self.wg_inst[wg, bi] == inst_id]
+        self.wg_epoch[wg, q, own] = epoch
+
+    def _check_war_wgmma(self, bi, vc, op, who):
+        inst = self.wg_inst[:, bi]  # (nwg, nb)
+        if not (inst >= 0).any():
+            return
+        clocks = vc[: 4 * self.nwg].reshape(self.nwg, 4, 1)
+        ordered = (clocks >= self.wg_epoch[:, :, bi]).any(axis=1)
+        bad = (inst >= 0) & ~ordered
+        if bad.any():
+            g, j = (int(x) for x in np.argwhere(bad)[0])
+            b = int(bi[j])
+            rop = self.ops[int(self.wg_op[g, b])]
+            pending = (self.wg_epoch[g, :, b] >= READ_PENDING).all()
+            state = ("no wgmma_wait has covered its commit group yet" if pending else
+                     "this write is not ordered after any of that warpgroup's wgmma_waits covering it")
+            raise ProtocolError(
+                f"shared-memory race at {where(op)}: {who.describe()} overwrites {self.name(b)}, which the wgmma at "
+                f"{where(rop)} of warpgroup {g} reads; {state} (was the stage released before the wgmma finished, "
+                f"or refilled before it was released?)")
+
+    def _check_war(self, bi, vc, op, who):
+        re = self.read_epoch[:, bi]
+        bad = re > vc[:, None]
+        if not bad.any():
+            return
+        r, j = (int(x) for x in np.argwhere(bad)[0])
+        b = int(bi[j])
+        rop = self.ops[int(self.read_op[r, b])]
+        raise ProtocolError(
+            f"shared-memory race at {where(op)}: {who.describe()} overwrites {self.name(b)}, which warp {r} read at "
+            f"{where(rop)} with no barrier or mbarrier ordering that read before this write (was the buffer "
+            f"released before it was refilled?)")
+
+    # -- write tracking ---------------------------------------------------------------------------------
+    def note_write(self, bi: np.ndarray, warp: int, vc: np.ndarray, op, who, tids=None):
+        """Race checks and bookkeeping for a write of the flat byte indices ``bi`` by ``warp``."""
+        if self.check_races:
+            if self.read_epoch is not None:
+                self._check_war(bi, vc, op, who)
+            if self.wg_epoch is not None:
+                self._check_war_wgmma(bi, vc, op, who)
+            prev = self.writer_warp[bi]
+            other = (prev >= 0) & (prev != warp)
+            if other.any():
+                pw = prev[other].astype(np.int64)
+                racy = self.writer_epoch[bi][other] > vc[pw]
+                if racy.any():
+                    j = int(np.flatnonzero(other)[int(np.argmax(racy))])
+                    b = int(bi[j])
+                    prev_op = self.ops[int(self.writer_op[b])]
+                    raise ProtocolError(
+                        f"shared-memory race at {where(op)}: {who.describe()} writes {self.name(b)}, which warp "
+                        f"{int(prev[j])} wrote at {where(prev_op)} with no barrier or mbarrier ordering the "
+                        f"two writes")
+        self.writer_warp[bi] = warp
+        self.writer_epoch[bi] = vc[warp]
+        self.writer_op[bi] = self._op_index(op)
+        if tids is None:
+            self.proxy_tid[bi] = -1
+        else:
+            self.proxy_tid[bi] = tids
+            self.dirty += 1
+
+    # -- the async proxy --------------------------------------------------------------------------------
+    def fence_proxy(self, tids: np.ndarray):
+        """fence.proxy.async by threads ``tids``: their earlier generic writes become async-visible."""
+        if not self.dirty:
+            return
+        lo, hi = int(tids.min()), int(tids.max())
+        if hi - lo + 1 == len(tids):
+            hit = (self.proxy_tid >= lo) & (self.proxy_tid <= hi)
+        else:
+            hit = np.isin(self.proxy_tid, tids)
+        self.proxy_tid[hit] = -1
+        if not (self.proxy_tid >= 0).any():
+            self.dirty = 0
+
+    def check_async_read(self, bi: np.ndarray, op, who, what: str):
+        """An async-proxy read (wgmma) of bytes ``bi``: every generic write must be fenced."""
+        if not self.dirty:
+            return
+        t = self.proxy_tid[bi]
+        if (t >= 0).any():
+            j = int(np.argmax(t >= 0))
+            b = int(bi[j])
+            wop = self.ops[int(self.writer_op[b])]
+            raise ProtocolError(
+                f"missing fence.proxy.async: {what} at {where(op)} ({who.describe()}) reads {self.name(b)}, written by "
+                f"thread {int(t[j])} with an ordinary store at {where(wop)}; that thread must execute "
+                f"fence_proxy_async() after its stores and before the barrier that publishes them")
