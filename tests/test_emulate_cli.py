@@ -57,3 +57,9 @@ def test_file_without_example(tmp_path, capsys):
 
 def test_bad_grid(example_file, capsys):
     assert cli_main([example_file, "--grid", "a,b"]) == 2
+
+
+def test_through_the_tylopy_command(example_file, capsys):
+    from tylopy import cli
+    assert cli.main(["emulate", f"{example_file}:scale", "--grid", "2"]) == 0
+    assert "(ok, tolerance" in capsys.readouterr().out

@@ -37,9 +37,9 @@ def tma_image(src: ty.tensormap, out: ty.ptr(ty.u32), ROW0: ty.constexpr):
 
 
 @ty.kernel(threads=128)
-def wgmma_ss(a_map: ty.tensormap, b_map: ty.tensormap, d: ty.ptr(ty.f32), SW: ty.constexpr):
-    """D (64x64) = A (64xK) @ B (64xK)^T with both operands K-major in TMA-swizzled tiles."""
-    smem = ty.dynamic_shared(ty.bf16, 16384, align=1024)
+def wgmma_ss(a_map: ty.tensormap, b_map: ty.tensormap, d: ty.ptr(ty.f32), SW: ty.constexpr, N: ty.constexpr = 64):
+    """D (64xN) = A (64xK) @ B (NxK)^T with both operands K-major in TMA-swizzled tiles."""
+    smem = ty.dynamic_shared(ty.bf16, 8192 + 2 * 64 * max(N, 64), align=1024)
     bar = ty.shared(ty.u64, 1, align=8)
     tid = ty.thread_idx()
     a_s, b_s = smem, smem + 4096
@@ -49,7 +49,7 @@ def wgmma_ss(a_map: ty.tensormap, b_map: ty.tensormap, d: ty.ptr(ty.f32), SW: ty
         fence_mbarrier_init()
     ty.syncthreads()
     if tid == 0:
-        mbar_expect_tx(bar, 4 * 64 * K)
+        mbar_expect_tx(bar, 2 * (64 + N) * K)
         if SW == 0:  # interleaved: two 64x8 boxes, one per 8 columns of k
             for h in ty.static_range(2):
                 tma_load(a_s + 512 * h, a_map, bar, 8 * h, 0)
@@ -67,13 +67,13 @@ def wgmma_ss(a_map: ty.tensormap, b_map: ty.tensormap, d: ty.ptr(ty.f32), SW: ty
         else:
             da = desc(a_addr + 32 * k, sbo=8 * SW, swizzle=SW)
             db = desc(b_addr + 32 * k, sbo=8 * SW, swizzle=SW)
-        acc = wgmma(64, acc, da, db)
+        acc = wgmma(N, acc, da, db)
     wgmma_commit()
     acc = wgmma_wait(0, acc)
     w, lane = tid >> 5, tid & 31
     g, t = lane >> 2, lane & 3
-    for i in ty.static_range(32):
-        d[(16 * w + g + 8 * ((i >> 1) & 1)) * 64 + 8 * (i >> 2) + 2 * t + (i & 1)] = acc[i]
+    for i in ty.static_range(N // 2):
+        d[(16 * w + g + 8 * ((i >> 1) & 1)) * N + 8 * (i >> 2) + 2 * t + (i & 1)] = acc[i]
 
 
 @ty.kernel(threads=128)
@@ -159,6 +159,15 @@ def test_wgmma_ss_on_tma_tiles(sw):
     box_cols = 8 if sw == 0 else K
     wgmma_ss.emulate(tile_map(a, box_cols=box_cols, swizzle=sw), tile_map(b, box_cols=box_cols, swizzle=sw), d,
                      grid=1, SW=sw)
+    assert torch.equal(d, chained_product(a, b))
+
+
+@pytest.mark.parametrize("n", [8, 128, 256])
+def test_wgmma_ss_other_widths(n):
+    torch.manual_seed(9)
+    a, b = torch.randn(64, 64).to(torch.bfloat16), torch.randn(n, 64).to(torch.bfloat16)
+    d = torch.zeros(64, n)
+    wgmma_ss.emulate(tile_map(a), tile_map(b, box_rows=n), d, grid=1, SW=128, N=n)
     assert torch.equal(d, chained_product(a, b))
 
 

@@ -14,9 +14,6 @@ from .errors import EmulationError, where
 from .program import handler, run_block
 from .values import WARP, merge, np_dtype
 
-MAX_ITERATIONS = 10_000_000
-
-
 def _loop_limit(w, op, n):
     if n > w.cta.launch.max_iterations:
         raise EmulationError(f"loop at {where(op)} ran {n} iterations in {w.describe()} without finishing "

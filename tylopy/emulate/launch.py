@@ -51,7 +51,7 @@ class EmulationReport:
 class Launch:
     """One emulated launch: global memory, bound parameters, tensor maps, caches and options."""
 
-    def __init__(self, prog: Program, args, grid, check_races=True, max_iterations=10_000_000):
+    def __init__(self, prog: Program, args, grid, check_races=True, max_iterations=1_000_000):
         self.prog, self.grid = prog, grid
         self.check_races, self.max_iterations = check_races, max_iterations
         self.gmem = GlobalMemory()
@@ -190,7 +190,9 @@ def emulate_kernel(kernel, args, grid, **kwargs) -> EmulationReport:
 
     Keyword arguments that name the kernel's constexprs specialize it; the others are options:
     ``ctas`` (the block indices to run, default all), ``check_races`` (default True) and
-    ``max_iterations`` (per loop, default 10**7).
+    ``max_iterations`` (per execution of a loop, default 10**6: a spin on a flag in global memory
+    that no other CTA will ever set would otherwise run forever). ``grid`` may be a function of
+    the constexprs, as for a launch.
     """
     names = [] if isinstance(kernel, KernelIR) else kernel.constexpr_names
     constexprs = {k: v for k, v in kwargs.items() if k in names}
@@ -203,6 +205,8 @@ def emulate_kernel(kernel, args, grid, **kwargs) -> EmulationReport:
     t0 = time.perf_counter()
     prog = program_for(kernel, constexprs)
     kname = prog.kir.name
+    if callable(grid):
+        grid = grid(constexprs)
     grid3 = _grid3(kname, grid)
     ctas = _ctas(kname, grid3, options.pop("ctas", None))
     launch = Launch(prog, tuple(args), grid3, **options)
