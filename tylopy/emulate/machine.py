@@ -2,7 +2,8 @@
 
 A warp is a Python generator over the compiled kernel body: it runs its 32 lanes in lockstep
 (numpy arrays, a lane mask for divergence) until it reaches an instruction that must wait
-(bar.sync, an mbarrier wait, setmaxnreg.inc); then it yields a ``Wait``. The scheduler of a
+(bar.sync, an mbarrier wait, setmaxnreg.inc, a wgmma that not all 4 warps of its warpgroup
+have issued yet); then it yields a ``Wait``. The scheduler of a
 CTA resumes, round robin, every warp whose wait is over. When every live warp is waiting and
 none can go on, the kernel would hang on a GPU: the emulator raises a ``ProtocolError`` that
 names each waiting warp, the source line, the barrier or mbarrier (and its phase and missing
@@ -18,8 +19,8 @@ import numpy as np
 
 from .errors import ProtocolError, where
 from .memory import shared_layout
-from .shared import SharedMemory
 from .program import run_block
+from .shared import SharedMemory
 from .sync import MBarrier, NamedBarrier, RegisterPool, warps_text
 from .values import LANES, WARP
 

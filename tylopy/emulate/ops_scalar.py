@@ -299,6 +299,7 @@ def make_elect_one(prog, op):
     r = prog.slot(op.result)
 
     def run(w):
+        check_converged(w, op, "elect.sync")
         out = np.zeros(WARP, dtype=np.bool_)
         if w.nactive:
             out[int(np.argmax(w.mask))] = True

@@ -6,7 +6,10 @@ result slots. Instructions that can block (barriers, mbarrier waits, setmaxnreg.
 region ops that may contain them are generators that yield a ``Wait`` to the scheduler.
 Constants are computed once into the slot template each warp starts from.
 
-Op semantics live in the ``ops_*`` modules, registered in ``HANDLERS`` by opcode.
+Op semantics live in ``control`` and the ``ops_*`` modules, registered in ``HANDLERS`` by opcode
+(``ops_scalar``: arithmetic, conversions, shuffles; ``ops_memory``: pointers, loads, stores;
+``ops_hopper``: barriers, mbarriers, fences, setmaxnreg, TMA; ``ops_mma``: mma.sync, ldmatrix;
+``ops_wgmma``: wgmma and its groups).
 
 Pending wgmma results: a forward data-flow pass finds every value that may hold a wgmma
 result not yet waited on (through fence_operand, wgmma_wait and region arguments); ops
@@ -22,6 +25,12 @@ from .values import Pending, splat
 
 HANDLERS: dict[str, Callable] = {}
 PENDING_OK = frozenset({"wgmma", "wgmma_wait", "fence_operand", "yield", "condition", "for", "if", "while"})
+
+
+def load_handlers() -> dict:
+    """Import the ``ops_*`` modules (they register themselves) and return the table."""
+    from . import control, ops_hopper, ops_memory, ops_mma, ops_scalar, ops_wgmma  # noqa: F401
+    return HANDLERS
 
 
 def handler(*opcodes):
@@ -108,7 +117,7 @@ class Program:
     """One kernel specialization, compiled for the emulator."""
 
     def __init__(self, kir: KernelIR):
-        from . import control, ops_hopper, ops_memory, ops_mma, ops_scalar, ops_wgmma  # noqa: F401  (handlers)
+        load_handlers()
         self.kir = kir
         self.slots: dict[int, int] = {}
         self.consts: dict[int, object] = {}
