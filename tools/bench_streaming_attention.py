@@ -203,7 +203,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="tylopy bench streaming_attention", description=__doc__.split("\n\n")[0])
     ap.add_argument("--output", help="JSON path (default results/streaming_attention-<device>-<date>.json)")
     ap.add_argument("--n", type=int, nargs="*", default=list(NS))
-    ap.add_argument("--d", type=int, nargs="*", default=list(DS))
+    ap.add_argument("--d", type=int, nargs="*", default=None, help="head dims (default 16 32 64; 64 with --sweep)")
     ap.add_argument("--causal", action="store_true", help="also time causal attention")
     ap.add_argument("--only", nargs="*", help="candidate name prefixes to time (e.g. tylopy sdpa_flash)")
     ap.add_argument("--sweep", action="store_true",
@@ -216,10 +216,9 @@ def main(argv=None):
     print_row({}, header=True)
     if args.sweep:
         scheds = [(bn, w, r) for bn in (32, 64) for w in (4, 8) for r in (0, 128)]
-        rows = run(ds=tuple(args.d) if args.d != list(DS) else (64,), ns=tuple(args.n), schedules=scheds,
-                   only=("tylopy", "sdpa_flash"))
+        rows = run(ds=tuple(args.d or (64,)), ns=tuple(args.n), schedules=scheds, only=("tylopy", "sdpa"))
     else:
-        rows = run(tuple(args.d), tuple(args.n), (False, True) if args.causal else (False,))
+        rows = run(tuple(args.d or DS), tuple(args.n), (False, True) if args.causal else (False,))
     goals = targets(rows)
     for g in goals:
         print(f"target D={g['D']} N={g['n']}{' causal' if g['causal'] else ''}: {g['best']} = {g['ratio']:.2f}x "
