@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: install, GPU tests, smoke checks, benchmarks. Logs and JSON land in $OUT.
-# Usage: bash tools/gpu_session.sh [tests|smoke|bench|softmax|all ...]   (default: all)
+# Usage: bash tools/gpu_session.sh [tests|checks|sanitize|smoke|bench|bench_streaming|softmax|all ...]
 set -u
 OUT=${OUT:-/tmp/tylopy-out}
 mkdir -p "$OUT"
@@ -14,12 +14,26 @@ if want tests; then
   timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout=120 --timeout-method=thread $TESTS \
     2>&1 | tee "$OUT/pytest-gpu.log" | tail -25
 fi
+if want checks; then
+  timeout 300 tylopy check attention 2>&1 | tee "$OUT/check-attention.log" | tail -3
+  timeout 300 tylopy check streaming_attention 2>&1 | tee "$OUT/check-streaming.log" | tail -3
+fi
+if want sanitize; then
+  for tool in memcheck racecheck synccheck; do
+    timeout 200 compute-sanitizer --tool $tool --print-limit 20 python3 tools/sanitize_attention.py \
+      > "$OUT/sanitize-$tool.log" 2>&1; echo "compute-sanitizer $tool: exit $?"; tail -3 "$OUT/sanitize-$tool.log"
+  done
+fi
 if want smoke; then
   timeout 240 python3 tools/gpu_smoke.py --timeout 200 2>&1 | tee "$OUT/smoke.log"
 fi
 if want bench; then
   timeout 400 python3 tools/bench_attention.py --output "$OUT/attention.json" --plot "$OUT/attention.png" \
     2>&1 | tee "$OUT/bench-attention.log"
+fi
+if want bench_streaming; then
+  timeout 300 python3 tools/bench_streaming_attention.py --output "$OUT/streaming_attention.json" 2>&1 \
+    | tee "$OUT/bench-streaming.log" | tail -40
 fi
 if want softmax; then
   timeout 200 python3 tools/bench_softmax.py --output "$OUT/softmax.json" 2>&1 | tee "$OUT/bench-softmax.log" | tail -20
