@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import tylopy as ty
+from tylopy.emulate.tensorcore import mma_f32
 from tylopy.runtime.tensormap import TensorMapSpec
 from test_emulate_dsl import (desc, fence_mbarrier_init, mbar_expect_tx, mbar_init, mbar_wait, tma_load, wgmma,
                               wgmma_commit, wgmma_fence, wgmma_wait)
@@ -116,11 +117,17 @@ def wgmma_ss_rs(q_map: ty.tensormap, k_map: ty.tensormap, v_map: ty.tensormap, s
 
 
 def chained_product(a, b_t, k_step=16):
-    """A @ B^T as a chain of k16 wgmmas: each sums its products exactly and rounds once to f32."""
-    d = torch.zeros(a.shape[0], b_t.shape[0], dtype=torch.float32)
+    """A @ B^T as a chain of k16 wgmmas, each accumulating as the tensor cores do.
+
+    The arithmetic model (``tensorcore.mma_f32``) is checked against hardware results in
+    test_emulate_mma.py; here it isolates what these tests are about: the data path (TMA,
+    swizzle, descriptors, fragments).
+    """
+    d = None
+    af, bf = a.float().numpy(), b_t.float().numpy()
     for k in range(0, a.shape[1], k_step):
-        d = (d.double() + a[:, k:k + k_step].double() @ b_t[:, k:k + k_step].double().T).float()
-    return d
+        d = mma_f32(af[:, k:k + k_step], bf[:, k:k + k_step].T, d, "bf16")
+    return torch.from_numpy(d)
 
 
 def swizzle128_model(img: np.ndarray) -> np.ndarray:
@@ -176,8 +183,7 @@ def test_wgmma_ss_then_rs_with_mn_major_v():
     q, k, v = (torch.randn(64, 64).to(torch.bfloat16) for _ in range(3))
     s, o = torch.zeros(64, 64), torch.zeros(64, 64)
     wgmma_ss_rs.emulate(tile_map(q), tile_map(k), tile_map(v), s, o, grid=1)
-    want_s = chained_product(q, k)
-    assert torch.equal(s, want_s)
-    p = want_s.to(torch.bfloat16)  # RNE, as pack2 / cvt.rn.bf16x2.f32
+    assert torch.equal(s, chained_product(q, k))
+    p = s.to(torch.bfloat16)  # RNE, as pack2 / cvt.rn.bf16x2.f32
     assert torch.equal(o, chained_product(p, v.T))
 

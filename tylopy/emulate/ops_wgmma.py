@@ -19,8 +19,8 @@ S = 16-byte chunks per swizzle row: 2, 4, 8 for 32B, 64B, 128B):
     MN-major, swizzled:    ((T,S,m),(8,k)):((1,T,LBO),(S*T,SBO))
 
 then Swizzle<B,4,3> on the absolute byte address. imm-trans-b = 1 reads B MN-major; A is
-always K-major here (the SS template passes imm-trans-a = 0). Products are exact and summed in
-float64 with the accumulator, then rounded once to f32 per wgmma.
+always K-major here (the SS template passes imm-trans-a = 0). Each wgmma accumulates in f32
+the way the hardware does (``tensorcore.py``).
 
 Results are ``Pending`` in the warp's open commit group until a wgmma_wait passes them through
 (``program.pending_read_error`` for readers that do not wait).
@@ -35,6 +35,7 @@ from .ops_mma import _G, _T, a_tile
 from .ops_scalar import check_converged
 from .program import handler
 from .sync import Wait
+from .tensorcore import mma_f32
 from .values import Pending, half_to_f32
 
 SWIZZLE_MODES = {0: 0, 1: 128, 2: 64, 3: 32}
@@ -129,14 +130,14 @@ def make_wgmma(prog, op):
         if kind == "ss":
             a_all, a_bytes = read_operand(w, op, desc_a, 64, True, dtype, "A")
             reads.append(a_bytes)
+        bt = np.ascontiguousarray(b.T)
         for q, (accs, words) in inst.inputs.items():
             a = a_all[16 * q:16 * q + 16] if kind == "ss" else a_tile(words, dtype)
-            d = a.astype(np.float64) @ b.T.astype(np.float64)
+            c = None
             if not zero and scale:
-                c = np.empty((16, n), dtype=np.float64)
+                c = np.empty((16, n), dtype=np.float32)
                 c[d_rows, d_cols] = np.stack(accs)
-                d += c
-            inst.outputs[q] = d.astype(np.float32)[d_rows, d_cols]
+            inst.outputs[q] = mma_f32(a, bt, c, dtype)[d_rows, d_cols]
         inst.reads = np.concatenate(reads)
         cta = w.cta
         warps = list(range(4 * inst.wg, 4 * inst.wg + 4))
