@@ -181,21 +181,26 @@ def if_(cond, then_fn, else_fn, names, values):
 class DynamicRange:
     """``range`` over run-time bounds: becomes an IR ``for`` loop."""
 
-    def __init__(self, start, stop=None, step=1, unroll: int | None = None):
+    def __init__(self, start, stop=None, step=1):
         if stop is None:
             start, stop = 0, start
-        self.start, self.stop, self.step, self.unroll = start, stop, step, unroll
+        self.start, self.stop, self.step = start, stop, step
 
     def values(self):
         like = next((x.type for x in (self.start, self.stop, self.step) if isinstance(x, Value)), i32)
         return tuple(_b.as_value(x, like) for x in (self.start, self.stop, self.step))
 
 
-def range(*args, unroll: int | None = None):  # noqa: A001 - mirrors Python's range inside kernels
-    """Python's ``range`` when every bound is a compile-time int, a run-time loop otherwise."""
-    if all(not isinstance(a, Value) for a in args) and unroll is None:
-        return __builtins__["range"](*args) if isinstance(__builtins__, dict) else __import__("builtins").range(*args)
-    return DynamicRange(*args, unroll=unroll)
+def range(*args):  # noqa: A001 - mirrors Python's range inside kernels
+    """Python's ``range`` when every bound is a compile-time int, a run-time loop otherwise.
+
+    There is no unroll hint (llvmlite cannot attach LLVM's self-referencing loop metadata): LLVM's
+    unroller decides; unroll by hand with an inner ``static_range`` where it matters.
+    """
+    if all(not isinstance(a, Value) for a in args):
+        import builtins
+        return builtins.range(*args)
+    return DynamicRange(*args)
 
 
 def static_range(*args):
@@ -223,7 +228,7 @@ def for_(iterable, body, names, values):
     return _traced_loop(
         values, names, carried_idx,
         lambda init, fn, rebuild: _b.for_loop(lo, hi, step, init, [names[i] for i in carried_idx],
-                                              lambda iv, args: fn(body, rebuild(args), iv), iterable.unroll))
+                                              lambda iv, args: fn(body, rebuild(args), iv)))
 
 
 class _Retrace(Exception):

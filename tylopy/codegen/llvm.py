@@ -14,6 +14,9 @@ import llvmlite.ir as ir
 from ..ir.core import Block, KernelIR, Op, Value
 from ..ir.types import PointerType, ScalarType, TensorMapType, b32, bf16, f16, f32, i1
 from . import asm_templates as T
+from .llvm_async import (asm_op, lower_elect_one, lower_fence_operand, lower_ldmatrix, lower_mbarrier_try_wait,
+                         lower_mma_sync, lower_prefetch_tensormap, lower_setmaxnreg, lower_tma_load, lower_wgmma,
+                         lower_wgmma_wait, set_asm_results)
 from .llvm_types import ADDRSPACE, llvm_type
 
 I1, I16, I32, I64 = ir.IntType(1), ir.IntType(16), ir.IntType(32), ir.IntType(64)
@@ -417,15 +420,7 @@ def lower_asm(L: _Lowering, op: Op):
         ret = ir.LiteralStructType([llvm_type(t) for t in results])
     r = L.asm(op.attr("template"), op.attr("constraints"), args, ret=ret, side_effect=op.attr("side_effect"),
               convergent=op.attr("convergent"))
-    _set_asm_results(L, op, r)
-
-
-def _set_asm_results(L, op, r):
-    if len(op.results) == 1:
-        L.set(op.results[0], r)
-    else:
-        for i, res in enumerate(op.results):
-            L.set(res, L.b.extract_value(r, i))
+    set_asm_results(L, op, r)
 
 
 def lower_shared_ptr(L: _Lowering, op: Op):
@@ -483,24 +478,13 @@ def lower_for(L: _Lowering, op: Op):
     outs = [L.v(x) for x in body.ops[-1].operands]
     nxt = B.add(iv, step)
     latch = B.block
-    unroll = op.attr("unroll")
-    br = B.branch(header)
-    if unroll:
-        md = L.m.add_metadata([ "llvm.loop.unroll.count", I32(unroll)])
-        loop_md = L.m.add_metadata([md], self_ref=True) if _supports_self_ref() else None
-        if loop_md is not None:
-            br.set_metadata("llvm.loop", loop_md)
+    B.branch(header)
     iv.add_incoming(nxt, latch)
     for phi, o in zip(phis, outs):
         phi.add_incoming(o, latch)
     B.position_at_end(exit_)
     for r, phi in zip(op.results, phis):
         L.set(r, phi)
-
-
-def _supports_self_ref() -> bool:
-    import inspect
-    return "self_ref" in inspect.signature(ir.Module.add_metadata).parameters
 
 
 def lower_if(L: _Lowering, op: Op):
@@ -558,100 +542,6 @@ def lower_while(L: _Lowering, op: Op):
         L.set(r, phi)
 
 
-# ---- Hopper and MMA instructions ----------------------------------------------------------------
-
-def _shared_u32(L, v: Value):
-    x = L.v(v)
-    if isinstance(v.type, PointerType):
-        return L.b.ptrtoint(x, I32)
-    return x
-
-
-def _asm_op(key):
-    def lower(L: _Lowering, op: Op):
-        args = [_shared_u32(L, v) for v in op.operands]
-        L.asm(*T.SIMPLE[key], args, convergent=True)
-    return lower
-
-
-def lower_mbarrier_try_wait(L: _Lowering, op: Op):
-    bar, parity = (_shared_u32(L, v) for v in op.operands)
-    r = L.asm(*T.SIMPLE["mbarrier_try_wait"], [bar, parity], ret=I32)
-    L.set(op.result, L.b.icmp_unsigned("!=", r, I32(0)))
-
-
-def lower_elect_one(L: _Lowering, op: Op):
-    r = L.asm(*T.SIMPLE["elect_one"], [], ret=I32, convergent=True)
-    L.set(op.result, L.b.icmp_unsigned("!=", r, I32(0)))
-
-
-def lower_prefetch_tensormap(L: _Lowering, op: Op):
-    tm = L.b.ptrtoint(L.v(op.operands[0]), I64)
-    L.asm(*T.SIMPLE["prefetch_tensormap"], [tm])
-
-
-def lower_tma_load(L: _Lowering, op: Op):
-    dst, tmap, bar, *coords = op.operands
-    args = [_shared_u32(L, dst), L.b.ptrtoint(L.v(tmap), I64), _shared_u32(L, bar)] + [L.v(c) for c in coords]
-    L.asm(*T.tma_load(op.attr("rank")), args)
-
-
-def lower_setmaxnreg(L: _Lowering, op: Op):
-    L.asm(*T.setmaxnreg(op.attr("n"), op.attr("inc")), [], convergent=True)
-
-
-def _kinds(values) -> str:
-    return "".join("f" if v.type == f32 else ("l" if v.type.bits == 64 else "r") for v in values)
-
-
-def _tied(L: _Lowering, op: Op, text_cons):
-    vals = [L.v(x) for x in op.operands]
-    if not vals:
-        L.asm(text_cons[0], text_cons[1], [], convergent=True)
-        return
-    ret = ir.LiteralStructType([x.type for x in vals]) if len(vals) > 1 else vals[0].type
-    r = L.asm(text_cons[0], text_cons[1], vals, ret=ret, convergent=True)
-    _set_asm_results(L, op, r)
-
-
-def lower_wgmma_wait(L: _Lowering, op: Op):
-    _tied(L, op, T.wgmma_wait(op.attr("n"), len(op.operands), _kinds(op.operands)))
-
-
-def lower_fence_operand(L: _Lowering, op: Op):
-    _tied(L, op, T.fence_operand(_kinds(op.operands)))
-
-
-def lower_wgmma(L: _Lowering, op: Op):
-    n = op.attr("n")
-    zero = op.attr("zero_init", False)
-    vals = [L.v(x) for x in op.operands]
-    args = vals if zero else vals[:-1] + [L.b.zext(vals[-1], I32)]
-    text, cons = T.wgmma(n, op.attr("dtype"), op.attr("a_kind"), op.attr("trans_b"), zero)
-    r = L.asm(text, cons, args, ret=ir.LiteralStructType([F32] * (n // 2)), convergent=True)
-    _set_asm_results(L, op, r)
-
-
-def lower_mma_sync(L: _Lowering, op: Op):
-    vals = [L.v(x) for x in op.operands]
-    text, cons = T.mma_sync(op.attr("dtype"))
-    r = L.asm(text, cons, vals, ret=ir.LiteralStructType([F32] * 4), side_effect=False, convergent=True)
-    _set_asm_results(L, op, r)
-
-
-def lower_ldmatrix(L: _Lowering, op: Op):
-    p = _shared_u32(L, op.operands[0])
-    num = op.attr("num")
-    text, cons = T.ldmatrix(num, op.attr("trans"))
-    ret = ir.LiteralStructType([I32] * num) if num > 1 else I32
-    r = L.asm(text, cons, [p], ret=ret, convergent=True)
-    _set_asm_results(L, op, r)
-
-
-def _noop(L, op):
-    pass
-
-
 LOWER = {
     "const": lower_const,
     **{k: lower_binary for k in ("add", "sub", "mul", "div", "rem", "and", "or", "xor", "shl", "shr", "min", "max")},
@@ -663,10 +553,10 @@ LOWER = {
     "shared_ptr": lower_shared_ptr, "dynamic_shared_ptr": lower_dynamic_shared_ptr,
     "debug_record": lower_debug_record,
     "for": lower_for, "if": lower_if, "while": lower_while,
-    "mbarrier_init": _asm_op("mbarrier_init"), "mbarrier_arrive": _asm_op("mbarrier_arrive"),
-    "mbarrier_arrive_expect_tx": _asm_op("mbarrier_arrive_expect_tx"), "mbarrier_try_wait": lower_mbarrier_try_wait,
-    "fence_proxy_async": _asm_op("fence_proxy_async"), "fence_mbarrier_init": _asm_op("fence_mbarrier_init"),
-    "wgmma_fence": _asm_op("wgmma_fence"), "wgmma_commit": _asm_op("wgmma_commit"),
+    "mbarrier_init": asm_op("mbarrier_init"), "mbarrier_arrive": asm_op("mbarrier_arrive"),
+    "mbarrier_arrive_expect_tx": asm_op("mbarrier_arrive_expect_tx"), "mbarrier_try_wait": lower_mbarrier_try_wait,
+    "fence_proxy_async": asm_op("fence_proxy_async"), "fence_mbarrier_init": asm_op("fence_mbarrier_init"),
+    "wgmma_fence": asm_op("wgmma_fence"), "wgmma_commit": asm_op("wgmma_commit"),
     "prefetch_tensormap": lower_prefetch_tensormap, "tma_load": lower_tma_load, "setmaxnreg": lower_setmaxnreg,
     "wgmma_wait": lower_wgmma_wait, "fence_operand": lower_fence_operand, "wgmma": lower_wgmma,
     "elect_one": lower_elect_one, "mma_sync": lower_mma_sync, "ldmatrix": lower_ldmatrix,

@@ -222,7 +222,7 @@ def _check_yield_types(what: str, expected: Sequence[Type], got: Sequence[Value]
 
 
 def for_loop(lo: Value, hi: Value, step: Value, init: Sequence[Value], names: Sequence[str],
-             body: Callable[[Value, tuple[Value, ...]], Sequence[Value]], unroll: int | None = None) -> tuple[Value, ...]:
+             body: Callable[[Value, tuple[Value, ...]], Sequence[Value]]) -> tuple[Value, ...]:
     """``for iv in range(lo, hi, step)`` with loop-carried ``init``; ``body`` returns the next values."""
     bld = current_builder()
     types = [v.type for v in init]
@@ -236,8 +236,6 @@ def for_loop(lo: Value, hi: Value, step: Value, init: Sequence[Value], names: Se
         raise
     region = bld.pop_block()
     attrs = {"result_types": tuple(types)}
-    if unroll:
-        attrs["unroll"] = unroll
     return bld.emit("for", (lo, hi, step, *init), regions=(region,), **attrs)
 
 

@@ -1,0 +1,109 @@
+"""Lowerings of the asynchronous and matrix instructions (mbarrier, TMA, wgmma, mma.sync,
+ldmatrix, setmaxnreg) to inline PTX from ``asm_templates``; registered in ``llvm.LOWER``."""
+from __future__ import annotations
+
+import llvmlite.ir as ir
+
+from ..ir.core import Op, Value
+from ..ir.types import PointerType, f32
+from . import asm_templates as T
+
+I32, I64 = ir.IntType(32), ir.IntType(64)
+F32 = ir.FloatType()
+
+
+def set_asm_results(L, op, r):
+    """Bind an asm call's result (a value or a literal struct) to the op's results."""
+    if len(op.results) == 1:
+        L.set(op.results[0], r)
+    else:
+        for i, res in enumerate(op.results):
+            L.set(res, L.b.extract_value(r, i))
+
+
+def shared_u32(L, v: Value):
+    x = L.v(v)
+    if isinstance(v.type, PointerType):
+        return L.b.ptrtoint(x, I32)
+    return x
+
+
+def asm_op(key):
+    def lower(L, op: Op):
+        args = [shared_u32(L, v) for v in op.operands]
+        L.asm(*T.SIMPLE[key], args, convergent=True)
+    return lower
+
+
+def lower_mbarrier_try_wait(L, op: Op):
+    bar, parity = (shared_u32(L, v) for v in op.operands)
+    r = L.asm(*T.SIMPLE["mbarrier_try_wait"], [bar, parity], ret=I32)
+    L.set(op.result, L.b.icmp_unsigned("!=", r, I32(0)))
+
+
+def lower_elect_one(L, op: Op):
+    r = L.asm(*T.SIMPLE["elect_one"], [], ret=I32, convergent=True)
+    L.set(op.result, L.b.icmp_unsigned("!=", r, I32(0)))
+
+
+def lower_prefetch_tensormap(L, op: Op):
+    tm = L.b.ptrtoint(L.v(op.operands[0]), I64)
+    L.asm(*T.SIMPLE["prefetch_tensormap"], [tm])
+
+
+def lower_tma_load(L, op: Op):
+    dst, tmap, bar, *coords = op.operands
+    args = [shared_u32(L, dst), L.b.ptrtoint(L.v(tmap), I64), shared_u32(L, bar)] + [L.v(c) for c in coords]
+    L.asm(*T.tma_load(op.attr("rank")), args)
+
+
+def lower_setmaxnreg(L, op: Op):
+    L.asm(*T.setmaxnreg(op.attr("n"), op.attr("inc")), [], convergent=True)
+
+
+def _kinds(values) -> str:
+    return "".join("f" if v.type == f32 else ("l" if v.type.bits == 64 else "r") for v in values)
+
+
+def _tied(L, op: Op, text_cons):
+    vals = [L.v(x) for x in op.operands]
+    if not vals:
+        L.asm(text_cons[0], text_cons[1], [], convergent=True)
+        return
+    ret = ir.LiteralStructType([x.type for x in vals]) if len(vals) > 1 else vals[0].type
+    r = L.asm(text_cons[0], text_cons[1], vals, ret=ret, convergent=True)
+    set_asm_results(L, op, r)
+
+
+def lower_wgmma_wait(L, op: Op):
+    _tied(L, op, T.wgmma_wait(op.attr("n"), len(op.operands), _kinds(op.operands)))
+
+
+def lower_fence_operand(L, op: Op):
+    _tied(L, op, T.fence_operand(_kinds(op.operands)))
+
+
+def lower_wgmma(L, op: Op):
+    n = op.attr("n")
+    zero = op.attr("zero_init", False)
+    vals = [L.v(x) for x in op.operands]
+    args = vals if zero else vals[:-1] + [L.b.zext(vals[-1], I32)]
+    text, cons = T.wgmma(n, op.attr("dtype"), op.attr("a_kind"), op.attr("trans_b"), zero)
+    r = L.asm(text, cons, args, ret=ir.LiteralStructType([F32] * (n // 2)), convergent=True)
+    set_asm_results(L, op, r)
+
+
+def lower_mma_sync(L, op: Op):
+    vals = [L.v(x) for x in op.operands]
+    text, cons = T.mma_sync(op.attr("dtype"))
+    r = L.asm(text, cons, vals, ret=ir.LiteralStructType([F32] * 4), side_effect=False, convergent=True)
+    set_asm_results(L, op, r)
+
+
+def lower_ldmatrix(L, op: Op):
+    p = shared_u32(L, op.operands[0])
+    num = op.attr("num")
+    text, cons = T.ldmatrix(num, op.attr("trans"))
+    ret = ir.LiteralStructType([I32] * num) if num > 1 else I32
+    r = L.asm(text, cons, [p], ret=ret, convergent=True)
+    set_asm_results(L, op, r)
