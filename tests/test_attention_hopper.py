@@ -1,0 +1,453 @@
+"""The Hopper attention kernel without a GPU.
+
+* ptxas (sm_90a) assembles every specialization the launcher picks, and a grid of tile
+  schedules, with no spills, no stack frame and no C7508/C7515; the PTX holds the Hopper
+  instructions (wgmma, TMA, mbarrier, setmaxnreg, named barriers).
+* ``check_inputs`` / ``tylopy.attention`` reject bad input before touching a GPU, with a
+  TypeError or ValueError that names the argument.
+* The references and pass rules of ``attention_reference`` (which the GPU tests and ``tylopy
+  check attention`` use): the oracle against torch in float64, the same-boundary recurrence, and
+  the rules accepting a float32 model of the kernel while rejecting it with one step broken.
+"""
+import itertools
+import math
+import re
+
+import pytest
+import torch
+
+import tylopy
+import tylopy as ty
+from tylopy_kernels import attention_hopper_launch as launch
+from tylopy_kernels import attention_reference as R
+from tylopy_kernels import check_attention
+from tylopy_kernels.attention import check_inputs
+from tylopy_kernels.attention_hopper import attention_fwd_sm90
+
+# -- ptxas and PTX --------------------------------------------------------------------------------
+
+CONSTEXPRS = set(attention_fwd_sm90.constexpr_names)
+
+
+def _unique(specs):
+    out = {}
+    for cx in specs:
+        out.setdefault(repr(sorted(cx.items(), key=lambda kv: kv[0])), cx)
+    return list(out.values())
+
+
+def _launcher_specializations():
+    """The constexpr sets ``launch_hopper`` compiles, found by running it on CPU tensors with the
+    tensor maps, the SM count and the kernel stubbed out: (specializations, error or None)."""
+    seen = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def record(*args, **cx):
+                seen.append(cx)
+            return record
+
+    names = ("attention_fwd_sm90", "_tensor_map", "_sm_count", "_dummy")
+    saved = {n: getattr(launch, n) for n in names if hasattr(launch, n)}
+    try:
+        launch.attention_fwd_sm90 = Recorder()
+        launch._tensor_map = lambda *args, **kwargs: None
+        launch._sm_count = lambda device: 132
+        launch._dummy = lambda device, dtype: torch.zeros(16, dtype=dtype)
+        for dt, n_k, masked, lse, bnhd in itertools.product((torch.bfloat16, torch.float16), (128, 4096),
+                                                            (False, True), (False, True), (False, True)):
+            q = torch.zeros((1, 128, 2, 64) if bnhd else (1, 2, 128, 64), dtype=dt)
+            k = torch.zeros((1, n_k, 2, 64) if bnhd else (1, 2, n_k, 64), dtype=dt)
+            if bnhd:
+                q, k = q.transpose(1, 2), k.transpose(1, 2)
+            mask = torch.ones(128, n_k, dtype=torch.bool) if masked else None
+            out = torch.empty(1, 2, 128, 64, dtype=dt)
+            launch.launch_hopper(q, k, k, mask, False, 0.125, out, torch.empty(1, 2, 128) if lse else None)
+    except Exception as e:  # noqa: BLE001 -- reported by test_launcher_specializations_found
+        return [], f"{type(e).__name__}: {e}"
+    finally:
+        for n, v in saved.items():
+            setattr(launch, n, v)
+    return _unique(seen), None
+
+
+LAUNCHER_SPECS, LAUNCHER_ERROR = _launcher_specializations()
+
+
+def _spec_id(cx):
+    parts = [str(cx.get("DTYPE")), f"N{cx.get('BLOCK_N')}", f"C{cx.get('CONSUMERS')}", f"S{cx.get('STAGES')}"]
+    parts += [name.lower() for name in ("HAS_MASK", "RETURN_LSE", "PERSISTENT") if cx.get(name)]
+    parts += ["bnhd"] if cx.get("COORD_ORDER", ("n",))[0] != "n" else []
+    return "-".join(parts)
+
+
+def _pick_launcher_specs():
+    """All of them in bf16 (B, H, N, D); fp16 and the (B, N, H, D) order only plain and fully loaded
+    (they change instruction types and TMA coordinates, not the register budget)."""
+    out = []
+    for cx in LAUNCHER_SPECS:
+        bhnd = cx.get("COORD_ORDER", ("n",))[0] == "n"
+        loaded = cx.get("HAS_MASK") == cx.get("RETURN_LSE") == cx.get("PERSISTENT")
+        if (bhnd and cx["DTYPE"] == ty.bf16) or loaded:
+            out.append(cx)
+    return out
+
+
+def _launcher_picks(cx) -> bool:
+    """Whether the launcher could run this: with a mask or the persistent loop it overrides the
+    consumer count (MASKED_SCHEDULE, PERSISTENT_SCHEDULE) because other counts spill."""
+    for flag, table in (("HAS_MASK", "MASKED_SCHEDULE"), ("PERSISTENT", "PERSISTENT_SCHEDULE")):
+        forced = getattr(launch, table, {}) or {}
+        if cx.get(flag) and any(cx.get(k) != v for k, v in forced.items() if k in cx):
+            return False
+    return True
+
+
+def _grid_specs():
+    """BLOCK_N x CONSUMERS x STAGES, each with the first two flag sets the launcher can pick."""
+    variants = [(ty.bf16, True, True, True), (ty.f16, False, False, False), (ty.bf16, False, True, False),
+                (ty.f16, True, False, False)]
+    out = []
+    for bn, consumers, stages in itertools.product((64, 128), (2, 3), (2, 4)):
+        picked = []
+        for dt, mask, lse, persistent in variants:
+            cx = dict(DTYPE=dt, BLOCK_N=bn, CONSUMERS=consumers, STAGES=stages, HAS_MASK=mask, RETURN_LSE=lse,
+                      PERSISTENT=persistent, COORD_ORDER=("n", "h", "b"))
+            cx = {k: v for k, v in cx.items() if k in CONSTEXPRS}
+            if _launcher_picks(cx) and len(picked) < 2:
+                picked.append(cx)
+        out += picked
+    return out
+
+
+PTXAS_SPECS = _unique(_pick_launcher_specs() + _grid_specs())
+# 128-key tiles with 3 consumer warpgroups (160 registers a thread) spill with a mask (156-164
+# bytes measured); the launcher therefore runs masks with 2 consumers (MASKED_SCHEDULE).
+KNOWN_SPILL = {k: v for k, v in dict(DTYPE=ty.bf16, BLOCK_N=128, CONSUMERS=3, STAGES=2, HAS_MASK=True,
+                                      RETURN_LSE=True, PERSISTENT=False).items() if k in CONSTEXPRS}
+
+
+def _assemble(cx):
+    ck = attention_fwd_sm90.compile(**cx)
+    if not ck.report.available:
+        pytest.skip(ck.report.note)
+    return ck
+
+
+def test_launcher_specializations_found():
+    assert LAUNCHER_ERROR is None, f"dry run of launch_hopper on CPU tensors failed: {LAUNCHER_ERROR}"
+    assert LAUNCHER_SPECS
+
+
+@pytest.mark.parametrize("cx", PTXAS_SPECS, ids=[_spec_id(cx) for cx in PTXAS_SPECS])
+def test_assembles_without_spills(cx):
+    report = _assemble(cx).report
+    assert report.arch == "sm_90a", str(report)
+    assert report.spills == 0, str(report)
+    assert report.stack_frame == 0 and not report.has_local_memory, str(report)
+    assert not report.codes() & {"C7508", "C7515"}, str(report)
+    assert report.registers is not None and report.registers <= 255, str(report)
+
+
+@pytest.mark.xfail(strict=True, reason="3 consumers x 128-key tiles with a mask spill at 160 registers; the "
+                                       "launcher avoids it (MASKED_SCHEDULE)")
+def test_three_consumers_with_mask_spill():
+    report = _assemble(KNOWN_SPILL).report
+    assert report.spills == 0 and report.stack_frame == 0, str(report)
+
+
+PTX_SPECS = [cx for cx in LAUNCHER_SPECS if cx.get("COORD_ORDER", ("n",))[0] == "n" and cx["DTYPE"] == ty.bf16
+             and cx.get("HAS_MASK") == cx.get("RETURN_LSE")]
+
+
+@pytest.mark.parametrize("cx", PTX_SPECS, ids=[_spec_id(cx) for cx in PTX_SPECS])
+def test_ptx_holds_the_hopper_instructions(cx):
+    ptx = _assemble(cx).ptx
+    for needle in ("wgmma.mma_async", "wgmma.fence", "wgmma.commit_group", "wgmma.wait_group",
+                   "cp.async.bulk.tensor", "mbarrier.try_wait", "setmaxnreg.inc", "setmaxnreg.dec", "ex2.approx"):
+        assert needle in ptx, f"{needle} missing from the PTX"
+    # Consumers take tensor-core turns on named barriers: 128 threads sync and 128 arrive, so the
+    # count is 256; the id may be a register (bar.sync %r7, 256). Consumer 1 opens with barrier 1.
+    assert re.search(r"\b(?:bar|barrier)\.sync(?:\.aligned)?\s+(?:%r\d+|[1-9]\d*),\s*256;", ptx)
+    assert re.search(r"\b(?:bar|barrier)\.arrive(?:\.aligned)?\s+1,\s*256;", ptx)
+    assert ".target sm_90a" in ptx
+
+
+# -- input checks -----------------------------------------------------------------------------------
+
+def _qkv(B=1, H=2, n_q=8, n_k=8, D=64, dtype=torch.bfloat16):
+    return (torch.randn(B, H, n_q, D).to(dtype), torch.randn(B, H, n_k, D).to(dtype),
+            torch.randn(B, H, n_k, D).to(dtype))
+
+
+def _args(**change):
+    q, k, v = _qkv()
+    args = dict(query=q, key=k, value=v, attn_mask=None, is_causal=False, scale=None)
+    args.update(change)
+    return args
+
+
+def _strided_last_dim():
+    return torch.randn(1, 2, 8, 128).to(torch.bfloat16)[..., ::2]
+
+
+BAD_INPUTS = [
+    ("query list", dict(query=[[1.0]]), TypeError, "query"),
+    ("key None", dict(key=None), TypeError, "key"),
+    ("value int", dict(value=3), TypeError, "value"),
+    ("query 3-D", dict(query=torch.randn(2, 8, 64).to(torch.bfloat16)), ValueError, "query"),
+    ("query float32", dict(query=torch.randn(1, 2, 8, 64)), TypeError, "query"),
+    ("key float16", dict(key=torch.randn(1, 2, 8, 64).half()), TypeError, "key"),
+    ("value float64", dict(value=torch.randn(1, 2, 8, 64).double()), TypeError, "value"),
+    ("key on meta", dict(key=torch.empty(1, 2, 8, 64, dtype=torch.bfloat16, device="meta")), ValueError, "key"),
+    ("head dim 128", dict(zip(("query", "key", "value"), _qkv(D=128))), ValueError, "head_dim"),
+    ("head dim 48", dict(zip(("query", "key", "value"), _qkv(D=48))), ValueError, "head_dim"),
+    ("batch mismatch", dict(key=torch.randn(2, 2, 8, 64).to(torch.bfloat16)), ValueError, "batch"),
+    ("heads mismatch", dict(value=torch.randn(1, 3, 8, 64).to(torch.bfloat16)), ValueError, "heads"),
+    ("key head dim", dict(key=torch.randn(1, 2, 8, 32).to(torch.bfloat16)), ValueError, "head_dim"),
+    ("value rows", dict(value=torch.randn(1, 2, 9, 64).to(torch.bfloat16)), ValueError, "value"),
+    ("rectangular causal", dict(zip(("query", "key", "value"), _qkv(n_q=8, n_k=9)), is_causal=True), ValueError,
+     "is_causal"),
+    ("is_causal int", dict(is_causal=1), TypeError, "is_causal"),
+    ("is_causal None", dict(is_causal=None), TypeError, "is_causal"),
+    ("causal and mask", dict(is_causal=True, attn_mask=torch.ones(8, 8, dtype=torch.bool)), ValueError, "attn_mask"),
+    ("mask list", dict(attn_mask=[[True]]), TypeError, "attn_mask"),
+    ("mask float", dict(attn_mask=torch.zeros(8, 8)), TypeError, "attn_mask"),
+    ("mask uint8", dict(attn_mask=torch.ones(8, 8, dtype=torch.uint8)), TypeError, "attn_mask"),
+    ("mask shape", dict(attn_mask=torch.ones(9, 8, dtype=torch.bool)), ValueError, "attn_mask"),
+    ("mask 5-D", dict(attn_mask=torch.ones(1, 1, 1, 8, 8, dtype=torch.bool)), ValueError, "attn_mask"),
+    ("mask on meta", dict(attn_mask=torch.ones(8, 8, dtype=torch.bool, device="meta")), ValueError, "attn_mask"),
+    ("strided query", dict(query=_strided_last_dim()), ValueError, "query"),
+    ("strided value", dict(value=_strided_last_dim()), ValueError, "value"),
+    ("scale str", dict(scale="0.5"), TypeError, "scale"),
+    ("scale bool", dict(scale=True), TypeError, "scale"),
+    ("scale tensor", dict(scale=torch.tensor(0.5)), TypeError, "scale"),
+    ("scale nan", dict(scale=float("nan")), ValueError, "scale"),
+    ("scale inf", dict(scale=float("inf")), ValueError, "scale"),
+]
+
+
+@pytest.mark.parametrize("entry", ["check_inputs", "tylopy.attention"])
+@pytest.mark.parametrize("change,exc,arg", [b[1:] for b in BAD_INPUTS], ids=[b[0] for b in BAD_INPUTS])
+def test_bad_input_is_rejected_naming_the_argument(change, exc, arg, entry):
+    args = _args(**change)
+    with pytest.raises(exc) as info:
+        if entry == "check_inputs":
+            check_inputs(*args.values())
+        else:
+            tylopy.attention(**args)
+    text = str(info.value)
+    assert re.search(rf"\b{re.escape(arg)}\b", text), text
+    assert "expects" in text and "but got" in text, text
+
+
+def test_check_inputs_returns_sizes_and_scale():
+    q, k, v = _qkv(B=2, H=3, n_q=5, n_k=7)
+    assert check_inputs(q, k, v, None, False, None) == (2, 3, 5, 7, 64, 0.125)
+    assert check_inputs(q, k, v, None, False, 1) == (2, 3, 5, 7, 64, 1.0)
+    mask = torch.ones(3, 1, 7, dtype=torch.bool)  # broadcastable masks are fine
+    assert check_inputs(q, k, v, mask, False, 0.5)[-1] == 0.5
+
+
+@pytest.mark.parametrize("B,n_q,n_k", [(2, 5, 0), (2, 0, 5), (0, 5, 5)])
+def test_empty_tensors_pass_the_checks(B, n_q, n_k):
+    q, k, v = _qkv(B=B, n_q=n_q, n_k=n_k)
+    assert check_inputs(q, k, v, None, False, None)[:4] == (B, 2, n_q, n_k)
+    assert check_inputs(q, k, v, torch.ones(n_q, n_k, dtype=torch.bool), False, None)[:4] == (B, 2, n_q, n_k)
+
+
+@pytest.mark.parametrize("n_k", [0, 8])
+def test_cpu_tensors_are_rejected_after_the_checks(n_k):
+    q, k, v = _qkv(n_k=n_k)
+    with pytest.raises(ValueError, match=r"\bquery\b.*CUDA"):
+        tylopy.attention(q, k, v)
+
+
+def test_bnhd_view_passes_the_checks():
+    q = torch.randn(1, 8, 2, 64).to(torch.bfloat16).transpose(1, 2)
+    assert check_inputs(q, q, q, None, True, None)[:4] == (1, 2, 8, 8)
+
+
+# -- references and pass rules ------------------------------------------------------------------------
+
+def _case_tensors(case):
+    return R.make_inputs(case, "cpu")
+
+
+ORACLE_CASES = [R.Case("bf16", 2, 3, 37, 53), R.Case("f16", 1, 2, 40, 40, causal=True),
+                R.Case("bf16", 2, 2, 30, 70, mask="keys"), R.Case("f16", 2, 2, 33, 45, mask="heads", scale=0.3)]
+
+
+@pytest.mark.parametrize("case", ORACLE_CASES, ids=[c.name for c in ORACLE_CASES])
+def test_oracle_matches_torch_in_float64(case):
+    q, k, v, mask = _case_tensors(case)
+    ref = R.oracle(q, k, v, mask, case.causal, case.scale)
+    empty = R.empty_rows(q, k, mask, case.causal)
+    want = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask,
+                                                            is_causal=case.causal, scale=case.scale)
+    want = want.masked_fill(empty[..., None], 0)
+    torch.testing.assert_close(ref.out, want, rtol=1e-12, atol=1e-12)
+    s = (q.double() @ k.double().transpose(-1, -2)) * R.resolve_scale(case.scale, 64)
+    s = s.masked_fill(~R.allowed_keys(q, k, mask, case.causal), float("-inf"))
+    torch.testing.assert_close(ref.lse, torch.logsumexp(s, -1), rtol=1e-12, atol=1e-12)
+    assert bool((ref.out[empty] == 0).all()) and bool((ref.lse[empty] == float("-inf")).all())
+
+
+def test_oracle_without_keys_gives_zeros_and_minus_inf():
+    q, k, v = _qkv(n_k=0)
+    ref = R.oracle(q, k, v)
+    assert bool((ref.out == 0).all()) and bool((ref.lse == float("-inf")).all())
+
+
+@pytest.mark.parametrize("block_n", [1, 7, 64, 128, 1000])
+@pytest.mark.parametrize("case", ORACLE_CASES, ids=[c.name for c in ORACLE_CASES])
+def test_same_boundary_without_rounding_is_the_oracle(case, block_n):
+    """The online recurrence in float64 is exact up to float64 rounding, for any tile size."""
+    q, k, v, mask = _case_tensors(case)
+    ref = R.oracle(q, k, v, mask, case.causal, case.scale)
+    sb = R.same_boundary(q, k, v, mask, case.causal, case.scale, block_n, p_dtype=torch.float64)
+    torch.testing.assert_close(sb.out, ref.out, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(sb.lse, ref.lse, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_same_boundary_rounds_p_of_one_tile_like_the_formula(dtype):
+    """One tile: out = round(exp(s - max s)) v / sum exp(s - max s), P rounded through float32."""
+    torch.manual_seed(3)
+    q, k, v = _qkv(B=1, H=1, n_q=20, n_k=50, dtype=dtype)
+    s = (q.double() @ k.double().transpose(-1, -2)) / 8
+    p = torch.exp(s - s.amax(-1, keepdim=True))
+    want = (p.float().to(dtype).double() @ v.double()) / p.sum(-1, keepdim=True)
+    sb = R.same_boundary(q, k, v, block_n=64)
+    torch.testing.assert_close(sb.out, want, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(sb.out, R.oracle(q, k, v).out, rtol=1e-6, atol=0), "P was not rounded"
+
+
+RULE_CASES = [R.Case("bf16", 2, 3, 129, 203, lse=True), R.Case("f16", 1, 2, 300, 300, causal=True),
+              R.Case("bf16", 2, 2, 150, 333, mask="random", lse=True), R.Case("f16", 1, 2, 256, 256, inputs="large"),
+              R.Case("bf16", 1, 1, 1, 239), R.Case("f16", 2, 2, 200, 200, inputs="uniform", lse=True)]
+
+
+@pytest.mark.parametrize("block_n", [64, 128])
+@pytest.mark.parametrize("case", RULE_CASES, ids=[c.name for c in RULE_CASES])
+def test_rules_accept_the_float32_model(case, block_n):
+    R.run_case(case, R.fp32_model(block_n), device="cpu", block_n=block_n)
+
+
+BROKEN = [("P not rounded", dict(round_p_to_input=False), 128, "differ from the same-boundary"),
+          ("other tile boundaries", dict(block_n=64), 128, "differ from the same-boundary"),
+          ("O not rescaled", dict(block_n=64, rescale=False), 64, "oracle error")]
+
+
+@pytest.mark.parametrize("change,block_n,why", [b[1:] for b in BROKEN], ids=[b[0] for b in BROKEN])
+def test_rules_reject_a_broken_model(change, block_n, why):
+    model = R.fp32_model(**dict(dict(block_n=128), **change))
+    with pytest.raises(AssertionError, match=why):
+        R.run_case(R.Case("bf16", 2, 3, 300, 333, lse=True), model, device="cpu", block_n=block_n)
+
+
+def test_rules_reject_nan_and_nonzero_empty_rows():
+    case = R.Case("bf16", 1, 2, 40, 70, mask="random", lse=True)
+    q, k, v, mask = _case_tensors(case)
+    out, lse = R.fp32_model(128)(q, k, v, attn_mask=mask, return_lse=True)
+    R.check_output(out, lse, q, k, v, mask)
+    bad = out.clone()
+    bad[0, 1, 5, 3] = float("nan")
+    with pytest.raises(AssertionError, match="NaN"):
+        R.check_output(bad, lse, q, k, v, mask)
+    bad = out.clone()
+    bad[0, 0, 0, 0] = 1e-3  # row 0 has no key
+    with pytest.raises(AssertionError, match="no key"):
+        R.check_output(bad, lse, q, k, v, mask)
+    bad_lse = lse.clone()
+    bad_lse[0, 0, 0] = 0.0
+    with pytest.raises(AssertionError, match="LSE"):
+        R.check_output(out, bad_lse, q, k, v, mask)
+
+
+def test_scenarios_accept_the_float32_model():
+    model, causal = R.fp32_model(128), R.Case("bf16", 1, 2, 150, 150, causal=True, lse=True)
+    masked = R.Case("f16", 2, 2, 70, 90, mask="transposed", lse=True)
+    R.check_nan_padding(masked, model, "cpu")
+    R.check_future_perturbation(causal, model, (0, 63, 64, 149), "cpu")
+    R.check_repeatable(masked, model, 3, "cpu")
+    R.check_transposed_layout(masked, model, "cpu", 128)
+    R.check_empty(model, device="cpu")
+    R.check_canary(masked, R.model_launch(128), "cpu")
+
+
+def test_scenarios_reject_broken_implementations():
+    model = R.fp32_model(128)
+    causal = R.Case("bf16", 1, 1, 100, 100, causal=True)
+
+    def leaks_future(q, k, v, attn_mask=None, is_causal=False, scale=None, return_lse=False):
+        return model(q, k, v, attn_mask, False, scale, return_lse)
+
+    with pytest.raises(AssertionError, match="changed outputs"):
+        R.check_future_perturbation(causal, leaks_future, (10,), "cpu")
+
+    def writes_past_the_end(q, k, v, attn_mask, is_causal, scale, out, lse):
+        R.model_launch(128)(q, k, v, attn_mask, is_causal, scale, out, lse)
+        out.as_strided((1,), (1,), out.storage_offset() - 1).fill_(0)
+
+    with pytest.raises(AssertionError, match="outside"):
+        R.check_canary(R.Case("bf16", 1, 1, 20, 30), writes_past_the_end, "cpu")
+
+    def reads_padding(q, k, v, attn_mask=None, is_causal=False, scale=None, return_lse=False):
+        """Reads one key row past n_k where the buffer has one (a NaN row when padded)."""
+        wide = (k.shape[0], k.shape[1], k.shape[2] + 1, k.shape[3])
+        last = k.storage_offset() + sum((n - 1) * st for n, st in zip(wide, k.stride()))
+        if last < k.untyped_storage().nbytes() // k.element_size():
+            k = v = k.as_strided(wide, k.stride())
+        return model(q, k, v, attn_mask, is_causal, scale, return_lse)
+
+    with pytest.raises(AssertionError, match="NaN padding"):
+        R.check_nan_padding(R.Case("bf16", 1, 1, 20, 30), reads_padding, "cpu")
+
+
+def test_recorded_launches_restores_the_kernel():
+    with R.recorded_launches() as seen:
+        assert launch.attention_fwd_sm90 is not attention_fwd_sm90
+    assert launch.attention_fwd_sm90 is attention_fwd_sm90 and seen == []
+
+
+def test_case_inputs_are_reproducible_and_as_described():
+    case = R.Case("bf16", 2, 3, 50, 60, inputs="large", mask="keys")
+    a, b = R.make_inputs(case, "cpu"), R.make_inputs(case, "cpu")
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    q, k, _, mask = a
+    s = (q.double() @ k.double().transpose(-1, -2)) / 8
+    assert 2.5e4 < float(s.abs().max()) < 3.5e4
+    assert mask.shape == (2, 1, 1, 60) and not bool(mask[0].any()) and bool(mask[1].all())
+    q, k, _, _ = R.make_inputs(R.Case("f16", 1, 1, 4, 4, inputs="large_uniform"), "cpu")
+    assert bool(((q.double() @ k.double().transpose(-1, -2)) / 8 == 3e4).all())
+
+
+# -- tylopy check attention -----------------------------------------------------------------------------
+
+def test_check_lists_its_cases(capsys):
+    assert check_attention.main(["--list"]) == 0
+    names = capsys.readouterr().out.splitlines()
+    assert len(names) > 40 and "CUDA graph: bf16 1x2 300x300 causal lse" in names
+
+
+def test_check_dry_run_on_the_cpu(capsys):
+    assert check_attention.main(["--dry-run", "--quick"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"\d+ passed, 0 failed", lines[-1]), lines[-1]
+    assert all(line.startswith("PASS ") for line in lines[:-1]), lines
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without a GPU")
+def test_check_without_a_gpu_fails_with_a_reason(capsys):
+    assert check_attention.main(["--quick"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "0 passed, 1 failed" and "GPU" in lines[0]
+
+
+def test_known_failure_cases_fail_in_the_model_too():
+    """The float32 model reproduces the kernel's known failures (documented in the GPU tests)."""
+    for case in R.CONSTANT_CASES + R.NONPOSITIVE_SCALE_CASES:
+        with pytest.raises(AssertionError):
+            R.run_case(case, R.fp32_model(128), device="cpu", block_n=128)
+    assert math.isclose(R.resolve_scale(None, 64), 0.125)
