@@ -93,6 +93,11 @@ def attention(query, key, value, attn_mask=None, is_causal=False, scale=None, re
     lse = torch.empty((B, H, n_q), dtype=torch.float32, device=query.device) if return_lse else None
     if B * H * n_q == 0:
         return (out, lse) if return_lse else out
+    if scale <= 0:
+        # The kernels keep the running maximum of raw scores, the maximum of scaled scores only for a
+        # positive scale: softmax(c q k) = softmax(|c| (-q) k), and c = 0 weighs every key equally.
+        query = torch.zeros_like(query) if scale == 0 else -query
+        scale = 1.0 if scale == 0 else -scale
     if n_k == 0:  # no keys: every row is empty, output zeros and LSE -inf, nothing to launch
         out.zero_()
         if lse is not None:

@@ -11,15 +11,10 @@ output view and nothing around it; causal outputs ignore future keys bit-for-bit
 bit-identical; (B, N, H, D) memory works; empty inputs launch nothing; a CUDA graph and a side
 stream; other tile schedules (SCHEDULE monkeypatched).
 
-Known failures (``xfail(strict=True)``; a fix turns them into failures to remove the marker):
-
-* Inputs all 133120 (bf16) or 54656 (fp16): every score is exactly 64 x value^2, the kernel's
-  exponent is ex2(fma(s, c, -round(m c))), and round(m c) misses m c by thousands (its float32
-  ulp), so p = ex2(+7916) = inf and the output is NaN. Computing ex2((s - m) c) would be exact
-  for the row maximum.
-* scale <= 0: the running max is of raw scores (the largest scaled score only when scale > 0),
-  and the empty state's rescale is ex2(c * -inf) = NaN (scale 0) or +inf (scale < 0), so l is
-  NaN and every output 0. ``check_inputs`` accepts these scales.
+Formerly known failures, fixed and kept as tests: inputs all 133120 (bf16) or 54656 (fp16),
+where every score is exactly 64 x value^2 and the old exponent ex2(fma(s, c, -round(m c))) missed
+by thousands (now ex2((s - m) c), exact at the row maximum); and scale <= 0, which the entry
+point now maps to a positive scale (negated or zeroed queries).
 
 Run with a per-test time limit; use the thread method, because a hung kernel blocks the main
 thread inside a CUDA call where the signal method cannot interrupt it (thread dumps the stacks
@@ -78,15 +73,11 @@ def test_special_inputs(case):
     _run(case)
 
 
-@pytest.mark.xfail(strict=True, reason="p = ex2(fma(s, c, -round(m c))) overflows when round(m c) is off by "
-                                       "thousands (see the module docstring)")
 @pytest.mark.parametrize("case", R.CONSTANT_CASES, ids=_ids(R.CONSTANT_CASES))
 def test_constant_inputs(case):
     _run(case)
 
 
-@pytest.mark.xfail(strict=True, reason="scale <= 0: raw-score running max and ex2(c * -inf) in the empty state "
-                                       "(see the module docstring)")
 @pytest.mark.parametrize("case", R.NONPOSITIVE_SCALE_CASES, ids=_ids(R.NONPOSITIVE_SCALE_CASES))
 def test_nonpositive_scale(case):
     _run(case)

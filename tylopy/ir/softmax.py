@@ -6,7 +6,7 @@ scale s and c = s * log2(e)::
     m' = max(m, rowmax(x))
     m* = 0 if m' == -inf else m'         # an empty row never computes -inf - (-inf)
     alpha = exp2((m - m*) * c)           # rescales the previous numerator and sum
-    p = exp2(x*c - m*c)                  # unnormalized weights, one FMA + ex2 each
+    p = exp2((x - m*) * c)               # unnormalized weights: exact 0 exponent at the maximum
     l' = alpha * l + rowsum(p)
 
 Elements select, never branch. The empty state is (-inf, 0); updating it gives alpha = 0. A
@@ -122,7 +122,11 @@ def _coef(ops, scale, like):
 
 
 def softmax_update(state: SoftmaxState, scores: Fragment, scale=1.0) -> SoftmaxUpdate:
-    """One tile of the online softmax; ``scale`` multiplies the scores (1/sqrt(D) for attention)."""
+    """One tile of the online softmax; ``scale`` (> 0) multiplies the scores (1/sqrt(D) for attention).
+
+    The running maximum is of raw scores, which is the maximum of scaled scores only for a
+    positive scale: callers with scale <= 0 negate or zero the scores first (as ``attention`` does).
+    """
     state.check_rows(scores, "softmax_update")
     ops = scores.ops
     dims = state.dims
@@ -133,10 +137,10 @@ def softmax_update(state: SoftmaxState, scores: Fragment, scale=1.0) -> SoftmaxU
     neg_inf = ops.const(NEG_INF, ref)
     zero = ops.const(0.0, ref)
     m_use = [ops.select(ops.eq(m, neg_inf), zero, m) for m in m_new.values]
-    m_scaled = [ops.mul(m, c) for m in m_use]
-    alpha = [ops.exp2(ops.sub(ops.mul(m_old, c), ms)) for m_old, ms in zip(state.maximum.values, m_scaled)]
-    neg_ms = m_new.with_data([ops.sub(zero, ms) for ms in m_scaled])
-    p = broadcast_rows(scores, neg_ms, lambda x, nm: ops.exp2(ops.fma(x, c, nm)))
+    # (x - m) * c rather than fma(x, c, -(m * c)): the subtraction is exact for the row maximum,
+    # while a rounded m * c can be off by thousands when scores are ~1e11 (p = ex2(+7916) = inf).
+    alpha = [ops.exp2(ops.mul(ops.sub(m_old, mu), c)) for m_old, mu in zip(state.maximum.values, m_use)]
+    p = broadcast_rows(scores, m_new.with_data(m_use), lambda x, mu: ops.exp2(ops.mul(ops.sub(x, mu), c)))
     if state.partial_sum:
         slots = scores.layout.row_slots if dims == 2 else scores.layout.col_slots
         sums = []
