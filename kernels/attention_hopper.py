@@ -365,7 +365,7 @@ def consumer_tile(smem, lay, prob, wg, turn, k, it, m0, h, b, n_tiles, dtype, bl
     s = hopper.wgmma_wait(0, s)
     release(smem, lay.k_empty, it, stages, leader)
     s = maybe_mask(s, row0, 0, n_k, causal, mask_args, has_mask, block_n)
-    upd = ty.softmax_update(ty.SoftmaxState(s, partial_sum=True), s, scale)
+    upd = ty.softmax_update(ty.SoftmaxState(s, partial_sum=True), s, scale, exponent="auto")
     state = upd.state
     p = [ty.pack_operand_a(atom_o, upd.weights, kk) for kk in range(block_n // 16)]
     o = ty.Fragment(tuple(ty.cast(0.0, ty.f32) for _ in range(HEAD_DIM // 2)), ty.WARPGROUP, ty.wgmma_acc(HEAD_DIM))
@@ -378,7 +378,7 @@ def consumer_tile(smem, lay, prob, wg, turn, k, it, m0, h, b, n_tiles, dtype, bl
         s, o = hopper.wgmma_wait(1, s, o)
         release(smem, lay.k_empty, it + j, stages, leader)
         s = maybe_mask(s, row0, j * block_n, n_k, causal, mask_args, has_mask, block_n)
-        upd = ty.softmax_update(state, s, scale)
+        upd = ty.softmax_update(state, s, scale, exponent="auto")
         state = upd.state
         o, p = hopper.wgmma_wait(0, o, p)
         release(smem, lay.v_empty, it + j - 1, stages, leader)

@@ -10,7 +10,7 @@ Every case runs ``streaming_attention`` on the GPU and passes when all of these 
 * No NaN or inf in the output for finite inputs; outputs (and LSE) pre-filled with NaN are all
   overwritten.
 * Same-boundary reference (``reference_same_boundary``): the kernel's own recipe in torch
-  (scores in FP32, the exp2-domain update with the FP32 roundings of m*c and of the exponent,
+  (scores in FP32, the exp2-domain update with the FP32 roundings of (s - m) and of its product with c,
   p rounded to the input dtype once per BLOCK_N-key tile, l summing the unrounded p, a and l in
   FP64). Per row the output may differ by half an output ulp (the kernel stores bf16/fp16) plus
   ``SAME_BOUNDARY_RTOL`` = 3e-5 of the row's magnitude sum|p||v|/l: ex2.approx (2^-22), the
@@ -131,9 +131,9 @@ def reference_same_boundary(q, k, v, scale, block_n, causal=False, mask=None) ->
     for t0 in range(0, n_k, block_n):
         st = s[..., t0:t0 + block_n]
         m_new = torch.maximum(m, st.amax(-1))
-        m_scaled = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new) * c   # fl32(m* c)
-        alpha = torch.exp2((m * c - m_scaled).double())                                       # fl32 difference
-        arg = (st.double() * c.double() - m_scaled.double()[..., None]).float()               # fma, one rounding
+        m_use = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+        alpha = torch.exp2(((m - m_use) * c).double())                 # ex2((m_old - m) c), FP32 sub and mul
+        arg = (st - m_use[..., None]) * c                              # the kernel's exponent: (s - m) c in FP32
         p = torch.exp2(arg.double())
         p_rounded = p.to(q.dtype).double()
         flip = (p * (1 + window)).to(q.dtype).double() - (p * (1 - window)).to(q.dtype).double()

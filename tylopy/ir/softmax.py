@@ -28,6 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import OwnershipError
 from .fragment import NEG_INF, Fragment, broadcast_rows, rows_agree
 from .layouts import reduced_layout
@@ -121,12 +123,18 @@ def _coef(ops, scale, like):
     return ops.const(c, like) if not ops.traced and isinstance(c, float) else c
 
 
-def softmax_update(state: SoftmaxState, scores: Fragment, scale=1.0) -> SoftmaxUpdate:
+def softmax_update(state: SoftmaxState, scores: Fragment, scale=1.0, exponent: str = "exact") -> SoftmaxUpdate:
     """One tile of the online softmax; ``scale`` (> 0) multiplies the scores (1/sqrt(D) for attention).
 
     The running maximum is of raw scores, which is the maximum of scaled scores only for a
     positive scale: callers with scale <= 0 negate or zero the scores first (as ``attention`` does).
+
+    ``exponent``: "exact" computes ex2((x - m) c), exact at the row maximum for any magnitude;
+    "fast" computes ex2(fma(x, c, -round(m c))), one op less per element, whose common offset
+    overflows once |m c| nears 2^31; "auto" takes the fast form per thread while |m c| < 2^30.
     """
+    if exponent not in ("exact", "fast", "auto"):
+        raise ValueError(f"softmax_update exponent expects 'exact', 'fast' or 'auto', but got {exponent!r}")
     state.check_rows(scores, "softmax_update")
     ops = scores.ops
     dims = state.dims
@@ -137,10 +145,7 @@ def softmax_update(state: SoftmaxState, scores: Fragment, scale=1.0) -> SoftmaxU
     neg_inf = ops.const(NEG_INF, ref)
     zero = ops.const(0.0, ref)
     m_use = [ops.select(ops.eq(m, neg_inf), zero, m) for m in m_new.values]
-    # (x - m) * c rather than fma(x, c, -(m * c)): the subtraction is exact for the row maximum,
-    # while a rounded m * c can be off by thousands when scores are ~1e11 (p = ex2(+7916) = inf).
-    alpha = [ops.exp2(ops.mul(ops.sub(m_old, mu), c)) for m_old, mu in zip(state.maximum.values, m_use)]
-    p = broadcast_rows(scores, m_new.with_data(m_use), lambda x, mu: ops.exp2(ops.mul(ops.sub(x, mu), c)))
+    alpha, p = _weights(ops, scores, m_new, state.maximum.values, m_use, c, exponent)
     if state.partial_sum:
         slots = scores.layout.row_slots if dims == 2 else scores.layout.col_slots
         sums = []
@@ -155,6 +160,51 @@ def softmax_update(state: SoftmaxState, scores: Fragment, scale=1.0) -> SoftmaxU
         sums = [ops.fma(a, l_old, r) for a, l_old, r in zip(alpha, state.sum.values, row_sum.values)]
     new_state = SoftmaxState(m_new, state.sum.with_data(sums), dims, state.partial_sum)
     return SoftmaxUpdate(new_state, p, m_new.with_data(alpha))
+
+
+# Below this |m c| the exponent fma(x, c, -round(m c)) is off from (x - m) c by at most 2^-(24-30-1)
+# = 32 for every element of a row alike: a common factor that cancels between p, l and alpha.
+FAST_EXPONENT_LIMIT = 2.0 ** 30
+
+
+def _weights(ops, scores: Fragment, rows: Fragment, m_old, m_use, c, exponent: str):
+    """(alpha per row, p) with exponents measured from the running maximum; ``rows`` is a row
+    summary fragment of the scores (the new maximum) to carry per-row values.
+
+    Fast path: p = ex2(fma(x, c, -mc)) and alpha = ex2(m_old c - mc) with mc = round(m c): one FMA
+    per element, and alpha telescopes exactly across tiles because every tile uses the same rounded
+    products. When |m c| >= 2^30 (scores around 1e9 and beyond) the rounding of m c alone could
+    overflow ex2, so such rows take (x - m) c, exact at the maximum, at one more op per element.
+    """
+    mc = [ops.mul(mu, c) for mu in m_use]
+
+    def fast():
+        a = [ops.exp2(ops.sub(ops.mul(mo, c), x)) for mo, x in zip(m_old, mc)]
+        neg = [ops.sub(ops.const(0.0, x) if not ops.traced else 0.0, x) for x in mc]
+        pv = broadcast_rows(scores, rows.with_data(neg), lambda x, nm: ops.exp2(ops.fma(x, c, nm)))
+        return a + list(pv.values)
+
+    def exact():
+        a = [ops.exp2(ops.mul(ops.sub(mo, mu), c)) for mo, mu in zip(m_old, m_use)]
+        pv = broadcast_rows(scores, rows.with_data(m_use), lambda x, mu: ops.exp2(ops.mul(ops.sub(x, mu), c)))
+        return a + list(pv.values)
+
+    n = len(m_use)
+    if exponent != "auto":
+        vals = fast() if exponent == "fast" else exact()
+        return vals[:n], scores.with_data(vals[n:])
+    limit = FAST_EXPONENT_LIMIT
+    ok = None
+    for x in mc:
+        inside = (x < limit) & (x > -limit)
+        ok = inside if ok is None else (ok & inside)
+    if ops.traced:
+        from .builder import if_else
+        vals = list(if_else(ok, fast, exact))
+    else:
+        f, e = fast(), exact()
+        vals = [np.where(ok, a, b).astype(np.float32) for a, b in zip(f, e)]
+    return vals[:n], scores.with_data(vals[n:])
 
 
 def reduced_sum(state: SoftmaxState) -> Fragment:
