@@ -324,7 +324,7 @@ def pass_dead_tiles(smem, lay, first, n_tiles, stages, turn, leader):
 
 
 @ty.func
-def consumer(smem, lay, prob, wg, persistent, dtype, block_n, stages, has_mask, return_lse, consumers):
+def consumer(smem, lay, prob, wg, persistent, dtype, block_n, stages, has_mask, return_lse, consumers, exponent):
     hopper.setmaxnreg(REGISTER_SPLIT[consumers][1], increase=True)
     turn = Turn(wg, consumers)
     if wg == 1:
@@ -334,12 +334,13 @@ def consumer(smem, lay, prob, wg, persistent, dtype, block_n, stages, has_mask, 
         valid, m0, h, b, n_tiles = next_tile(prob, k, persistent)
         if valid:
             consumer_tile(smem, lay, prob, wg, turn, k, it, m0, h, b, n_tiles, dtype, block_n, stages, has_mask,
-                          return_lse)
+                          return_lse, exponent)
             it = it + n_tiles
 
 
 @ty.func
-def consumer_tile(smem, lay, prob, wg, turn, k, it, m0, h, b, n_tiles, dtype, block_n, stages, has_mask, return_lse):
+def consumer_tile(smem, lay, prob, wg, turn, k, it, m0, h, b, n_tiles, dtype, block_n, stages, has_mask, return_lse,
+                  exponent):
     """One work tile for one consumer: 64 query rows against every key tile of the tile's range.
 
     ``it`` is the ring iteration of this tile's first key tile (the ring runs on across tiles).
@@ -365,7 +366,7 @@ def consumer_tile(smem, lay, prob, wg, turn, k, it, m0, h, b, n_tiles, dtype, bl
     s = hopper.wgmma_wait(0, s)
     release(smem, lay.k_empty, it, stages, leader)
     s = maybe_mask(s, row0, 0, n_k, causal, mask_args, has_mask, block_n)
-    upd = ty.softmax_update(ty.SoftmaxState(s, partial_sum=True), s, scale, exponent="auto")
+    upd = ty.softmax_update(ty.SoftmaxState(s, partial_sum=True), s, scale, exponent=exponent)
     state = upd.state
     p = [ty.pack_operand_a(atom_o, upd.weights, kk) for kk in range(block_n // 16)]
     o = ty.Fragment(tuple(ty.cast(0.0, ty.f32) for _ in range(HEAD_DIM // 2)), ty.WARPGROUP, ty.wgmma_acc(HEAD_DIM))
@@ -378,7 +379,7 @@ def consumer_tile(smem, lay, prob, wg, turn, k, it, m0, h, b, n_tiles, dtype, bl
         s, o = hopper.wgmma_wait(1, s, o)
         release(smem, lay.k_empty, it + j, stages, leader)
         s = maybe_mask(s, row0, j * block_n, n_k, causal, mask_args, has_mask, block_n)
-        upd = ty.softmax_update(state, s, scale, exponent="auto")
+        upd = ty.softmax_update(state, s, scale, exponent=exponent)
         state = upd.state
         o, p = hopper.wgmma_wait(0, o, p)
         release(smem, lay.v_empty, it + j - 1, stages, leader)
@@ -416,7 +417,7 @@ def attention_fwd_sm90(
     m_stride_b: ty.i64, m_stride_h: ty.i64, m_stride_q: ty.i64, m_stride_k: ty.i64,
     DTYPE: ty.constexpr = ty.bf16, BLOCK_N: ty.constexpr = 128, STAGES: ty.constexpr = 2,
     CONSUMERS: ty.constexpr = 3, HAS_MASK: ty.constexpr = False, RETURN_LSE: ty.constexpr = False,
-    COORD_ORDER: ty.constexpr = ("n", "h", "b"), PERSISTENT: ty.constexpr = False,
+    COORD_ORDER: ty.constexpr = ("n", "h", "b"), PERSISTENT: ty.constexpr = False, EXPONENT: ty.constexpr = "auto",
 ):
     """One CTA works through tiles (query block, head, batch): one per CTA when the grid covers
     them all, or a persistent loop when the grid is the number of SMs."""
@@ -430,4 +431,4 @@ def attention_fwd_sm90(
     if wg == 0:
         producer(smem, lay, prob, tm_q, tm_k, tm_v, PERSISTENT, STAGES, COORD_ORDER, CONSUMERS)
     else:
-        consumer(smem, lay, prob, wg, PERSISTENT, DTYPE, BLOCK_N, STAGES, HAS_MASK, RETURN_LSE, CONSUMERS)
+        consumer(smem, lay, prob, wg, PERSISTENT, DTYPE, BLOCK_N, STAGES, HAS_MASK, RETURN_LSE, CONSUMERS, EXPONENT)

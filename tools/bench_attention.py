@@ -169,7 +169,7 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("bench attention needs a CUDA GPU", file=sys.stderr)
         return 2
-    sched = {k: int(v) for k, v in (kv.split("=") for kv in args.schedule.split(",") if kv)}
+    sched = {k: (int(v) if v.lstrip("-").isdigit() else v) for k, v in (kv.split("=") for kv in args.schedule.split(",") if kv)}
     if args.sweep:
         data = {"sweep": sweep()}
     else:
