@@ -417,7 +417,7 @@ def attention_fwd_sm90(
     m_stride_b: ty.i64, m_stride_h: ty.i64, m_stride_q: ty.i64, m_stride_k: ty.i64,
     DTYPE: ty.constexpr = ty.bf16, BLOCK_N: ty.constexpr = 128, STAGES: ty.constexpr = 2,
     CONSUMERS: ty.constexpr = 3, HAS_MASK: ty.constexpr = False, RETURN_LSE: ty.constexpr = False,
-    COORD_ORDER: ty.constexpr = ("n", "h", "b"), PERSISTENT: ty.constexpr = False, EXPONENT: ty.constexpr = "auto",
+    COORD_ORDER: ty.constexpr = ("n", "h", "b"), PERSISTENT: ty.constexpr = False, EXPONENT: ty.constexpr = "exact",
 ):
     """One CTA works through tiles (query block, head, batch): one per CTA when the grid covers
     them all, or a persistent loop when the grid is the number of SMs."""

@@ -10,7 +10,10 @@ from .attention_hopper import HEAD_DIM, attention_fwd_sm90
 
 # Measured on the H200 (results/attention-sweep-H200-2026-11-29.json): 128-key tiles and three
 # consumer warpgroups beat 64 x 2 by 15-30%; the stage count barely matters at this depth.
-SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 3, "PERSISTENT": "auto"}
+SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 3, "PERSISTENT": "auto", "EXPONENT": "exact"}
+# EXPONENT "fast" (ex2(fma(s, c, -round(m c)))) is 6-8% faster (results/attention-exponent-*.json)
+# but overflows to NaN once |max score * scale * log2 e| nears 2^31 (e.g. every input 133120 in
+# bf16); "exact" (ex2((s - m) c)) is right for every finite input and is the default.
 # The persistent loop needs a few more live registers than 160 per consumer thread allow
 # (3 consumers spill 32 bytes), so it runs with two consumers.
 PERSISTENT_SCHEDULE = {"CONSUMERS": 2}
