@@ -50,9 +50,6 @@ class SoftmaxState:
     dims: int = 2
     partial_sum: bool = False
 
-    def __new__(cls, *args, **kwargs):
-        return super().__new__(cls)
-
     def __init__(self, like, sum=None, dims: int = 2, partial_sum: bool = False):
         if sum is None:  # SoftmaxState(fragment, dims=...): the empty state shaped like ``like``
             if dims not in (1, 2):
