@@ -7,6 +7,7 @@ import tylopy as ty
 from tylopy.runtime.tensormap import TensorMap
 
 from .attention_hopper import HEAD_DIM, attention_fwd_sm90
+from .launch_common import placeholder
 
 # Measured on the H200 (results/attention-sweep-H200-2026-11-29.json): 128-key tiles and three
 # consumer warpgroups beat 64 x 2 by 15-30%; the stage count barely matters at this depth.
@@ -25,7 +26,6 @@ PERSISTENT_MAX_KEYS = 1024
 # (3 consumers spill 156 bytes); two consumers get 240.
 MASKED_SCHEDULE = {"CONSUMERS": 2}
 _maps: dict = {}
-_dummies: dict = {}
 
 
 def _coord_order(t: torch.Tensor) -> tuple:
@@ -54,14 +54,6 @@ def _sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _dummy(device, dtype):
-    key = (device, dtype)
-    t = _dummies.get(key)
-    if t is None:
-        t = _dummies[key] = torch.zeros(16, dtype=dtype, device=device)
-    return t
-
-
 def launch_hopper(q, k, v, attn_mask, is_causal, scale, out, lse, schedule=None):
     sched = dict(SCHEDULE, **(MASKED_SCHEDULE if attn_mask is not None else {}), **(schedule or {}))
     B, H, n_q, _ = q.shape
@@ -83,8 +75,8 @@ def launch_hopper(q, k, v, attn_mask, is_causal, scale, out, lse, schedule=None)
         mask_t = attn_mask.view(torch.uint8).expand(B, H, n_q, n_k)  # broadcast dims get stride 0, no copy
         ms = [mask_t.stride(i) for i in range(4)]
     else:
-        mask_t, ms = _dummy(q.device, torch.uint8), [0, 0, 0, 0]
-    lse_t = lse if lse is not None else _dummy(q.device, torch.float32)
+        mask_t, ms = placeholder(q.device, torch.uint8), [0, 0, 0, 0]
+    lse_t = lse if lse is not None else placeholder(q.device, torch.float32)
     num_m = (n_q + block_m - 1) // block_m
     grid = (min(num_m * H * B, _sm_count(q.device)),) if sched["PERSISTENT"] else (num_m, H, B)
     attention_fwd_sm90[grid](

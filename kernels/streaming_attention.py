@@ -79,6 +79,8 @@ import tylopy as ty
 from tylopy.ir.builder import current_builder
 from tylopy.ir.mma_sync import A_OWNERSHIP, B_OWNERSHIP, mma
 
+from .launch_common import placeholder
+
 HEAD_DIMS = (16, 32, 64)
 BLOCK_NS = (32, 64)
 DEFAULT_BLOCK_N = {16: 64, 32: 64, 64: 64}
@@ -391,7 +393,6 @@ def streaming_attention_fwd(
 # -- host side ------------------------------------------------------------------------------------------
 
 _kernels: dict = {}
-_dummies: dict = {}
 
 
 def device_arch(capability) -> tuple[str, bool]:
@@ -443,15 +444,6 @@ def _aligned(t):
     return t if _in_place_ok(t) else t.clone(memory_format=torch.contiguous_format)
 
 
-def _dummy(device, dtype):
-    key = (device, dtype)
-    t = _dummies.get(key)
-    if t is None:
-        import torch
-        t = _dummies[key] = torch.zeros(16, dtype=dtype, device=device)
-    return t
-
-
 def check_schedule(head_dim, block_n, warps) -> tuple[int, int]:
     """The (BLOCK_N, WARPS) to use: the defaults for None, else checked."""
     block_n = DEFAULT_BLOCK_N[head_dim] if block_n is None else block_n
@@ -485,8 +477,8 @@ def launch_streaming(q, k, v, attn_mask, is_causal, scale, out, lse, block_n=Non
         mask_t = attn_mask.view(torch.uint8).expand(B, H, n_q, n_k)  # broadcast dims get stride 0, no copy
         ms = [mask_t.stride(i) for i in range(4)]
     else:
-        mask_t, ms = _dummy(q.device, torch.uint8), [0, 0, 0, 0]
-    lse_t = lse if lse is not None else _dummy(q.device, torch.float32)
+        mask_t, ms = placeholder(q.device, torch.uint8), [0, 0, 0, 0]
+    lse_t = lse if lse is not None else placeholder(q.device, torch.float32)
     ck = compiled_for(q.device, DTYPE=ty.bf16 if q.dtype == torch.bfloat16 else ty.f16, HEAD_DIM=D,
                       BLOCK_N=block_n, WARPS=warps, HAS_MASK=attn_mask is not None, RETURN_LSE=lse is not None,
                       ASYNC_COPY=async_copy)

@@ -23,27 +23,8 @@ NS = (512, 1024, 2048, 4096, 8192, 16384)
 
 
 def _timer():
-    try:
-        from triton.testing import do_bench
-
-        def bench(fn):
-            return do_bench(fn, warmup=100, rep=400, return_mode="median")
-    except ImportError:  # CUDA events by hand
-        import torch
-
-        def bench(fn):
-            for _ in range(10):
-                fn()
-            times = []
-            for _ in range(50):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn()
-                b.record()
-                b.synchronize()
-                times.append(a.elapsed_time(b))
-            return sorted(times)[len(times) // 2]
-    return bench
+    from tylopy.benchmarking import median_ms
+    return lambda fn: median_ms(fn, 100, 400)
 
 
 def _reference_error(out, q, k, v, causal):

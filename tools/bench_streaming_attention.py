@@ -35,27 +35,8 @@ DS = (16, 32, 64)
 
 
 def _timer(warmup=25, rep=100):
-    try:
-        from triton.testing import do_bench
-
-        def bench(fn):
-            return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
-    except ImportError:
-        import torch
-
-        def bench(fn):
-            for _ in range(5):
-                fn()
-            times = []
-            for _ in range(20):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn()
-                b.record()
-                b.synchronize()
-                times.append(a.elapsed_time(b))
-            return sorted(times)[len(times) // 2]
-    return bench
+    from tylopy.benchmarking import median_ms
+    return lambda fn: median_ms(fn, warmup, rep)
 
 
 def candidates(causal, schedules=((32, None, None), (64, None, None))):
