@@ -15,6 +15,7 @@ without one.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -103,7 +104,7 @@ def attention(query, key, value, attn_mask=None, is_causal=False, scale=None, re
         if lse is not None:
             lse.fill_(float("-inf"))
         return (out, lse) if return_lse else out
-    major, _ = torch.cuda.get_device_capability(query.device)
+    major, _ = _capability(query.device.index)
     if major == 9 and D in HOPPER_HEAD_DIMS and _tma_ok(query, key, value):
         from .attention_hopper_launch import launch_hopper
         launch_hopper(query, key, value, attn_mask, is_causal, scale, out, lse)
@@ -111,6 +112,11 @@ def attention(query, key, value, attn_mask=None, is_causal=False, scale=None, re
         from .streaming_attention import launch_streaming
         launch_streaming(query, key, value, attn_mask, is_causal, scale, out, lse)
     return (out, lse) if return_lse else out
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device_index):
+    return torch.cuda.get_device_capability(device_index)
 
 
 def _tma_ok(*tensors) -> bool:

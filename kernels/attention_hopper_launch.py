@@ -1,6 +1,8 @@
 """Host side of the Hopper attention kernel: tensor maps, specialization, launch."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 import tylopy as ty
@@ -50,6 +52,7 @@ def _tensor_map(t: torch.Tensor, rows: int, order: tuple) -> TensorMap:
     return tm
 
 
+@functools.lru_cache(maxsize=None)
 def _sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 

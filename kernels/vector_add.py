@@ -22,3 +22,12 @@ def add(x, y):
     n = x.numel()
     vector_add[((n + BLOCK - 1) // BLOCK,)](x, y, out, n)
     return out
+
+
+def emulate_example(n: int = 1000):
+    """``tylopy emulate kernels/vector_add.py``: the kernel lane by lane on the CPU against numpy."""
+    import torch
+    x, y = torch.randn(n), torch.randn(n)
+    out = torch.full((n,), float("nan"))
+    vector_add.emulate(x, y, out, n, grid=((n + BLOCK - 1) // BLOCK,))
+    return out.numpy(), (x + y).numpy(), 0.0
