@@ -73,7 +73,7 @@ def check_inputs(query, key, value, attn_mask, is_causal, scale):
             _fail(ValueError, "attn_mask", "at most 4 dimensions", attn_mask.dim())
         try:
             torch.broadcast_shapes(attn_mask.shape, (B, H, n_q, n_k))
-            expanded = attn_mask.expand(B, H, n_q, n_k)
+            attn_mask.expand(B, H, n_q, n_k)  # raises when the shapes do not broadcast
         except RuntimeError:
             _fail(ValueError, "attn_mask", f"a shape broadcastable to {(B, H, n_q, n_k)}", tuple(attn_mask.shape))
     if scale is None:

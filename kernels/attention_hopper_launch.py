@@ -9,7 +9,7 @@ import tylopy as ty
 from tylopy.runtime.tensormap import TensorMap
 
 from .attention_hopper import HEAD_DIM, attention_fwd_sm90
-from .launch_common import placeholder
+from .launch_common import mask_and_lse_args
 
 # Measured on the H200 (results/attention-sweep-H200-2026-11-29.json): 128-key tiles and three
 # consumer warpgroups beat 64 x 2 by 15-30%; the stage count barely matters at this depth.
@@ -74,12 +74,7 @@ def launch_hopper(q, k, v, attn_mask, is_causal, scale, out, lse, schedule=None)
     tm_q = _tensor_map(q, block_m, order)
     tm_k = _tensor_map(k, sched["BLOCK_N"], order)
     tm_v = _tensor_map(v, sched["BLOCK_N"], order)
-    if attn_mask is not None:
-        mask_t = attn_mask.view(torch.uint8).expand(B, H, n_q, n_k)  # broadcast dims get stride 0, no copy
-        ms = [mask_t.stride(i) for i in range(4)]
-    else:
-        mask_t, ms = placeholder(q.device, torch.uint8), [0, 0, 0, 0]
-    lse_t = lse if lse is not None else placeholder(q.device, torch.float32)
+    mask_t, ms, lse_t = mask_and_lse_args(attn_mask, lse, B, H, n_q, n_k, q.device)
     num_m = (n_q + block_m - 1) // block_m
     grid = (min(num_m * H * B, _sm_count(q.device)),) if sched["PERSISTENT"] else (num_m, H, B)
     attention_fwd_sm90[grid](

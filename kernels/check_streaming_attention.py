@@ -151,7 +151,6 @@ def reference_same_boundary(q, k, v, scale, block_n, causal=False, mask=None) ->
 
 def compare_same_boundary(out, ref: SameBoundary):
     """(max excess over the tolerance, max error): passes when the excess is <= 0."""
-    import torch
     half_ulp = OUT_HALF_ULP[str(out.dtype).replace("torch.", "")]
     err = (out.double() - ref.out).abs()
     row_tol = SAME_BOUNDARY_RTOL * ref.magnitude + ref.ambiguous + 2 * ref.score_rel * ref.magnitude

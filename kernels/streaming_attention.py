@@ -79,7 +79,7 @@ import tylopy as ty
 from tylopy.ir.builder import current_builder
 from tylopy.ir.mma_sync import A_OWNERSHIP, B_OWNERSHIP, mma
 
-from .launch_common import placeholder
+from .launch_common import mask_and_lse_args
 
 HEAD_DIMS = (16, 32, 64)
 BLOCK_NS = (32, 64)
@@ -473,12 +473,7 @@ def launch_streaming(q, k, v, attn_mask, is_causal, scale, out, lse, block_n=Non
     if B * H * n_q == 0:
         return
     q, k, v = _aligned(q), _aligned(k), _aligned(v)
-    if attn_mask is not None:
-        mask_t = attn_mask.view(torch.uint8).expand(B, H, n_q, n_k)  # broadcast dims get stride 0, no copy
-        ms = [mask_t.stride(i) for i in range(4)]
-    else:
-        mask_t, ms = placeholder(q.device, torch.uint8), [0, 0, 0, 0]
-    lse_t = lse if lse is not None else placeholder(q.device, torch.float32)
+    mask_t, ms, lse_t = mask_and_lse_args(attn_mask, lse, B, H, n_q, n_k, q.device)
     ck = compiled_for(q.device, DTYPE=ty.bf16 if q.dtype == torch.bfloat16 else ty.f16, HEAD_DIM=D,
                       BLOCK_N=block_n, WARPS=warps, HAS_MASK=attn_mask is not None, RETURN_LSE=lse is not None,
                       ASYNC_COPY=async_copy)

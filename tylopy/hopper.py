@@ -10,7 +10,7 @@ import os
 from . import lang
 from .ir.builder import as_value, current_builder
 from .ir.core import Value
-from .ir.types import PointerType, i1, i32, u64
+from .ir.types import PointerType, i32
 from .ir.wgmma import (WgmmaAtom, descriptor_bits, fence_operand, smem_descriptor, wgmma, wgmma_commit,  # noqa: F401
                        wgmma_fence, wgmma_wait)
 

@@ -14,11 +14,7 @@ from __future__ import annotations
 import ast
 import copy
 import functools
-import hashlib
 import inspect
-import json
-import os
-import sys
 import textwrap
 import time
 from dataclasses import dataclass, field
@@ -27,7 +23,7 @@ from typing import Any, Callable
 from . import tracing
 from .errors import KernelSourceError, LaunchTypeError, ResourceLimitError, SourceLoc
 from .ir import builder as _b
-from .ir.core import KernelIR, LaunchBounds, Param, SharedAlloc, Value, format_ir
+from .ir.core import KernelIR, LaunchBounds, Param, Value, format_ir
 from .ir.types import PointerType, ScalarType, TensorMapType, Type
 from .ir.verify import verify
 from .lang import _Constexpr
