@@ -46,6 +46,18 @@ def _sm90_skip_reason() -> str | None:
     return None
 
 
+ARCH_FOR_CC = {(9, 0): "sm_90a", (8, 0): "sm_80", (8, 6): "sm_86", (8, 9): "sm_89"}
+
+
+def for_this_gpu(kernel):
+    """The kernel compiled for the GPU at hand (the launcher loads the cubin of the kernel's arch)."""
+    cc = compute_capability()
+    arch = ARCH_FOR_CC.get(cc)
+    if arch is None:
+        pytest.skip(f"no tylopy target for compute capability {cc}")
+    return kernel.with_arch(arch)
+
+
 requires_gpu = pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU: torch.cuda.is_available() is False")
 requires_sm90 = pytest.mark.skipif(_sm90_skip_reason() is not None, reason=_sm90_skip_reason() or "")
 

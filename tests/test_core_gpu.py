@@ -14,20 +14,9 @@ import torch
 from tylopy_kernels.vector_add import BLOCK, vector_add
 
 import kernels_for_tests as K
-from conftest import compute_capability
+from conftest import for_this_gpu
 
 pytestmark = pytest.mark.gpu
-
-ARCH_FOR_CC = {(9, 0): "sm_90a", (8, 0): "sm_80", (8, 6): "sm_86", (8, 9): "sm_89"}
-
-
-def for_this_gpu(kernel):
-    cc = compute_capability()
-    arch = ARCH_FOR_CC.get(cc)
-    if arch is None:
-        pytest.skip(f"no tylopy target for compute capability {cc}")
-    return kernel.with_arch(arch)
-
 
 def poisoned(n: int, pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(buffer, view of its first n elements), all NaN; the pad catches writes past the end."""

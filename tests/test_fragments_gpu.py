@@ -18,18 +18,9 @@ import torch
 import tylopy as ty
 from tylopy.ir import mma_sync
 
-from conftest import compute_capability
+from conftest import for_this_gpu
 
-ARCH_FOR_CC = {(9, 0): "sm_90a", (8, 0): "sm_80", (8, 6): "sm_86", (8, 9): "sm_89"}
 DTYPES = {"bf16": (ty.bf16, torch.bfloat16), "f16": (ty.f16, torch.float16)}
-
-
-def for_this_gpu(kernel):
-    cc = compute_capability()
-    arch = ARCH_FOR_CC.get(cc)
-    if arch is None:
-        pytest.skip(f"no tylopy target for compute capability {cc}")
-    return kernel.with_arch(arch)
 
 
 # -- kernel helpers (plain Python run at trace time) ---------------------------------------------------

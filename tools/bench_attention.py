@@ -11,11 +11,7 @@ in one process. TFLOP/s counts 4*B*H*N^2*D (half of it for causal).
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import math
-import os
-import subprocess
 import sys
 
 TOKENS, HEADS, D = 16384, 32, 64
@@ -75,7 +71,6 @@ def run(ns=NS, causal_modes=(False, True), only=None, schedule=None):
             q = torch.randn(b, HEADS, n, D, device="cuda", dtype=torch.bfloat16)
             k, v = torch.randn_like(q), torch.randn_like(q)
             flops = 4 * b * HEADS * n * n * D / (2 if causal else 1)
-            base_err = None
             for name, fn in cands.items():
                 if only and name not in only:
                     continue
@@ -87,8 +82,6 @@ def run(ns=NS, causal_modes=(False, True), only=None, schedule=None):
                                  "tflops": flops / ms / 1e9, "max_err": err})
                 except Exception as e:  # noqa: BLE001 - a backend may not support a shape
                     rows.append({"name": name, "n": n, "batch": b, "causal": causal, "error": str(e)[:200]})
-                if name == "sdpa_flash" and "max_err" in rows[-1]:
-                    base_err = rows[-1]["max_err"]
             print_rows([r for r in rows if r["n"] == n and r["causal"] == causal], header=False)
             del q, k, v
     return rows
@@ -159,19 +152,9 @@ def main(argv=None):
         data = {"rows": rows}
         if args.plot:
             plot(rows, args.plot)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    except OSError:
-        commit = "unknown"
+    from tylopy.benchmarking import write_results
     from tylopy_kernels import attention_hopper_launch as launch
-    data.update(device=torch.cuda.get_device_name(), commit=commit, schedule=dict(launch.SCHEDULE),
-                date=datetime.datetime.now().isoformat(timespec="seconds"), torch=torch.__version__)
-    out = args.output or f"results/attention-{torch.cuda.get_device_name().replace(' ', '_')}-{datetime.date.today()}.json"
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(data, f, indent=1)
-    print(f"wrote {out}")
+    write_results("attention", dict(data, schedule=dict(launch.SCHEDULE)), args.output)
     return 0
 
 

@@ -22,11 +22,7 @@ baseline does not allocate it either).
     python tools/bench_streaming_attention.py --sweep      # schedules (BLOCK_N x WARPS x register cap), D=64
 """
 import argparse
-import datetime
-import json
 import math
-import os
-import subprocess
 import sys
 
 TOKENS, HEADS = 16384, 32
@@ -204,23 +200,13 @@ def main(argv=None):
     for g in goals:
         print(f"target D={g['D']} N={g['n']}{' causal' if g['causal'] else ''}: {g['best']} = {g['ratio']:.2f}x "
               f"{g['baseline']} (need >= {g['need']}): {'met' if g['met'] else 'MISSED'}")
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    except OSError:
-        commit = "unknown"
+    from tylopy.benchmarking import write_results
     from tylopy_kernels import streaming_attention as sa
-    data = {"rows": rows, "targets": goals, "device": torch.cuda.get_device_name(), "commit": commit,
-            "torch": torch.__version__, "date": datetime.datetime.now().isoformat(timespec="seconds"),
+    data = {"rows": rows, "targets": goals,
             "defaults": {"block_n": sa.DEFAULT_BLOCK_N, "warps": sa.DEFAULT_WARPS,
                          "max_registers": sa.DEFAULT_MAX_REGISTERS},
             "dense_fp32_allow_tf32": torch.backends.cuda.matmul.allow_tf32}
-    out = args.output or (f"results/streaming_attention-{torch.cuda.get_device_name().replace(' ', '_')}-"
-                          f"{datetime.date.today()}.json")
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(data, f, indent=1)
-    print(f"wrote {out}")
+    write_results("streaming_attention", data, args.output)
     return 0
 
 

@@ -30,3 +30,30 @@ def _events_median(fn, warmup_ms, rep_ms):
         end.synchronize()
         times.append(start.elapsed_time(end))
     return sorted(times)[len(times) // 2]
+
+
+def write_results(name: str, data: dict, output: str | None = None) -> str:
+    """Write a benchmark's JSON with the device, commit, torch version and date beside ``data``.
+
+    Default path: results/<name>-<device>-<date>.json (relative to the working directory).
+    """
+    import datetime
+    import json
+    import os
+    import subprocess
+
+    import torch
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
+    except OSError:
+        commit = "unknown"
+    device = torch.cuda.get_device_name()
+    record = dict(data, device=device, commit=commit, torch=torch.__version__,
+                  date=datetime.datetime.now().isoformat(timespec="seconds"))
+    out = output or f"results/{name}-{device.replace(' ', '_')}-{datetime.date.today()}.json"
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(record, f, indent=1)
+    print(f"wrote {out}")
+    return out
