@@ -18,11 +18,11 @@ import torch
 
 import tylopy
 import tylopy as ty
-from tylopy_kernels import attention_hopper_launch as launch
-from tylopy_kernels import attention_reference as R
-from tylopy_kernels import check_attention
+from tylopy_kernels.attention import hopper_launch as launch
+from tylopy_kernels.attention import reference as R
+from tylopy_kernels.attention import check as check_attention
 from tylopy_kernels.attention import check_inputs
-from tylopy_kernels.attention_hopper import attention_fwd_sm90
+from tylopy_kernels.attention.hopper import attention_fwd_sm90
 
 # -- ptxas and PTX --------------------------------------------------------------------------------
 

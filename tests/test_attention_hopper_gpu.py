@@ -29,8 +29,8 @@ import pytest
 import torch
 
 from conftest import requires_sm90
-from tylopy_kernels import attention_hopper_launch as launch
-from tylopy_kernels import attention_reference as R
+from tylopy_kernels.attention import hopper_launch as launch
+from tylopy_kernels.attention import reference as R
 from tylopy_kernels.attention import attention
 
 try:

@@ -15,8 +15,8 @@ import pytest
 
 import tylopy as ty
 from tylopy import cli
-from tylopy_kernels import vector_add as vector_add_module
-from tylopy_kernels.vector_add import vector_add
+from tylopy_kernels.examples import vector_add as vector_add_module
+from tylopy_kernels.examples.vector_add import vector_add
 
 from conftest import fresh
 
@@ -98,8 +98,8 @@ def test_dump_prints_ptx_then_report(capsys):
 
 
 def test_dump_relative_path(capsys, monkeypatch):
-    monkeypatch.chdir(os.path.dirname(os.path.dirname(VECTOR_ADD)))
-    rc, out, err = run_cli(capsys, "dump", "kernels/vector_add.py")
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.dirname(VECTOR_ADD))))
+    rc, out, err = run_cli(capsys, "dump", "kernels/examples/vector_add.py")
     assert rc == 0, err
     assert ".target sm_90a" in out and "0 bytes spill stores" in out
 
@@ -183,7 +183,7 @@ def test_dump_define_applies_to_the_kernels_that_declare_it(capsys, kernel_dir):
 def test_dump_define_unknown_name(capsys, kernel_dir):
     rc, _, err = run_cli(capsys, "dump", f"{kernel_dir / 'cli_two_kernels.py'}:fill", "-D", "NOPE=1")
     assert rc == 2
-    assert "has no compile-time parameter 'NOPE'" in err and "Traceback" not in err
+    assert "-D NOPE: fill has no compile-time parameter of that name" in err and "Traceback" not in err
 
 
 def test_dump_define_must_be_name_value(capsys):
@@ -236,7 +236,7 @@ def test_dump_kernel_source_error(capsys, kernel_dir):
     path = kernel_dir / "cli_broken.py"
     rc, out, err = run_cli(capsys, "dump", str(path))
     assert rc == 2
-    assert f'File "{path}", line 6' in err
+    assert f"{path}:6: " in err and len(err.strip().splitlines()) == 1
     assert "add expects operands of one type, but got f32 and i32" in err
     assert "Traceback" not in err
 
@@ -255,10 +255,10 @@ def test_cache_explain_then_clear(capsys, cache_dir):
     rc, out, _ = run_cli(capsys, "cache", "explain", VECTOR_ADD)
     assert out.startswith("vector_add: hit: ")
     rc, out, _ = run_cli(capsys, "cache", "explain", VECTOR_ADD, "--arch", "sm_80")
-    assert "miss: differs" in out and "arch: 'sm_90a' -> 'sm_80'" in out
+    assert "miss: differs" in out and "options (arch)" in out
     (cache_dir / "keep-me.txt").write_text("not a cache entry")
     rc, out, _ = run_cli(capsys, "cache", "clear")
-    assert rc == 0 and "removed 3 files" in out
+    assert rc == 0 and "removed 4 files" in out  # the entry (json, ptx, cubin) and its reads manifest
     assert os.listdir(cache_dir) == ["keep-me.txt"]
 
 
@@ -269,70 +269,64 @@ def test_cache_explain_needs_a_file(capsys):
 
 # -- dispatch ----------------------------------------------------------------------------------------
 
-def test_check_dispatches_to_checks_run(capsys, monkeypatch):
+@pytest.fixture
+def registry(monkeypatch):
+    """Replace the installed entry points with a dict: {(group, name): object}."""
+    from tylopy import _plugins
+    table = {}
+    monkeypatch.setattr(_plugins, "load", lambda group, name: table.get((group, name)))
+    monkeypatch.setattr(_plugins, "names", lambda group=_plugins.FUNCTIONS: sorted(n for g, n in table if g == group))
+    return table
+
+
+def test_check_dispatches_to_a_registered_check(capsys, registry):
     calls = []
-    fake = types.ModuleType("tylopy_kernels.checks")
-    fake.run = lambda name, argv: calls.append((name, argv)) or 0
-    monkeypatch.setitem(sys.modules, "tylopy_kernels.checks", fake)
+    registry[("tylopy.checks", "attention")] = lambda argv: calls.append(argv) or 0
     rc, _, _ = run_cli(capsys, "check", "attention", "--quick", "-n", "3")
-    assert rc == 0 and calls == [("attention", ["--quick", "-n", "3"])]
+    assert rc == 0 and calls == [["--quick", "-n", "3"]]
 
 
-def test_check_passes_the_exit_status_through(capsys, monkeypatch):
-    fake = types.ModuleType("tylopy_kernels.checks")
-    fake.run = lambda name, argv: 1
-    monkeypatch.setitem(sys.modules, "tylopy_kernels.checks", fake)
+def test_check_passes_the_exit_status_through(capsys, registry):
+    registry[("tylopy.checks", "softmax")] = lambda argv: 1
     assert run_cli(capsys, "check", "softmax")[0] == 1
 
 
-def test_check_not_available(capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "tylopy_kernels.checks", None)  # as if the module did not exist
+def test_check_not_registered(capsys, registry):
+    registry[("tylopy.checks", "other")] = lambda argv: 0
     rc, _, err = run_cli(capsys, "check", "attention")
-    assert rc == 2 and "not available: module tylopy_kernels.checks" in err
+    assert rc == 2 and "no check 'attention'; available: other" in err
 
 
-def test_check_module_without_run(capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "tylopy_kernels.checks", types.ModuleType("tylopy_kernels.checks"))
-    rc, _, err = run_cli(capsys, "check", "attention")
-    assert rc == 2 and "not available: tylopy_kernels.checks has no run(name, argv)" in err
+def test_installed_checks_and_benchmarks_are_registered():
+    from tylopy import _plugins
+    assert {"attention", "streaming_attention"} <= set(_plugins.names(_plugins.CHECKS))
+    assert {"attention", "softmax"} <= set(_plugins.names(_plugins.BENCHMARKS))
+    assert callable(_plugins.load(_plugins.BENCHMARKS, "attention"))
 
 
-def test_bench_dispatches_to_tools_file(capsys, monkeypatch, tmp_path):
-    (tmp_path / "tools").mkdir()
-    (tmp_path / "tools" / "bench_fake.py").write_text(
-        "import sys\n\ndef main(argv):\n    print('bench args', argv)\n    return 0\n")
-    monkeypatch.setattr(cli, "REPO_ROOT", str(tmp_path))
-    monkeypatch.delitem(sys.modules, "tools.bench_fake", raising=False)
+def test_bench_dispatches_to_a_registered_benchmark(capsys, registry):
+    registry[("tylopy.benchmarks", "fake")] = lambda argv: print("bench args", argv) or 0
     rc, out, _ = run_cli(capsys, "bench", "fake", "--iters", "5")
     assert rc == 0 and "bench args ['--iters', '5']" in out
 
 
-def test_bench_not_available(capsys, monkeypatch, tmp_path):
-    (tmp_path / "tools").mkdir()
-    (tmp_path / "tools" / "bench_other.py").write_text("def main(argv):\n    return 0\n")
-    monkeypatch.setattr(cli, "REPO_ROOT", str(tmp_path))
+def test_bench_not_available(capsys, registry):
+    registry[("tylopy.benchmarks", "other")] = lambda argv: 0
     rc, _, err = run_cli(capsys, "bench", "missing")
-    assert rc == 2 and "not available: no benchmark 'missing'" in err and "available: other" in err
+    assert rc == 2 and "no benchmark 'missing'" in err and "available: other" in err
 
 
 def test_bench_rejects_paths(capsys):
     rc, _, err = run_cli(capsys, "bench", "../etc")
-    assert rc == 2 and "expects a benchmark name" in err
+    assert rc == 2 and "expects a name" in err
 
 
 def test_emulate_dispatches_to_cli_main(capsys, monkeypatch):
+    from tylopy.cli import emulate
     calls = []
-    fake = types.ModuleType("tylopy.emulate")
-    fake.cli_main = lambda argv: calls.append(argv) or 0
-    monkeypatch.setitem(sys.modules, "tylopy.emulate", fake)
-    rc, _, _ = run_cli(capsys, "emulate", "kernels/vector_add.py:vector_add", "--grid", "4")
-    assert rc == 0 and calls == [["kernels/vector_add.py:vector_add", "--grid", "4"]]
-
-
-def test_emulate_not_available(capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "tylopy.emulate", types.ModuleType("tylopy.emulate"))
-    rc, _, err = run_cli(capsys, "emulate", "kernels/vector_add.py")
-    assert rc == 2 and "not available: tylopy.emulate has no cli_main(argv)" in err
+    monkeypatch.setattr(emulate, "cli_main", lambda argv: calls.append(argv) or 0)
+    rc, _, _ = run_cli(capsys, "emulate", "kernels/examples/vector_add.py:vector_add", "--grid", "4")
+    assert rc == 0 and calls == [["kernels/examples/vector_add.py:vector_add", "--grid", "4"]]
 
 
 # -- the console script --------------------------------------------------------------------------------

@@ -5,8 +5,8 @@ import re
 import pytest
 
 from tylopy.codegen.ptxas import find_ptxas
-from tylopy_kernels import vector_add as vector_add_module
-from tylopy_kernels.vector_add import vector_add
+from tylopy_kernels.examples import vector_add as vector_add_module
+from tylopy_kernels.examples.vector_add import vector_add
 
 import kernels_for_tests as K
 from conftest import fresh

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from tylopy_kernels.vector_add import BLOCK, vector_add
+from tylopy_kernels.examples.vector_add import BLOCK, vector_add
 
 import kernels_for_tests as K
 from conftest import for_this_gpu

@@ -33,7 +33,7 @@ def test_debug_mode_bounds_every_wait(monkeypatch):
     monkeypatch.setenv("TYLOPY_DEBUG_WAITS", "1")
     ck = _wrong_expect_tx_kernel().compile()
     assert "tylopy_debug_record" in ck.ptx and "%globaltimer" in ck.ptx
-    assert dict(ck.ir.meta)["wait_sites"][0][0] == "never_full"
+    assert ck.wait_sites[0].label == "never_full" and ck.ir.wait_sites == ck.wait_sites
     assert ck.report.spills == 0
 
 
@@ -44,12 +44,12 @@ def test_release_mode_has_no_debug_record(monkeypatch):
 
 
 def test_debug_mode_is_part_of_the_cache_key(monkeypatch):
-    from tylopy import cache
+    from tylopy.frontend import cache
     k = _wrong_expect_tx_kernel()
     monkeypatch.delenv("TYLOPY_DEBUG_WAITS", raising=False)
-    key_release, _ = cache.cache_key(k, {})
+    key_release, _ = cache.base_key(k, {}, k.options())
     monkeypatch.setenv("TYLOPY_DEBUG_WAITS", "1")
-    key_debug, _ = cache.cache_key(k, {})
+    key_debug, _ = cache.base_key(k, {}, k.options())
     assert key_release != key_debug
 
 

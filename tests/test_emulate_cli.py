@@ -3,7 +3,7 @@ import textwrap
 
 import pytest
 
-from tylopy.emulate import cli_main
+from tylopy.cli.emulate import cli_main
 
 EXAMPLE = '''
 import torch

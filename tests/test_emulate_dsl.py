@@ -1,7 +1,7 @@
 """Helpers the emulator tests use to build Hopper and MMA ops straight from the IR opcodes.
 
-The frontend functions for these ops are written elsewhere (``tylopy/hopper.py``); the tests
-depend only on the IR ops, built here with ``current_builder().emit``. Each helper gives the
+The frontend functions for these ops are written elsewhere (``tylopy/frontend/hopper.py``); the
+tests depend only on the IR ops, built here with ``tylopy.frontend.proxy.emit``. Each helper gives the
 ops it builds the source line of the kernel that called it, so emulator messages point at
 the test kernel, not at this file. ``line_of(path, marker)`` finds the line carrying the
 comment ``# <- marker``. This module has no tests of its own.
@@ -13,8 +13,9 @@ import sys
 
 import tylopy as ty
 from tylopy.errors import SourceLoc
-from tylopy.ir import builder as _b
-from tylopy.ir.builder import as_value, current_builder
+from tylopy.frontend import proxy, tracing
+from tylopy.frontend.builder import current_builder
+from tylopy.frontend.proxy import as_value
 from tylopy.ir.types import PointerType, b32, f32, i1, i32, u32, u64
 
 
@@ -39,7 +40,7 @@ def _relocate(loc: SourceLoc):
 def emit(opcode, operands=(), loc=None, **attrs):
     """Build one op; it gets the source line of the kernel code that called the helper."""
     loc = loc or _caller_loc()
-    res = current_builder().emit(opcode, tuple(operands), **attrs)
+    res = proxy.emit(opcode, tuple(operands), **attrs)
     _relocate(loc)
     return res
 
@@ -69,7 +70,7 @@ def mbar_wait(bar, parity):
         (ok,) = emit("mbarrier_try_wait", (b, p), loc=loc)
         return ~ok
 
-    _b.while_loop((), (), cond, lambda args: ())
+    tracing._while_op((), (), cond, lambda args: ())
 
 
 def fence_proxy_async():
@@ -130,7 +131,7 @@ def desc(addr, lbo=16, sbo=1024, swizzle=128):
 
 
 def _u64_const(x):
-    return current_builder().const(x, u64)
+    return proxy.const(x, u64)
 
 
 def word_of(lo_bf16, hi_bf16):

@@ -153,7 +153,7 @@ def test_tma_image_and_wgmma_match_the_gpu(capsys):
 @pytest.mark.skipif(not sm90(), reason="needs a Hopper GPU (sm_90)")
 def test_hopper_attention_matches_the_gpu(capsys):
     from test_emulate_kernels import _spec, qkv
-    from tylopy_kernels import attention_hopper as mod, attention_hopper_launch as launch
+    from tylopy_kernels.attention import hopper as mod, hopper_launch as launch
     n = 256
     q, k, v = qkv(1, 1, n, seed=13)
     out_gpu = torch.zeros_like(q).cuda()

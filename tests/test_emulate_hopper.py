@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import tylopy as ty
-from tylopy.emulate.tensorcore import mma_f32
+from tylopy.semantics.tensorcore import mma_f32
 from tylopy.runtime.tensormap import TensorMapSpec
 from test_emulate_dsl import (desc, fence_mbarrier_init, mbar_expect_tx, mbar_init, mbar_wait, tma_load, wgmma,
                               wgmma_commit, wgmma_fence, wgmma_wait)

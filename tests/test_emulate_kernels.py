@@ -37,8 +37,8 @@ def _spec(t, rows, order):
 
 @pytest.mark.parametrize("b,h,n,causal", [(1, 1, 256, False), (1, 2, 200, True)])
 def test_hopper_attention_kernel(b, h, n, causal, capsys):
-    mod = pytest.importorskip("tylopy_kernels.attention_hopper")
-    launch = pytest.importorskip("tylopy_kernels.attention_hopper_launch")
+    mod = pytest.importorskip("tylopy_kernels.attention.hopper")
+    launch = pytest.importorskip("tylopy_kernels.attention.hopper_launch")
     q, k, v = qkv(b, h, n, seed=7)
     out, lse = torch.zeros_like(q), torch.zeros(b, h, n)
     sched = {kk: vv for kk, vv in launch.SCHEDULE.items() if kk != "PERSISTENT"}
@@ -53,7 +53,7 @@ def test_hopper_attention_kernel(b, h, n, causal, capsys):
     dt = time.perf_counter() - t0
     err = (out.double() - sdpa(q, k, v, causal)).abs().max().item()
     with capsys.disabled():
-        print(f"\n[emulate timings] kernels/attention_hopper.py B={b} H={h} N={n} causal={causal}: {dt:.2f} s "
+        print(f"\n[emulate timings] kernels/attention/hopper.py B={b} H={h} N={n} causal={causal}: {dt:.2f} s "
               f"({len(report.ctas)} CTAs x {report.warps_per_cta} warps), max error {err:.2e}")
     assert err < 2e-2
     want_lse = torch.logsumexp((q.double() @ k.double().transpose(2, 3)) / math.sqrt(D)
@@ -64,7 +64,7 @@ def test_hopper_attention_kernel(b, h, n, causal, capsys):
 
 
 def test_streaming_attention_kernel_n128(capsys):
-    mod = pytest.importorskip("tylopy_kernels.streaming_attention")
+    mod = pytest.importorskip("tylopy_kernels.attention.portable")
     n, warps = 128, mod.DEFAULT_WARPS
     q, k, v = qkv(1, 1, n, seed=8)
     out, lse = torch.zeros_like(q), torch.zeros(1, 1, n)
@@ -78,6 +78,6 @@ def test_streaming_attention_kernel_n128(capsys):
     dt = time.perf_counter() - t0
     err = (out.double() - sdpa(q, k, v, False)).abs().max().item()
     with capsys.disabled():
-        print(f"\n[emulate timings] kernels/streaming_attention.py N={n}: {dt:.2f} s, max error {err:.2e}")
+        print(f"\n[emulate timings] kernels/attention/portable.py N={n}: {dt:.2f} s, max error {err:.2e}")
     assert err < 2e-2
     assert dt < 10

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import tylopy as ty
-from tylopy.ir.builder import current_builder
+from tylopy.frontend.proxy import emit
 from tylopy.ir.types import SCALAR_TYPES
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
@@ -50,19 +50,19 @@ def one_op(src, dst, opcode, nargs, **attrs):
         @ty.kernel(threads=N, name=f"op_{opcode}_{src}_{dst}")
         def k1(a: ty.ptr(s), out: ty.ptr(d)):
             i = ty.thread_idx()
-            out[i] = current_builder().emit(opcode, (a[i],), **attrs)[0]
+            out[i] = emit(opcode, (a[i],), **attrs)[0]
         return k1
     if nargs == 2:
         @ty.kernel(threads=N, name=f"op_{opcode}_{src}_{dst}")
         def k2(a: ty.ptr(s), b: ty.ptr(s), out: ty.ptr(d)):
             i = ty.thread_idx()
-            out[i] = current_builder().emit(opcode, (a[i], b[i]), **attrs)[0]
+            out[i] = emit(opcode, (a[i], b[i]), **attrs)[0]
         return k2
 
     @ty.kernel(threads=N, name=f"op_{opcode}_{src}_{dst}")
     def k3(a: ty.ptr(s), b: ty.ptr(s), c: ty.ptr(s), out: ty.ptr(d)):
         i = ty.thread_idx()
-        out[i] = current_builder().emit(opcode, (a[i], b[i], c[i]), **attrs)[0]
+        out[i] = emit(opcode, (a[i], b[i], c[i]), **attrs)[0]
     return k3
 
 
@@ -351,7 +351,7 @@ def test_shuffles(mode):
     @ty.kernel(threads=N, name=f"shfl_{mode}")
     def shfl(a: ty.ptr(ty.f32), d: ty.ptr(ty.i32), out: ty.ptr(ty.f32)):
         i = ty.thread_idx()
-        out[i] = current_builder().emit("shfl", (a[i], d[i]), mode=mode)[0]
+        out[i] = emit("shfl", (a[i], d[i]), mode=mode)[0]
 
     out = np.zeros(N, dtype=np.float32)
     shfl.emulate(x, delta, out, grid=1)

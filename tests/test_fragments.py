@@ -25,9 +25,9 @@ import torch
 
 import tylopy as ty
 from tylopy.errors import LayoutError, OwnershipError
-from tylopy.ir import mma_sync, wgmma
-from tylopy.ir.layouts import Ownership
-from tylopy.ir.mma_sync import gather_tile
+from tylopy.tile import mma_sync, wgmma
+from tylopy.tile.layouts import Ownership
+from tylopy.tile.mma_sync import gather_tile
 
 # -- oracles from the PTX ISA ---------------------------------------------------------------------
 #

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import tylopy as ty
-from tylopy.ir import mma_sync
+from tylopy.tile import mma_sync
 
 from conftest import for_this_gpu
 

@@ -7,7 +7,7 @@ import torch
 import tylopy as ty
 from tylopy.runtime import driver
 from tylopy.runtime.launch import check_grid
-from tylopy_kernels.vector_add import vector_add
+from tylopy_kernels.examples.vector_add import vector_add
 
 import kernels_for_tests as K
 from conftest import cuda_available

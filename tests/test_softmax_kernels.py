@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import tylopy as ty
-from tylopy_kernels import row_softmax as rs
-from tylopy_kernels import streaming_softmax as ss
+from tylopy_kernels.softmax import row as rs
+from tylopy_kernels.softmax import streaming as ss
 
 # -- CPU tier: compile, ptxas report, PTX golden checks ------------------------------------------
 

@@ -1,4 +1,4 @@
-"""CPU tier of the portable streaming attention (kernels/streaming_attention.py).
+"""CPU tier of the portable streaming attention (kernels/attention/portable.py).
 
 * the seed's worked example through the reference semantics of the online softmax (6; 7 when the
   numerator is not rescaled);
@@ -16,9 +16,8 @@ import pytest
 import torch
 
 import tylopy as ty
-from tylopy_kernels import check_streaming_attention as checker
-from tylopy_kernels import checks
-from tylopy_kernels import streaming_attention as sa
+from tylopy_kernels.attention import check_portable as checker
+from tylopy_kernels.attention import portable as sa
 
 DTYPES = (ty.bf16, ty.f16)
 
@@ -261,12 +260,12 @@ def test_pre_ampere_is_rejected():
 
 
 def test_checks_dispatch(capsys):
-    assert "streaming_attention" in checks.available()
-    assert checks.run("streaming_attention", ["--list", "-k", "seed"]) == 0
+    from tylopy import cli
+    assert cli.main(["check", "streaming_attention", "--list", "-k", "seed"]) == 0
     names = capsys.readouterr().out.split()
     assert names and all("seed" in n for n in names)
-    assert checks.run("no_such_checker", []) == 2
-    assert "no checker 'no_such_checker'" in capsys.readouterr().err
+    assert cli.main(["check", "no_such_checker"]) == 2
+    assert "no check 'no_such_checker'" in capsys.readouterr().err
 
 
 def test_checker_cases_cover_the_issue():

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from tylopy_kernels import check_streaming_attention as checker
-from tylopy_kernels import streaming_attention as sa
+from tylopy_kernels.attention import check_portable as checker
+from tylopy_kernels.attention import portable as sa
 
 pytestmark = pytest.mark.gpu
 

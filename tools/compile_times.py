@@ -9,9 +9,9 @@ import sys
 import tempfile
 
 KERNELS = [
-    ("vector_add", "tylopy_kernels.vector_add", "vector_add", {}),
-    ("row_softmax", "tylopy_kernels.row_softmax", "row_softmax", {}),
-    ("attention_fwd_sm90", "tylopy_kernels.attention_hopper", "attention_fwd_sm90", {}),
+    ("vector_add", "tylopy_kernels.examples.vector_add", "vector_add", {}),
+    ("row_softmax", "tylopy_kernels.softmax.row", "row_softmax", {}),
+    ("attention_fwd_sm90", "tylopy_kernels.attention.hopper", "attention_fwd_sm90", {}),
 ]
 
 PROBE = """

@@ -49,7 +49,7 @@ def main():
     args = ap.parse_args()
     faulthandler.dump_traceback_later(args.timeout, exit=True)
     import tylopy
-    from tylopy_kernels import vector_add
+    from tylopy_kernels.examples import vector_add
 
     def vadd():
         x = torch.randn(1_000_003, device="cuda")

@@ -73,6 +73,14 @@ class CompileError(TylopyError):
     """LLVM or ptxas rejected the generated code."""
 
 
+class CompileOptionError(TylopyError, ValueError):
+    """A compile option (from the decorator or the environment) has a value tylopy cannot use."""
+
+
+class CaptureError(KernelSourceError):
+    """A value the trace read from outside the kernel cannot be keyed by value in the compile cache."""
+
+
 class ResourceLimitError(TylopyError):
     """A kernel asks for more registers, shared memory or threads than the target allows."""
 

@@ -11,7 +11,7 @@ import os
 
 import llvmlite.ir as ir
 
-from ..ir.core import Block, KernelIR, Op, Value
+from ..ir.values import Block, KernelIR, Op, Value
 from ..ir.types import PointerType, ScalarType, TensorMapType, b32, bf16, f16, f32, i1
 from . import asm_templates as T
 from .llvm_async import (asm_op, lower_elect_one, lower_fence_operand, lower_ldmatrix, lower_mbarrier_try_wait,
@@ -25,8 +25,9 @@ SHARED_PTR = ir.PointerType(addrspace=3)
 
 
 class _Lowering:
-    def __init__(self, kernel: KernelIR):
+    def __init__(self, kernel: KernelIR, options=None):
         self.k = kernel
+        self.options = options
         self.m = ir.Module(name=kernel.name)
         self.m.triple = "nvptx64-nvidia-cuda"
         self.m.data_layout = "e-p3:32:32-p4:32:32-p5:32:32-p6:32:32-p7:32:32-i64:64-i128:128-v16:16-v32:32-n16:32:64"
@@ -38,8 +39,9 @@ class _Lowering:
     # -- debug info: line tables only ---------------------------------------------------------
     def _debug_setup(self):
         m = self.m
+        # The file name only: the same kernel gives the same PTX in every checkout.
         path = self.k.source_file or "<kernel>"
-        self.di_file = m.add_debug_info("DIFile", {"filename": os.path.basename(path), "directory": os.path.dirname(path) or "."})
+        self.di_file = m.add_debug_info("DIFile", {"filename": os.path.basename(path), "directory": ""})
         self.di_cu = m.add_debug_info("DICompileUnit", {
             "language": ir.DIToken("DW_LANG_C"), "file": self.di_file, "producer": "tylopy",
             "isOptimized": True, "runtimeVersion": 0, "emissionKind": ir.DIToken("DebugDirectivesOnly"),
@@ -101,8 +103,8 @@ class _Lowering:
             if isinstance(p.type, TensorMapType):
                 a.attributes.add("byval")
                 a.attributes.align = 64
-            elif isinstance(p.type, PointerType):
-                a.attributes.add("noalias")
+            elif isinstance(p.type, PointerType) and p.noalias:
+                a.attributes.add("noalias")  # only where the author promised it (ty.ptr(..., noalias=True))
             self.set(p.value, a)
         self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
         self._annotations()
@@ -199,12 +201,54 @@ def lower_binary(L: _Lowering, op: Op):
             pred = ("<" if name == "min" else ">")
             c = B.icmp_signed(pred, a, b) if signed else B.icmp_unsigned(pred, a, b)
             r = B.select(c, a, b)
+        elif name in ("shl", "shr"):
+            r = _shift(L, name, a, b, t)
+        elif name in ("div", "rem"):
+            r = _divide(L, name, a, b, t)
         else:
-            fn = {"add": B.add, "sub": B.sub, "mul": B.mul, "and": B.and_, "or": B.or_, "xor": B.xor, "shl": B.shl,
-                  "div": B.sdiv if signed else B.udiv, "rem": B.srem if signed else B.urem,
-                  "shr": B.ashr if signed else B.lshr}[name]
+            fn = {"add": B.add, "sub": B.sub, "mul": B.mul, "and": B.and_, "or": B.or_, "xor": B.xor}[name]
             r = fn(a, b)
     L.set(op.result, r)
+
+
+def _shift(L: _Lowering, name: str, a, b, t: ScalarType):
+    """PTX's clamped shifts (LLVM leaves a shift by the width or more undefined): shl and lshr give
+    0, ashr gives the sign. A constant in-range amount needs no clamp."""
+    B = L.b
+    signed = t.is_signed
+    if isinstance(b, ir.Constant) and 0 <= int(b.constant) < t.bits:
+        return B.shl(a, b) if name == "shl" else (B.ashr(a, b) if signed else B.lshr(a, b))
+    big = B.icmp_unsigned(">=", b, ir.Constant(b.type, t.bits))
+    safe = B.select(big, ir.Constant(b.type, t.bits - 1), b)
+    if name == "shl":
+        return B.select(big, ir.Constant(a.type, 0), B.shl(a, safe))
+    if signed:
+        return B.ashr(a, safe)  # shifting by width-1 already gives the sign
+    return B.select(big, ir.Constant(a.type, 0), B.lshr(a, safe))
+
+
+def _divide(L: _Lowering, name: str, a, b, t: ScalarType):
+    """Truncating division with PTX's results where LLVM's would be undefined: x / 0 gives all ones
+    (x % 0 gives x), and MIN / -1 wraps to MIN (remainder 0). Constant divisors need no guard."""
+    B = L.b
+    signed = t.is_signed
+    div = B.sdiv if signed else B.udiv
+    rem = B.srem if signed else B.urem
+    if isinstance(b, ir.Constant) and int(b.constant) != 0 and not (signed and int(b.constant) == -1):
+        return div(a, b) if name == "div" else rem(a, b)
+    zero = B.icmp_unsigned("==", b, ir.Constant(b.type, 0))
+    bad = zero
+    if signed:
+        minus_one = B.icmp_signed("==", b, ir.Constant(b.type, -1))
+        bad = B.or_(zero, minus_one)
+    safe = B.select(bad, ir.Constant(b.type, 1), b)
+    if name == "div":
+        q = div(a, safe)  # by 1: a
+        if signed:
+            q = B.select(B.and_(B.not_(zero), bad), B.neg(a), q)  # a / -1 = -a (wraps for MIN)
+        return B.select(zero, ir.Constant(a.type, -1 if signed else (1 << t.bits) - 1), q)
+    r = rem(a, safe)  # by 1: 0, which is a % -1 too
+    return B.select(zero, a, r)
 
 
 def lower_unary(L: _Lowering, op: Op):
@@ -450,6 +494,18 @@ def lower_dynamic_shared_ptr(L: _Lowering, op: Op):
 
 # ---- structured control flow ---------------------------------------------------------------------
 
+def _for_condition(B, signed: bool, iv, hi, step):
+    """Go on while iv < hi for a positive step, iv > hi for a negative one; a zero step runs nothing."""
+    if not signed:
+        return B.icmp_unsigned("<", iv, hi)
+    if isinstance(step, ir.Constant):
+        return B.icmp_signed("<" if int(step.constant) > 0 else ">", iv, hi)
+    zero = ir.Constant(step.type, 0)
+    up = B.and_(B.icmp_signed(">", step, zero), B.icmp_signed("<", iv, hi))
+    down = B.and_(B.icmp_signed("<", step, zero), B.icmp_signed(">", iv, hi))
+    return B.or_(up, down)
+
+
 def lower_for(L: _Lowering, op: Op):
     B = L.b
     lo, hi, step, *init = (L.v(x) for x in op.operands)
@@ -467,9 +523,7 @@ def lower_for(L: _Lowering, op: Op):
         phi = B.phi(v.type)
         phi.add_incoming(v, pre)
         phis.append(phi)
-    signed = op.operands[0].type.is_signed
-    cond = B.icmp_signed("<", iv, hi) if signed else B.icmp_unsigned("<", iv, hi)
-    B.cbranch(cond, loop, exit_)
+    B.cbranch(_for_condition(B, op.operands[0].type.is_signed, iv, hi, step), loop, exit_)
     B.position_at_end(loop)
     L.set(body.args[0], iv)
     for a, phi in zip(body.args[1:], phis):
@@ -564,6 +618,6 @@ LOWER = {
 }
 
 
-def lower_kernel(kernel: KernelIR) -> ir.Module:
+def lower_kernel(kernel: KernelIR, options=None) -> ir.Module:
     """The kernel as an llvmlite module (call ``str()`` on it for LLVM IR text)."""
-    return _Lowering(kernel).run()
+    return _Lowering(kernel, options).run()

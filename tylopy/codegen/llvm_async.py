@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from ..ir.core import Op, Value
+from ..ir.values import Op, Value
 from ..ir.types import PointerType, f32
 from . import asm_templates as T
 

@@ -11,9 +11,7 @@ import llvmlite.binding as llvm
 
 from ..errors import CompileError
 
-# PTX ISA version per target: sm_90a needs PTX 8.0+; 8.5 is what LLVM 22 emits and driver 580 loads.
-PTX_FEATURES = {"sm_90a": "+ptx85", "sm_90": "+ptx85", "sm_80": "+ptx85", "sm_86": "+ptx85", "sm_89": "+ptx85"}
-SUPPORTED_ARCHS = tuple(PTX_FEATURES)
+from .targets import PTX_FEATURES, SUPPORTED_ARCHS  # noqa: F401  (re-exported)
 _lock = threading.Lock()
 
 
@@ -56,14 +54,21 @@ _LOC = re.compile(r"^\s*\.loc\s+(\d+)\s+(\d+)\s+\d+")
 _FILE = re.compile(r'^\s*\.file\s+(\d+)\s+"([^"]*)"(?:\s*,\s*"([^"]*)")?')
 
 
-def annotate_source_lines(ptx: str) -> str:
-    """After each ``.loc`` that moves to a new line, add ``// file.py:N  <source text>``."""
+def annotate_source_lines(ptx: str, source_file: str = "") -> str:
+    """After each ``.loc`` that moves to a new line, add ``// file.py:N  <source text>``.
+
+    The PTX's ``.file`` names only the file (so the PTX is the same in every checkout); its
+    text comes from ``source_file``, the kernel's own file, when the names agree.
+    """
     files: dict[str, str] = {}
     for line in ptx.splitlines():
         m = _FILE.match(line)
         if m:
             idx, a, b = m.groups()
-            files[idx] = os.path.join(b, a) if b is not None else a
+            path = os.path.join(b, a) if b else a
+            if source_file and os.path.basename(source_file) == os.path.basename(path):
+                path = source_file
+            files[idx] = path
     out = []
     last = None
     for line in ptx.splitlines():

@@ -9,7 +9,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
-from ..errors import CompileError
+from ..errors import CompileError, ResourceLimitError
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,21 @@ def parse_report(log: str, arch: str) -> PtxasReport:
         warnings=warnings, log=log)
 
 
-def assemble(ptx: str, arch: str) -> tuple[bytes | None, PtxasReport]:
+def _failure(log: str, arch: str, kernel: str, dynamic_shared_bytes: int) -> Exception:
+    """ptxas' rejection as a tylopy error; resource overflows get a ResourceLimitError with a hint."""
+    name = f" kernel {kernel!r}" if kernel else ""
+    m = re.search(r"uses too much shared data \((0x[0-9a-f]+|\d+) bytes, (0x[0-9a-f]+|\d+) max\)", log)
+    if m:
+        used, limit = (int(x, 0) for x in m.groups())
+        return ResourceLimitError(f"ptxas ({arch}):{name} asks for {used} bytes of static shared memory, but a block "
+                                  f"may have at most {limit} statically; hint: allocate it with ty.dynamic_shared "
+                                  "(up to 227 KB on Hopper, opted in at launch)")
+    if "too much parameter space" in log or "Entry function" in log and "uses too much" in log:
+        return ResourceLimitError(f"ptxas ({arch}):{name} exceeds a resource limit:\n{log.strip()}")
+    return CompileError(f"ptxas failed for {arch}{name}:\n{log.strip()}")
+
+
+def assemble(ptx: str, arch: str, kernel: str = "", dynamic_shared_bytes: int = 0) -> tuple[bytes | None, PtxasReport]:
     """Run ``ptxas -v``; returns (cubin, report). Without ptxas: (None, report with a note)."""
     exe = find_ptxas()
     if exe is None:
@@ -121,7 +135,7 @@ def assemble(ptx: str, arch: str) -> tuple[bytes | None, PtxasReport]:
                               capture_output=True, text=True)
         log = proc.stdout + proc.stderr
         if proc.returncode != 0:
-            raise CompileError(f"ptxas failed for {arch}:\n{log}")
+            raise _failure(log, arch, kernel, dynamic_shared_bytes)
         with open(out, "rb") as f:
             cubin = f.read()
     return cubin, parse_report(log, arch)

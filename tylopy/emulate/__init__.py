@@ -7,7 +7,7 @@ It executes the IR, not PTX: every CTA of the grid (or the chosen ones) with all
 warps in lockstep with lane masks for divergence, values as numpy arrays over the 32 lanes.
 Each op has the semantics of its LLVM/PTX lowering (see the ``ops_*`` modules). Checked on an
 H200 (tests/test_emulate_gpu.py): conversions, fma, div/rcp/sqrt, shuffles, TMA images,
-mma.sync and wgmma (whose f32 accumulation follows ``tensorcore.py``) and the Hopper attention
+mma.sync and wgmma (whose f32 accumulation follows ``tylopy.semantics.tensorcore``) and the Hopper attention
 kernel's output are bit-identical; only ``ex2/lg2/rsqrt.approx`` differ, the emulator giving
 the correctly rounded value and the hardware one within the PTX ISA's documented error.
 
@@ -24,11 +24,10 @@ over bar.sync and mbarrier phases), warps of a warpgroup disagreeing on a collec
 or shared accesses out of bounds, misaligned vector accesses. ``check_races=False`` turns the
 race checks off.
 
-``tylopy emulate FILE.py[:KERNEL]`` runs the file's ``emulate_example()`` (see ``cli.py``).
+``tylopy emulate FILE.py[:KERNEL]`` (``tylopy.cli.emulate``) runs a kernel file's ``emulate_example()``.
 """
 from .errors import EmulationError, MemoryAccessError, ProtocolError, UnsupportedOpError
 from .launch import EmulationReport, emulate_kernel
-from .cli import cli_main
 
-__all__ = ["emulate_kernel", "cli_main", "EmulationReport", "EmulationError", "ProtocolError", "MemoryAccessError",
+__all__ = ["emulate_kernel", "EmulationReport", "EmulationError", "ProtocolError", "MemoryAccessError",
            "UnsupportedOpError"]

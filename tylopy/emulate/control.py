@@ -87,7 +87,7 @@ def make_for(prog, op):
         l0, h0, s0 = _uniform(L, m, full), _uniform(H, m, full), _uniform(S, m, full)
         if l0 is not None and h0 is not None and s0 is not None:
             i, h, s, count = int(l0), int(h0), int(s0), 0
-            while i < h:
+            while (s > 0 and i < h) or (s < 0 and i > h):
                 env[iv_slot] = np.full(WARP, i, dtype=dt)
                 _bind(env, carried, vals)
                 yield from run_block(w, body)
@@ -98,7 +98,11 @@ def make_for(prog, op):
                     _loop_limit(w, op, count)
         else:
             iv = L.copy()
-            active = m & (iv < H)
+
+            def going(iv):  # the step's sign decides the comparison; a zero step runs no iteration
+                return ((S > 0) & (iv < H)) | ((S < 0) & (iv > H))
+
+            active = m & going(iv)
             count = 0
             while active.any():
                 w.set_mask(active)
@@ -107,7 +111,7 @@ def make_for(prog, op):
                 yield from run_block(w, body)
                 vals = [mergef(active, a, b) for a, b in zip((env[x] for x in body.term), vals)]
                 iv = np.where(active, iv + S, iv).astype(dt)
-                active = active & (iv < H)
+                active = active & going(iv)
                 count += 1
                 _loop_limit(w, op, count)
             w.set_mask(m, n)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import LaunchTypeError, LaunchValueError
-from ..ir.builder import int_range
-from ..ir.core import KernelIR
+from ..ir.types import int_range
+from ..ir.values import KernelIR
 from ..ir.types import PointerType, ScalarType, TensorMapType
 from .errors import ProtocolError
 from .machine import CTA

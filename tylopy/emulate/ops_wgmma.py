@@ -35,7 +35,7 @@ from .ops_mma import _G, _T, a_tile
 from .ops_scalar import check_converged
 from .program import handler
 from .sync import Wait
-from .tensorcore import mma_f32
+from ..semantics.tensorcore import mma_f32
 from .values import Pending, half_to_f32
 
 SWIZZLE_MODES = {0: 0, 1: 128, 2: 64, 3: 32}

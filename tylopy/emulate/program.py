@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..ir.core import Block, KernelIR, Op
+from ..ir.values import Block, KernelIR, Op
 from .errors import ProtocolError, where
 from .values import Pending, splat
 

@@ -44,6 +44,11 @@ class ScalarType(Type):
     def nbytes(self) -> int:
         return max(1, self.bits // 8)
 
+    @property
+    def range(self) -> tuple[int, int]:
+        """(lowest, highest) of an integer or bool type."""
+        return int_range(self)
+
     def __repr__(self) -> str:
         return self.name
 
@@ -106,3 +111,17 @@ def is_scalar(t: Type) -> bool:
 
 def is_pointer(t: Type) -> bool:
     return isinstance(t, PointerType)
+
+
+def int_range(t: ScalarType) -> tuple[int, int]:
+    """The values an integer (or bool) type holds: (lowest, highest)."""
+    if t.is_bool:
+        return 0, 1
+    if t.kind == "int":
+        return -(1 << (t.bits - 1)), (1 << (t.bits - 1)) - 1
+    return 0, (1 << t.bits) - 1
+
+
+# The largest finite value of each float type: a constant beyond it does not fit.
+FLOAT_MAX = {"f16": 65504.0, "bf16": 3.3895313892515355e38, "f32": 3.4028234663852886e38,
+             "f64": 1.7976931348623157e308}

@@ -3,7 +3,7 @@ types valid under its rule, regions shaped as their op expects."""
 from __future__ import annotations
 
 from ..errors import IRVerificationError
-from .core import Block, KernelIR, Op
+from .values import Block, KernelIR, Op
 from .ops import TERMINATORS, OpTypeError, result_types
 
 

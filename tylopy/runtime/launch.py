@@ -63,7 +63,7 @@ def _scalar_packer(kernel: str, name: str, t: ScalarType):
             return None, ct(x)
         return pack
     ct = _INT_CTYPES[t.name]
-    from ..ir.builder import int_range
+    from ..ir.types import int_range
     lo, hi = int_range(t)
 
     def pack(x, device):
@@ -225,8 +225,8 @@ class Launcher:
         if site == 0:
             return
         from ..errors import MbarrierTimeoutError
-        sites = dict(self.ck.ir.meta).get("wait_sites", ())
-        label, where = sites[site - 1] if 0 < site <= len(sites) else ("?", "?")
+        sites = self.ck.wait_sites
+        label, where = (sites[site - 1].label, sites[site - 1].where) if 0 < site <= len(sites) else ("?", "?")
         what = f"mbarrier wait{(' ' + repr(label)) if label else ''} at {where}"
         stage_text = f", stage {stage}" if stage >= 0 else ""
         raise MbarrierTimeoutError(f"{self.ck.name}: {what} timed out waiting for phase parity {parity} of the "

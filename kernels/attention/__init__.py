@@ -1,0 +1,130 @@
+"""``attention``: the PyTorch entry point, a drop-in for ``scaled_dot_product_attention`` where
+the shapes are supported.
+
+    out = tylopy.attention(q, k, v, attn_mask=None, is_causal=False, scale=None)
+    out, lse = tylopy.attention(q, k, v, return_lse=True)
+
+Inputs are (B, H, N, D) tensors, bf16 or fp16, on one CUDA device; any strides whose last
+dimension is contiguous (so a (B, N, H, D) buffer viewed with ``.transpose(1, 2)`` works without
+a copy). On Hopper with D = 64 it runs the warp-specialized kernel (``attention_hopper.py``);
+elsewhere the portable mma.sync kernel (``streaming_attention.py``) when it supports the shape.
+Launches go on the current stream, never synchronize the host, and can be captured in a graph.
+
+Every check below runs before the GPU is touched, so bad input fails the same way on a machine
+without one.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+HOPPER_HEAD_DIMS = (64,)
+BLOCK_M = 128
+
+
+def _fail(exc, arg, expected, got):
+    raise exc(f"attention: {arg} expects {expected}, but got {got}")
+
+
+def check_inputs(query, key, value, attn_mask, is_causal, scale):
+    """Validate like SDPA; returns (B, H, n_q, n_k, D, scale)."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):
+            _fail(TypeError, name, "a torch.Tensor", type(t).__name__)
+        if t.dim() != 4:
+            _fail(ValueError, name, "a 4-D (batch, heads, seq, head_dim) tensor", f"shape {tuple(t.shape)}")
+        if t.dtype not in (torch.bfloat16, torch.float16):
+            _fail(TypeError, name, "dtype torch.bfloat16 or torch.float16", t.dtype)
+        if t.stride(-1) != 1 and t.shape[-1] > 1:
+            _fail(ValueError, name, "a contiguous last dimension (stride 1)", f"stride {t.stride(-1)}")
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        _fail(TypeError, "key/value", f"the query's dtype {query.dtype}", f"{key.dtype} and {value.dtype}")
+    if key.device != query.device or value.device != query.device:
+        _fail(ValueError, "key/value", f"the query's device {query.device}", f"{key.device} and {value.device}")
+    B, H, n_q, D = query.shape
+    if key.shape[0] != B or value.shape[0] != B:
+        _fail(ValueError, "key/value batch", B, f"{key.shape[0]} and {value.shape[0]}")
+    if key.shape[1] != H or value.shape[1] != H:
+        _fail(ValueError, "key/value heads", H, f"{key.shape[1]} and {value.shape[1]}")
+    if key.shape[3] != D or value.shape[3] != D:
+        _fail(ValueError, "key/value head_dim", D, f"{key.shape[3]} and {value.shape[3]}")
+    n_k = key.shape[2]
+    if value.shape[2] != n_k:
+        _fail(ValueError, "value", f"as many rows as key ({n_k})", value.shape[2])
+    if D not in (16, 32, 64):
+        _fail(ValueError, "query head_dim", "16, 32 or 64", D)
+    if not isinstance(is_causal, bool):
+        _fail(TypeError, "is_causal", "a bool", type(is_causal).__name__)
+    if is_causal and n_q != n_k:
+        _fail(ValueError, "is_causal", "equal query and key lengths (rectangular causal is ambiguous)",
+              f"{n_q} queries and {n_k} keys")
+    if is_causal and attn_mask is not None:
+        _fail(ValueError, "attn_mask", "None when is_causal=True (as SDPA)", "a mask")
+    if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor):
+            _fail(TypeError, "attn_mask", "a torch.Tensor of dtype torch.bool", type(attn_mask).__name__)
+        if attn_mask.dtype != torch.bool:
+            _fail(TypeError, "attn_mask", "dtype torch.bool (True = take part)", attn_mask.dtype)
+        if attn_mask.device != query.device:
+            _fail(ValueError, "attn_mask", f"the query's device {query.device}", attn_mask.device)
+        if attn_mask.dim() > 4:
+            _fail(ValueError, "attn_mask", "at most 4 dimensions", attn_mask.dim())
+        try:
+            torch.broadcast_shapes(attn_mask.shape, (B, H, n_q, n_k))
+            attn_mask.expand(B, H, n_q, n_k)  # raises when the shapes do not broadcast
+        except RuntimeError:
+            _fail(ValueError, "attn_mask", f"a shape broadcastable to {(B, H, n_q, n_k)}", tuple(attn_mask.shape))
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        _fail(TypeError, "scale", "a float or None", type(scale).__name__)
+    elif not math.isfinite(scale):
+        _fail(ValueError, "scale", "a finite number", scale)
+    return B, H, n_q, n_k, D, float(scale)
+
+
+def attention(query, key, value, attn_mask=None, is_causal=False, scale=None, return_lse=False):
+    """softmax(scale * query key^T, masked) value, like SDPA; with ``return_lse`` also the row LSE (fp32)."""
+    B, H, n_q, n_k, D, scale = check_inputs(query, key, value, attn_mask, is_causal, scale)
+    if query.device.type != "cuda":
+        _fail(ValueError, "query", "a CUDA tensor", f"a tensor on {query.device}")
+    out = torch.empty((B, H, n_q, D), dtype=query.dtype, device=query.device)
+    lse = torch.empty((B, H, n_q), dtype=torch.float32, device=query.device) if return_lse else None
+    if B * H * n_q == 0:
+        return (out, lse) if return_lse else out
+    if scale <= 0:
+        # The kernels keep the running maximum of raw scores, the maximum of scaled scores only for a
+        # positive scale: softmax(c q k) = softmax(|c| (-q) k), and c = 0 weighs every key equally.
+        query = torch.zeros_like(query) if scale == 0 else -query
+        scale = 1.0 if scale == 0 else -scale
+    if n_k == 0:  # no keys: every row is empty, output zeros and LSE -inf, nothing to launch
+        out.zero_()
+        if lse is not None:
+            lse.fill_(float("-inf"))
+        return (out, lse) if return_lse else out
+    major, _ = _capability(query.device.index)
+    if major == 9 and D in HOPPER_HEAD_DIMS and _tma_ok(query, key, value):
+        from .hopper_launch import launch_hopper
+        launch_hopper(query, key, value, attn_mask, is_causal, scale, out, lse)
+    else:
+        from .portable import launch_streaming
+        launch_streaming(query, key, value, attn_mask, is_causal, scale, out, lse)
+    return (out, lse) if return_lse else out
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device_index):
+    return torch.cuda.get_device_capability(device_index)
+
+
+def _tma_ok(*tensors) -> bool:
+    """TMA needs a 16-byte aligned base and 16-byte multiple, non-zero outer strides."""
+    for t in tensors:
+        if t.data_ptr() % 16:
+            return False
+        for d in range(3):
+            if t.shape[d] > 1 and (t.stride(d) * t.element_size()) % 16 or (t.shape[d] > 1 and t.stride(d) == 0):
+                return False
+    return True

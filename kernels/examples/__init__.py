@@ -1,0 +1,1 @@
+"""Small complete kernels written with the public ``ty.*`` names only: start reading here."""

@@ -1,0 +1,149 @@
+"""Builds IR while a kernel is traced: the active builder, its blocks, value numbering, errors.
+
+The tracer makes one ``Builder`` per kernel specialization and makes it current; every
+``ty.*`` function and every operator on a ``RuntimeValue`` appends ops through it. Each op
+records the user's source line (the innermost stack frame outside the tylopy package), so a
+rejection points at the kernel, not at tylopy. The builder speaks IR values only; the
+``proxy`` module wraps them for kernel code.
+"""
+from __future__ import annotations
+
+import contextvars
+import os
+import sys
+from typing import Any, Sequence
+
+from ..errors import KernelSourceError, SourceLoc
+from ..ir.ops import OpTypeError, result_types
+from ..ir.types import Type
+from ..ir.values import Block, Op, Value
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_current: contextvars.ContextVar["Builder | None"] = contextvars.ContextVar("tylopy_builder", default=None)
+
+# A kernel whose trace builds more ops than this is almost always an unrolled loop that should
+# run at run time: LLVM's optimizer grows faster than linearly with straight-line code.
+MAX_OPS = 400_000
+
+
+def current_builder() -> "Builder":
+    b = _current.get()
+    if b is None:
+        raise KernelSourceError("tylopy operations can only be used inside a kernel being traced "
+                                "(a function decorated with @ty.kernel or @ty.func)", user_location())
+    return b
+
+
+def tracing() -> bool:
+    """Is a kernel being traced on this thread?"""
+    return _current.get() is not None
+
+
+def _is_tylopy_file(fname: str) -> bool:
+    return fname.startswith(_PACKAGE_DIR) and not fname.startswith("<")
+
+
+def user_location(frame=None) -> SourceLoc | None:
+    """The innermost stack frame that is not tylopy's own code (the kernel line being traced)."""
+    frame = frame or sys._getframe(1)
+    while frame is not None:
+        fname = frame.f_code.co_filename
+        if not _is_tylopy_file(fname) and (not fname.startswith("<") or fname.startswith(("<stdin", "<ipython"))):
+            return SourceLoc(fname, frame.f_lineno, 0, frame.f_code.co_name)
+        frame = frame.f_back
+    return None
+
+
+class _BlockBuilder:
+    __slots__ = ("args", "ops")
+
+    def __init__(self, args=()):
+        self.args = tuple(args)
+        self.ops: list[Op] = []
+
+    def freeze(self) -> Block:
+        return Block(self.args, tuple(self.ops))
+
+
+class Builder:
+    """Appends ops to the innermost block under construction and numbers the values it makes.
+
+    ``state`` holds per-trace bookkeeping of libraries built on the frontend (e.g. the tile
+    library's count of committed wgmma groups); ``wait_sites`` the debug-mode mbarrier waits.
+    """
+
+    def __init__(self, arch: str, options=None):
+        self.arch = arch
+        self.options = options
+        self._next_id = 0
+        self._blocks: list[_BlockBuilder] = [_BlockBuilder()]
+        self.shared_allocs: list = []
+        self.dynamic_shared_bytes = 0
+        self.dynamic_shared_align = 16
+        self.wait_sites: list = []
+        self.state: dict[str, Any] = {}
+        self.op_count = 0
+        self._token = None
+
+    # -- activation -----------------------------------------------------------------------
+    def __enter__(self):
+        self._token = _current.set(self)
+        return self
+
+    def __exit__(self, *exc):
+        _current.reset(self._token)
+
+    # -- errors ---------------------------------------------------------------------------
+    def error(self, message: str, hint: str | None = None, cls=KernelSourceError):
+        raise cls(message, user_location(), hint)
+
+    # -- values and ops -------------------------------------------------------------------
+    def new_value(self, type: Type, hint: str = "") -> Value:
+        v = Value(type, self._next_id, hint)
+        self._next_id += 1
+        return v
+
+    def emit(self, opcode: str, operands: Sequence[Value] = (), regions: Sequence[Block] = (), **attrs) -> tuple[Value, ...]:
+        """Append ``opcode(operands) {attrs}``; its type rule gives the result types (or the error)."""
+        for v in operands:
+            if not isinstance(v, Value):
+                self.error(f"{opcode} expects IR values as operands, but got {type(v).__name__} {v!r}")
+        try:
+            types = result_types(opcode, tuple(v.type for v in operands), attrs)
+        except OpTypeError as e:
+            self.error(str(e))
+        self.op_count += 1
+        if self.op_count > MAX_OPS:
+            self.error(f"the kernel's trace passed {MAX_OPS} ops: a compile-time loop unrolls too far",
+                       hint="make the loop a run-time loop: ty.range(n, unroll=False), or a run-time bound")
+        results = tuple(self.new_value(t) for t in types)
+        op = Op(opcode, tuple(operands), results, tuple(sorted(attrs.items())), tuple(regions), user_location())
+        self._blocks[-1].ops.append(op)
+        return results
+
+    def push_block(self, arg_types: Sequence[Type]) -> tuple[Value, ...]:
+        blk = _BlockBuilder(self.new_value(t) for t in arg_types)
+        self._blocks.append(blk)
+        return blk.args
+
+    def pop_block(self) -> Block:
+        return self._blocks.pop().freeze()
+
+    def discard_block(self):
+        self._blocks.pop()
+
+    def suspend_block(self) -> _BlockBuilder:
+        """Take the innermost block off the stack unfinished (to append to it later)."""
+        return self._blocks.pop()
+
+    def resume_block(self, block: _BlockBuilder):
+        self._blocks.append(block)
+
+    @property
+    def depth(self) -> int:
+        return len(self._blocks)
+
+    def finish(self) -> Block:
+        if len(self._blocks) != 1:
+            raise RuntimeError("unbalanced blocks at the end of tracing")
+        return self._blocks[0].freeze()

@@ -1,0 +1,331 @@
+"""The kernel language: what a kernel body calls, and the types its parameters declare.
+
+Everything here builds IR through the active builder. Run-time scalars and pointers are
+``RuntimeValue``s (``ty.Value``) and take Python's operators; pointers index like arrays
+(``x[i]`` loads, ``x[i] = v`` stores) and offset with ``+``. Types never change silently:
+mixing i32 and f32, or f32 and bf16, is an error that names the line; use ``cast``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..ir.types import (PointerType, ScalarType, TensorMapType, b32, bf16, f16, f32, f64, i1, i8, i16, i32, i64,
+                        tensormap, u8, u16, u32, u64)
+from ..ir.values import SharedAlloc
+from .builder import current_builder
+from .proxy import RuntimeValue, as_value, emit, emit1
+from .tracing import range, static_range  # noqa: F401  (kernel-visible)
+
+Value = RuntimeValue  # what kernel code holds for a run-time value
+
+__all__ = [
+    "i1", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "b32", "f16", "bf16", "f32", "f64",
+    "ptr", "NoAliasPointer", "Value", "RuntimeValue", "constexpr", "tensormap", "thread_idx", "block_idx",
+    "block_dim", "grid_dim", "lane_id", "warp_idx", "warpgroup_idx", "exp2", "log2", "sqrt", "rsqrt", "rcp", "fma", "minimum", "maximum", "abs",
+    "select", "cast", "bitcast", "pack2", "unpack2", "load", "store", "shared", "dynamic_shared",
+    "ptr_cast", "address", "syncthreads", "barrier_sync", "barrier_arrive", "shfl_xor", "shfl_idx",
+    "shfl_down", "shfl_up", "inline_ptx", "range", "static_range", "elect_one",
+]
+
+
+# -- parameter annotations ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NoAliasPointer:
+    """A pointer parameter the author promises no other pointer parameter of the launch overlaps.
+
+    The promise becomes LLVM's ``noalias``: loads may be reordered across stores through other
+    pointers and kept in registers. Breaking it gives undefined results.
+    """
+
+    type: PointerType
+
+    def __repr__(self):
+        return f"ptr({self.type.pointee}, noalias=True)"
+
+
+def ptr(pointee: ScalarType, space: str = "global", noalias: bool = False):
+    """A pointer parameter or value: ``ptr(f32)`` is a global ``float*``.
+
+    ``noalias=True`` (parameters only) promises that no other pointer argument overlaps this
+    one's memory, like C's ``restrict``; without it tylopy assumes pointers may alias.
+    """
+    if not isinstance(pointee, ScalarType):
+        raise TypeError(f"ptr expects a scalar element type such as ty.f32, but got {pointee!r}")
+    if space not in ("global", "shared", "generic"):
+        raise ValueError(f"ptr space expects 'global', 'shared' or 'generic', but got {space!r}")
+    t = PointerType(pointee, space)
+    return NoAliasPointer(t) if noalias else t
+
+
+class _Constexpr:
+    """Annotation for a compile-time parameter: each distinct value compiles its own kernel."""
+
+    def __repr__(self):
+        return "constexpr"
+
+
+constexpr = _Constexpr()
+
+
+# -- indices ----------------------------------------------------------------------------------
+
+_AXES = {0: "x", 1: "y", 2: "z", "x": "x", "y": "y", "z": "z"}
+
+
+def _special(base: str, axis) -> Value:
+    if axis not in _AXES:
+        current_builder().error(f"{base} axis expects 0, 1, 2 or 'x', 'y', 'z', but got {axis!r}")
+    return emit1("special", (), reg=f"{base}.{_AXES[axis]}")
+
+
+def thread_idx(axis=0) -> Value:
+    """%tid: this thread's index in its block."""
+    return _special("tid", axis)
+
+
+def block_idx(axis=0) -> Value:
+    """%ctaid: this block's index in the grid."""
+    return _special("ctaid", axis)
+
+
+def block_dim(axis=0) -> Value:
+    return _special("ntid", axis)
+
+
+def grid_dim(axis=0) -> Value:
+    return _special("nctaid", axis)
+
+
+def lane_id() -> Value:
+    return emit1("special", (), reg="laneid")
+
+
+def warp_idx() -> Value:
+    """tid.x // 32, broadcast from lane 0 so ptxas can prove it warp-uniform."""
+    return shfl_idx(thread_idx(0) >> 5, 0)
+
+
+def warpgroup_idx() -> Value:
+    """tid.x // 128, warp-uniform (CUTLASS's canonical_warp_group_idx)."""
+    return shfl_idx(thread_idx(0) >> 7, 0)
+
+
+# -- math ---------------------------------------------------------------------------------------
+
+def exp2(x) -> Value:
+    """2**x with PTX ex2.approx.ftz.f32 (max relative error 2**-22.5; ex2(-inf) = +0)."""
+    return emit1("exp2", (as_value(x, f32),))
+
+
+def log2(x) -> Value:
+    """log2(x) with PTX lg2.approx.ftz.f32."""
+    return emit1("log2", (as_value(x, f32),))
+
+
+def sqrt(x) -> Value:
+    return emit1("sqrt", (as_value(x, f32),))
+
+
+def rsqrt(x) -> Value:
+    return emit1("rsqrt", (as_value(x, f32),))
+
+
+def rcp(x) -> Value:
+    """1/x, correctly rounded (rcp.rn.f32)."""
+    return emit1("rcp", (as_value(x, f32),))
+
+
+def fma(a, b, c) -> Value:
+    """a*b + c with one rounding."""
+    like = next((v.type for v in (a, b, c) if isinstance(v, Value)), f32)
+    return emit1("fma", tuple(as_value(v, like) for v in (a, b, c)))
+
+
+def _same_pair(op, a, b):
+    like = a.type if isinstance(a, Value) else (b.type if isinstance(b, Value) else None)
+    a, b = as_value(a, like), as_value(b, like)
+    if a.type != b.type:
+        current_builder().error(f"{op} expects operands of one type, but got {a.type} and {b.type}")
+    return a, b
+
+
+def minimum(a, b) -> Value:
+    return emit1("min", _same_pair("minimum", a, b))
+
+
+def maximum(a, b) -> Value:
+    """max(a, b); for floats, NaN-ignoring like PTX max.f32 (a -inf operand gives the other)."""
+    return emit1("max", _same_pair("maximum", a, b))
+
+
+def abs(x) -> Value:  # noqa: A001
+    return emit1("abs", (as_value(x),))
+
+
+def select(cond, a, b) -> Value:
+    """``a if cond else b`` without a branch (PTX selp)."""
+    cond = as_value(cond, i1)
+    if cond.type != i1:
+        current_builder().error(f"select expects an i1 condition, but got {cond.type}")
+    a, b = _same_pair("select", a, b)
+    return emit1("select", (cond, a, b))
+
+
+def cast(x, to: ScalarType) -> Value:
+    """Convert the value: floats round to nearest even, float to int truncates toward zero."""
+    if not isinstance(to, ScalarType):
+        current_builder().error(f"cast expects a scalar type such as ty.f32, but got {to!r}")
+    x = as_value(x, to)
+    if x.type == to:
+        return x
+    return emit1("convert", (x,), to=to)
+
+
+def bitcast(x, to: ScalarType) -> Value:
+    return emit1("bitcast", (as_value(x),), to=to)
+
+
+def pack2(lo, hi, dtype: ScalarType) -> Value:
+    """Round two f32 to ``dtype`` (f16 or bf16, nearest even) and pack them; ``lo`` in bits 0-15."""
+    return emit1("pack2", (as_value(lo, f32), as_value(hi, f32)), dtype=dtype)
+
+
+def unpack2(word, dtype: ScalarType) -> tuple[Value, Value]:
+    """The two f16/bf16 halves of a b32 word as f32: (bits 0-15, bits 16-31)."""
+    lo, hi = emit("unpack2", (as_value(word),), dtype=dtype)
+    return lo, hi
+
+
+# -- memory -------------------------------------------------------------------------------------
+
+def load(p: Value, vec: int = 1, mask=None):
+    """Load ``vec`` consecutive elements (one 16-byte access for vec*size = 16); a tuple if vec > 1.
+
+    With ``mask``, lanes whose mask is false read nothing and get zero.
+    """
+    ops = (p,) if mask is None else (p, as_value(mask, i1))
+    res = emit("load", ops, vec=vec)
+    return res[0] if vec == 1 else res
+
+
+def store(p: Value, value) -> None:
+    """Store one value, or a tuple of 2/4/8 as one vector access."""
+    vals = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    pointee = p.type.pointee if isinstance(p.type, PointerType) else None
+    emit("store", (p, *[as_value(v, pointee) for v in vals]))
+
+
+def shared(dtype: ScalarType, count: int, align: int = 16) -> Value:
+    """A static shared-memory array of ``count`` elements; returns its ptr<dtype, shared>."""
+    bld = current_builder()
+    if isinstance(count, Value):
+        bld.error("shared expects a compile-time element count, but got a run-time value",
+                  hint="use dynamic_shared for sizes known at launch")
+    name = f"smem{len(bld.shared_allocs)}"
+    bld.shared_allocs.append(SharedAlloc(name, int(count) * dtype.nbytes, int(align)))
+    return emit1("shared_ptr", (), type=PointerType(dtype, "shared"), name=name)
+
+
+def dynamic_shared(dtype: ScalarType, nbytes: int, align: int = 16) -> Value:
+    """The dynamic shared-memory window (``nbytes`` compile-time), as ptr<dtype, shared>."""
+    bld = current_builder()
+    if isinstance(nbytes, Value):
+        bld.error("dynamic_shared expects a compile-time byte count, but got a run-time value")
+    bld.dynamic_shared_bytes = max(bld.dynamic_shared_bytes, int(nbytes))
+    bld.dynamic_shared_align = max(bld.dynamic_shared_align, int(align))
+    return emit1("dynamic_shared_ptr", (), type=PointerType(dtype, "shared"))
+
+
+def ptr_cast(p: Value, dtype: ScalarType | None = None, space: str | None = None) -> Value:
+    """The same address seen as another element type and/or state space."""
+    if not isinstance(p, Value) or not isinstance(p.type, PointerType):
+        current_builder().error(f"ptr_cast expects a pointer, but got {p!r}")
+    to = PointerType(dtype or p.type.pointee, space or p.type.space)
+    if to == p.type:
+        return p
+    return emit1("ptr_cast", (p,), to=to)
+
+
+def address(p: Value) -> Value:
+    """The integer address: u32 for shared pointers (the shared window), u64 otherwise."""
+    return emit1("ptr_to_int", (p,))
+
+
+# -- synchronization and warp collectives ---------------------------------------------------------
+
+def syncthreads() -> None:
+    """bar.sync 0 over the whole block."""
+    emit("barrier", (), id=0, count=None)
+
+
+def _check_named(id, count):
+    bld = current_builder()
+    if isinstance(count, Value):
+        bld.error("named barriers expect a compile-time thread count")
+    if not isinstance(id, Value) and not 0 <= id <= 15:
+        bld.error(f"barrier id expects 0..15, but got {id}")
+    if count is not None and (count <= 0 or count % 32):
+        bld.error(f"barrier thread count expects a positive multiple of 32, but got {count}")
+
+
+def barrier_sync(id, count: int | None = None) -> None:
+    """bar.sync id, count: wait until ``count`` threads arrived or synced on barrier ``id``.
+
+    ``id`` may be a run-time (warp-uniform) value, e.g. a warpgroup's own barrier.
+    """
+    _check_named(id, count)
+    if isinstance(id, Value):
+        emit("barrier", (as_value(id, i32),), count=count)
+    else:
+        emit("barrier", (), id=int(id), count=count)
+
+
+def barrier_arrive(id, count: int) -> None:
+    """bar.arrive id, count: count this thread in without waiting."""
+    _check_named(id, count)
+    if isinstance(id, Value):
+        emit("barrier_arrive", (as_value(id, i32),), count=int(count))
+    else:
+        emit("barrier_arrive", (), id=int(id), count=int(count))
+
+
+def _shfl(mode, v, lane):
+    return emit1("shfl", (as_value(v), as_value(lane, i32)), mode=mode)
+
+
+def shfl_xor(v, lane_mask) -> Value:
+    """shfl.sync.bfly over the full warp."""
+    return _shfl("bfly", v, lane_mask)
+
+
+def shfl_idx(v, src_lane) -> Value:
+    return _shfl("idx", v, src_lane)
+
+
+def shfl_down(v, delta) -> Value:
+    return _shfl("down", v, delta)
+
+
+def shfl_up(v, delta) -> Value:
+    return _shfl("up", v, delta)
+
+
+def elect_one() -> Value:
+    """True in exactly one lane of the (fully active) warp (elect.sync)."""
+    return emit1("elect_one", ())
+
+
+def inline_ptx(template: str, inputs: Sequence = (), constraints: str = "", results: Sequence[ScalarType] = (),
+               side_effect: bool = True, convergent: bool = False):
+    """Escape hatch: a PTX snippet with LLVM constraints (``=r,=f`` outputs first, then inputs).
+
+    Operands are ``$0``, ``$1``... in the template. Returns a value, a tuple, or None.
+    """
+    vals = tuple(as_value(x) for x in inputs)
+    res = emit("asm", vals, template=template, constraints=constraints,
+                                 results=tuple(results), side_effect=side_effect, convergent=convergent)
+    if not res:
+        return None
+    return res[0] if len(res) == 1 else res

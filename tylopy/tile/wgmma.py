@@ -1,0 +1,171 @@
+"""Hopper's warpgroup MMA ``wgmma.mma_async`` m64nNk16: atom, shared-memory descriptors,
+commit groups, and the same-lane conversion of an f32 accumulator into the register-A operand.
+
+An accumulator returned by ``wgmma`` is *pending*: it belongs to a commit group and cannot be
+read until ``wgmma_wait`` has waited that group out. The wait takes the pending fragments and
+returns them, tied through the ``wait_group`` asm, so LLVM cannot move a read above the wait
+(Triton's remedy; docs/hopper.md, "wgmma"). Reading a pending fragment is a trace-time error.
+
+Same-lane conversion (docs/hopper.md, "register layouts"): for PV k-step kk, A register r of the RS form is
+pack(d[8kk+2r], d[8kk+2r+1]) — S's register pairs become A's registers in order, no shuffles.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import KernelSourceError, LayoutError
+from ..frontend.builder import current_builder, user_location
+from ..frontend.proxy import as_value, emit, emit1
+from ..ir.types import ScalarType, bf16, f16, i1, u64
+from .fragment import Fragment
+from .layouts import WARPGROUP, WGMMA_A_RS, Ownership, wgmma_acc
+
+RS_A_OWNERSHIP = Ownership("warpgroup", row_lanes=(1, 2), col_lanes=(4, 8, 16), col_warps=4)
+
+SWIZZLE_MODE = {128: 1, 64: 2, 32: 3, 0: 0}
+
+
+@dataclass(frozen=True)
+class WgmmaAtom:
+    """wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} (sm_90a, one warpgroup)."""
+
+    n: int
+    dtype: ScalarType = bf16
+    a_source: str = "ss"  # "ss": A from shared memory; "rs": A from registers
+
+    def __post_init__(self):
+        if self.n % 8 or not 8 <= self.n <= 256:
+            raise LayoutError(f"WgmmaAtom n expects a multiple of 8 in 8..256, but got {self.n}")
+        if self.dtype not in (bf16, f16):
+            raise LayoutError(f"WgmmaAtom dtype expects bf16 or f16, but got {self.dtype}")
+        if self.a_source not in ("ss", "rs"):
+            raise LayoutError(f"WgmmaAtom a_source expects 'ss' or 'rs', but got {self.a_source!r}")
+
+    arch = "sm_90a"
+
+    @property
+    def acc_layout(self):
+        return wgmma_acc(self.n)
+
+    def __str__(self):
+        t = self.dtype.name
+        return f"wgmma.mma_async.sync.aligned.m64n{self.n}k16.f32.{t}.{t} ({self.a_source.upper()}, sm_90a)"
+
+
+def descriptor_bits(addr: int, lbo: int = 16, sbo: int = 1024, swizzle: int = 128) -> int:
+    """The 64-bit shared-memory matrix descriptor for a byte address (docs/hopper.md, "descriptors")."""
+    for name, v in (("addr", addr), ("lbo", lbo), ("sbo", sbo)):
+        if v % 16:
+            raise LayoutError(f"descriptor {name} expects a multiple of 16 bytes, but got {v}")
+    if swizzle not in SWIZZLE_MODE:
+        raise LayoutError(f"descriptor swizzle expects 0, 32, 64 or 128, but got {swizzle}")
+    return (((addr & 0x3FFFF) >> 4) | ((lbo >> 4) & 0x3FFF) << 16 | ((sbo >> 4) & 0x3FFF) << 32
+            | SWIZZLE_MODE[swizzle] << 62)
+
+
+def smem_descriptor(addr, lbo: int = 16, sbo: int = 1024, swizzle: int = 128):
+    """A descriptor for a u32 shared address value (traced) or an int."""
+    if isinstance(addr, int):
+        return descriptor_bits(addr, lbo, sbo, swizzle)
+    high = descriptor_bits(0, lbo, sbo, swizzle)
+    low = emit1("convert", (((addr & 0x3FFFF) >> 4),), to=u64)
+    return low | high
+
+
+def _groups() -> dict:
+    """This trace's count of closed wgmma commit groups (kept in the builder's library state)."""
+    state = current_builder().state
+    state.setdefault("wgmma_committed", 0)
+    return state
+
+
+def wgmma(atom: WgmmaAtom, acc: Fragment | None, a, desc_b, trans_b: int = 0, scale_d=True) -> Fragment:
+    """Issue one m64n{n}k16 wgmma into ``acc`` (None: D = A B, the accumulator is not read).
+
+    ``a`` is a u64 descriptor (SS) or a packed ``WGMMA_A_RS`` fragment (RS). The result is
+    pending in the currently open commit group.
+    """
+    nacc = atom.n // 2
+    operands = []
+    if acc is not None:
+        if acc.layout != atom.acc_layout:
+            raise LayoutError(f"wgmma accumulator expects {atom.acc_layout}, but got {acc.layout}")
+        operands += list(acc._cols)  # a pending accumulator may feed the next wgmma of the same chain
+    if atom.a_source == "rs":
+        if not isinstance(a, Fragment) or a.layout != WGMMA_A_RS or a.pack != 2:
+            raise LayoutError(f"wgmma RS expects a packed {WGMMA_A_RS} fragment as A, but got {a!r}")
+        if a.dtype is not None and a.dtype != atom.dtype:
+            raise LayoutError(f"wgmma {atom.dtype} expects A packed as {atom.dtype}, but it holds {a.dtype}")
+        operands += list(a.values)
+    else:
+        operands.append(as_value(a, u64))
+    operands.append(as_value(desc_b, u64))
+    if acc is not None:
+        operands.append(as_value(scale_d, i1))
+    out = emit("wgmma", operands, n=atom.n, dtype=atom.dtype.name, a_kind=atom.a_source, trans_b=int(trans_b),
+                   zero_init=acc is None)
+    group = _groups()["wgmma_committed"] + 1
+    return Fragment(out, WARPGROUP, atom.acc_layout, group=group)
+
+
+def wgmma_fence():
+    """wgmma.fence: order earlier register writes (accumulators, A) before the next wgmma."""
+    emit("wgmma_fence", ())
+
+
+def wgmma_commit():
+    """Close the open group of wgmmas (wgmma.commit_group)."""
+    emit("wgmma_commit", ())
+    _groups()["wgmma_committed"] += 1
+
+
+def wgmma_wait(n: int, *args):
+    """wgmma.wait_group n: at most ``n`` most recent groups stay pending.
+
+    Returns ``args`` (fragments, or lists/tuples of fragments) tied through the wait; those whose
+    group completed become readable, the others stay pending.
+    """
+    if not isinstance(n, int) or not 0 <= n <= 7:
+        raise KernelSourceError(f"wgmma_wait n expects an int in 0..7, but got {n!r}", user_location())
+    frags = [f for a in args for f in (a if isinstance(a, (list, tuple)) else [a])]
+    for f in frags:
+        if not isinstance(f, Fragment):
+            raise KernelSourceError(f"wgmma_wait expects fragments, but got {f!r}", user_location())
+    done = _groups()["wgmma_committed"] - n
+    outs = emit("wgmma_wait", [v for f in frags for v in f._cols], n=n)
+    tied, i = [], 0
+    for f in frags:
+        k = len(f._cols)
+        group = f.group if (f.group is not None and f.group > done) else None
+        tied.append(Fragment(outs[i:i + k], f.ownership, f.layout, f.pack, group, f.dtype))
+        i += k
+    result, j = [], 0
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            result.append(type(a)(tied[j:j + len(a)]))
+            j += len(a)
+        else:
+            result.append(tied[j])
+            j += 1
+    return result[0] if len(result) == 1 else tuple(result)
+
+
+def fence_operand(frag: Fragment) -> Fragment:
+    """A compiler-only barrier on the fragment's registers (CUTLASS warpgroup_fence_operand)."""
+    outs = emit("fence_operand", list(frag._cols))
+    return Fragment(outs, frag.ownership, frag.layout, frag.pack, frag.group, frag.dtype)
+
+
+def pack_operand_a(acc: Fragment, k: int, dtype: ScalarType = bf16) -> Fragment:
+    """The RS A operand for k-step ``k`` (columns 16k..16k+15) of an f32 wgmma accumulator."""
+    n = acc.layout.shape[1]
+    if acc.layout != wgmma_acc(n):
+        raise LayoutError(f"wgmma pack_operand_a expects a wgmma accumulator, but got {acc.layout}")
+    if not isinstance(k, int) or not 0 <= k < n // 16:
+        raise LayoutError(f"pack_operand_a k expects 0..{n // 16 - 1} for N={n}, but got {k!r}")
+    if dtype not in (bf16, f16):
+        raise LayoutError(f"pack_operand_a dtype expects bf16 or f16, but got {dtype}")
+    vals = acc.values[8 * k: 8 * k + 8]
+    ops = acc.ops
+    words = [ops.pack2(vals[2 * r], vals[2 * r + 1], dtype) for r in range(4)]
+    return Fragment(tuple(words), RS_A_OWNERSHIP, WGMMA_A_RS, pack=2, dtype=dtype)
