@@ -1,0 +1,42 @@
+"""Type rules of the warp-level matrix instructions: mma.sync, ldmatrix, stmatrix."""
+from __future__ import annotations
+
+from ..types import PointerType, b32, f32
+from .base import expect
+
+# (A words, B words) per shape; the f32 accumulator is 4 registers for both.
+MMA_SHAPES = {"m16n8k16": (4, 2), "m16n8k8": (2, 1)}
+
+
+def _mma_sync(ts, attrs):
+    shape = attrs.get("shape", "m16n8k16")
+    expect(shape in MMA_SHAPES, f"mma_sync shape expects one of {', '.join(MMA_SHAPES)}, but got {shape!r}")
+    expect(attrs.get("dtype") in ("bf16", "f16"), f"mma_sync dtype expects 'bf16' or 'f16', but got {attrs.get('dtype')!r}")
+    na, nb = MMA_SHAPES[shape]
+    expect(len(ts) == na + nb + 4, f"mma_sync {shape} expects {na} A words, {nb} B words and 4 accumulators, "
+                                   f"but got {len(ts)} operands")
+    expect(all(t == b32 for t in ts[:na + nb]), "mma_sync A and B expect b32 words")
+    expect(all(t == f32 for t in ts[na + nb:]), "mma_sync accumulators expect f32")
+    return (f32,) * 4
+
+
+def _ldmatrix(ts, attrs):
+    expect(len(ts) == 1 and isinstance(ts[0], PointerType) and ts[0].space == "shared",
+            f"ldmatrix expects a shared pointer, but got {ts}")
+    expect(attrs["num"] in (1, 2, 4), "ldmatrix num expects 1, 2 or 4")
+    return (b32,) * attrs["num"]
+
+
+
+
+def _stmatrix(ts, attrs):
+    num = attrs.get("num")
+    expect(num in (1, 2, 4), f"stmatrix num expects 1, 2 or 4, but got {num!r}")
+    expect(len(ts) == 1 + num and isinstance(ts[0], PointerType) and ts[0].space == "shared",
+           f"stmatrix expects (shared pointer, {num} b32 words), but got {', '.join(map(str, ts))}")
+    expect(all(t == b32 for t in ts[1:]), "stmatrix expects b32 words")
+    return ()
+
+
+RULES = {"mma_sync": _mma_sync, "ldmatrix": _ldmatrix, "stmatrix": _stmatrix}
+SIDE_EFFECTS = frozenset({"mma_sync", "ldmatrix", "stmatrix"})
