@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import EmulationError, where
-from .program import handler, run_block
+from .compiled import handler, run_block
 from .values import WARP, merge, np_dtype
 
 def _loop_limit(w, op, n):

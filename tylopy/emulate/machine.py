@@ -19,7 +19,7 @@ import numpy as np
 
 from .errors import ProtocolError, where
 from .memory import shared_layout
-from .program import run_block
+from .compiled import run_block
 from .shared import SharedMemory
 from .sync import MBarrier, NamedBarrier, RegisterPool, warps_text
 from .values import LANES, WARP

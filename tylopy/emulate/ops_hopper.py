@@ -14,7 +14,7 @@ import numpy as np
 
 from .errors import MemoryAccessError, ProtocolError, where
 from .ops_scalar import check_converged
-from .program import handler
+from .compiled import handler
 from .sync import MBarrier, Wait, mbarrier_lookup
 
 SWIZZLE_BITS = {0: 0, 32: 1, 64: 2, 128: 3}

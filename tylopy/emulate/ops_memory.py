@@ -13,7 +13,7 @@ import numpy as np
 from ..ir.types import PointerType
 from .errors import MemoryAccessError, where
 from .memory import shared_layout
-from .program import handler
+from .compiled import handler
 from .values import SHARED_WINDOW, WARP, np_dtype, signed_of
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from .errors import MemoryAccessError, UnsupportedOpError, where
 from .ops_scalar import check_converged
-from .program import handler
+from .compiled import handler
 from ..semantics.tensorcore import mma_f32
 from .values import WARP, half_to_f32
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..ir.types import bf16, f32
 from .errors import ProtocolError, UnsupportedOpError, lanes_text, where
-from .program import handler
+from .compiled import handler
 from ..semantics.scalar import (CMP, UnsupportedScalarOp, bf16_to_f32, binary_fn, convert_fn, f16_to_f32,
                                 f32_to_bf16, f32_to_f16, fma_fn, unary_fn)
 from .values import LANES, WARP, np_dtype

@@ -33,7 +33,7 @@ from .errors import MemoryAccessError, ProtocolError, UnsupportedOpError, where
 from .ops_hopper import swizzle
 from .ops_mma import _G, _T, a_tile
 from .ops_scalar import check_converged
-from .program import handler
+from .compiled import handler
 from .sync import Wait
 from ..semantics.tensorcore import mma_f32
 from .values import Pending, half_to_f32

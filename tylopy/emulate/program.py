@@ -17,13 +17,11 @@ that read such values, other than the wgmma plumbing, get a run-time check.
 """
 from __future__ import annotations
 
-from typing import Callable
-
 from ..ir.values import Block, KernelIR, Op
+from .compiled import HANDLERS, CBlock, handler, run_block  # noqa: F401  (re-exported)
 from .errors import ProtocolError, where
 from .values import Pending, splat
 
-HANDLERS: dict[str, Callable] = {}
 PENDING_OK = frozenset({"wgmma", "wgmma_wait", "fence_operand", "yield", "condition", "for", "if", "while"})
 
 
@@ -31,33 +29,6 @@ def load_handlers() -> dict:
     """Import the ``ops_*`` modules (they register themselves) and return the table."""
     from . import control, ops_hopper, ops_memory, ops_mma, ops_scalar, ops_wgmma  # noqa: F401
     return HANDLERS
-
-
-def handler(*opcodes):
-    """Register ``make(prog, op) -> (is_generator, fn)`` for the opcodes."""
-    def deco(make):
-        for name in opcodes:
-            HANDLERS[name] = make
-        return make
-    return deco
-
-
-class CBlock:
-    """A compiled region: its argument slots, instructions, and its terminator's operand slots."""
-
-    __slots__ = ("args", "instrs", "term", "term_op", "blocking")
-
-    def __init__(self, args, instrs, term, term_op, blocking):
-        self.args, self.instrs, self.term, self.term_op, self.blocking = args, instrs, term, term_op, blocking
-
-
-def run_block(w, block: CBlock):
-    """Execute a compiled block for warp ``w`` (a generator: it yields where the warp blocks)."""
-    for is_gen, fn in block.instrs:
-        if is_gen:
-            yield from fn(w)
-        else:
-            fn(w)
 
 
 def pending_values(kir: KernelIR) -> set[int]:
