@@ -113,10 +113,14 @@ class Fragment:
 
     __slots__ = ("_cols", "layout", "ownership", "pack", "group", "dtype")
 
-    def __init__(self, data, ownership: Ownership, layout: Layout | None = None, pack: int = 1,
+    def __init__(self, data, ownership: Ownership | Layout, layout: Layout | None = None, pack: int = 1,
                  group: int | None = None, dtype=None):
+        if isinstance(ownership, Layout) and layout is None:  # Fragment(data, layout): ownership from the layout
+            layout = ownership
+            ownership = layout.ownership
         if not isinstance(ownership, Ownership):
-            raise LayoutError(f"Fragment expects an Ownership (e.g. LocalOwnership(2, 2)), but got {ownership!r}")
+            raise LayoutError(f"Fragment expects a Layout (e.g. ty.wgmma_acc(64)) or an Ownership (e.g. "
+                              f"LocalOwnership(2, 2)), but got {ownership!r}")
         cols = self._columns(data)
         if layout is None:
             if ownership.kind != "local":
@@ -336,7 +340,6 @@ def _check_ownership(layout: Layout, own: Ownership):
     _checked.add(key)
 
 
-def ownership_of(layout: Layout, kind: str = "quad") -> Ownership:
-    """The ownership a layout implies (who shares its rows and columns)."""
-    return Ownership(kind, layout.sharing_lanes(0), layout.sharing_lanes(1), layout.sharing_warps(0),
-                     layout.sharing_warps(1))
+def ownership_of(layout: Layout, kind: str | None = None) -> Ownership:
+    """The ownership a layout implies (who shares its rows and columns): ``layout.ownership``."""
+    return layout.ownership

@@ -37,10 +37,13 @@ class Ownership:
     ``row_lanes``: lane xor masks connecting the lanes that together hold one row (a dims=2
     reduction shuffles over exactly these). ``col_lanes``: the same for columns (dims=1).
     ``row_warps``/``col_warps``: how many warps share a row/column (more than one cannot be
-    reduced with shuffles). ``row_length`` (lane-local only): values per row.
+    reduced with shuffles). ``row_length`` (lane-local only): values per row. ``kind`` is a
+    name for printing; two ownerships are equal when they share the same lanes and warps.
+
+    A layout determines its ownership (``Layout.ownership``); a declared one is checked against it.
     """
 
-    kind: str
+    kind: str = field(compare=False)
     row_lanes: tuple[int, ...] = ()
     col_lanes: tuple[int, ...] = ()
     row_warps: int = 1
@@ -151,6 +154,25 @@ class Layout:
         for r in range(rows):
             lines.append(f"{r:>4} " + " ".join(f"{x:>{width}}" for x in grid[r][:shown]))
         return "\n".join(lines)
+
+    @functools.cached_property
+    def ownership(self) -> "Ownership":
+        """Who shares this layout's rows and columns, read off its table."""
+        if self.threads == 1:
+            return Ownership("local", (), (), 1, 1, self.shape[1])
+        rows, cols = self.sharing_lanes(0), self.sharing_lanes(1)
+        row_warps, col_warps = self.sharing_warps(0), self.sharing_warps(1)
+        if self.replicated:
+            kind = "reduced"
+        elif rows == (1, 2, 4, 8, 16):
+            kind = "warp"
+        elif rows == (1, 2) and col_warps == 4:
+            kind = "warpgroup"
+        elif rows == (1, 2):
+            kind = "quad"
+        else:
+            kind = "lanes"
+        return Ownership(kind, rows, cols, row_warps, col_warps, None)
 
     @functools.cached_property
     def row_slots(self) -> tuple[int, ...]:
