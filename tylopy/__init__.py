@@ -19,6 +19,7 @@ from . import hopper  # noqa: F401  (ty.hopper.tma_load, ty.hopper.mbarrier_wait
 from .errors import (CaptureError, CompileError, CompileOptionError, DriverError, KernelSourceError, LaunchTypeError,
                      LaunchValueError, NoDriverError, OwnershipError, ResourceLimitError, TylopyError)
 from .frontend.kernel import CompiledKernel, Kernel, __version__, func, kernel
+from .frontend.autotune import Config, autotune
 from .frontend.lang import *  # noqa: F401,F403  (the kernel language is the package's namespace)
 from .frontend.lang import __all__ as _lang_all
 from .frontend.options import CompileOptions
@@ -34,6 +35,7 @@ __all__ = ["kernel", "func", "Kernel", "CompiledKernel", "CompileOptions", "Tylo
            "Ownership", "LocalOwnership", "QUAD", "WARP", "WARPGROUP", "MMA_SYNC_A", "MMA_SYNC_B", "MMA_SYNC_C",
            "WGMMA_A_RS", "tiled_mma_c", "wgmma_acc", "MmaSyncAtom", "WgmmaAtom", "SoftmaxState", "SoftmaxUpdate",
            "softmax_update", "softmax_normalize", "softmax_merge", "softmax_lse", "pack_operand_a", "hopper",
+           "autotune", "Config",
            *_lang_all]
 
 
