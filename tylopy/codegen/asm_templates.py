@@ -49,7 +49,7 @@ def fence_operand(kinds: str) -> tuple[str, str]:
     return "", f"{outs},{ins}"
 
 
-def wgmma(n: int, dtype: str, a_kind: str, trans_b: int, zero_init: bool = False) -> tuple[str, str]:
+def wgmma(n: int, dtype: str, a_kind: str, trans_b: int, zero_init: bool = False, trans_a: int = 0) -> tuple[str, str]:
     """m64n{n}k16 f32 += {dtype} x {dtype}; SS takes desc_a, RS four b32 registers of A.
 
     Operands: outputs d0..d(n/2-1); unless zero_init, the same registers tied as inputs; then A,
@@ -64,7 +64,7 @@ def wgmma(n: int, dtype: str, a_kind: str, trans_b: int, zero_init: bool = False
         a = "{" + ", ".join(f"${base + i}" for i in range(4)) + "}"
         nb, a_cons = base + 4, "r,r,r,r"
     b = f"${nb}"
-    trans_a = ", 0" if a_kind == "ss" else ""
+    trans_a = f", {int(trans_a)}" if a_kind == "ss" else ""
     if zero_init:
         head, scale = "", "0"
     else:

@@ -18,8 +18,8 @@ S = 16-byte chunks per swizzle row: 2, 4, 8 for 32B, 64B, 128B):
     MN-major, no swizzle:  ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO))
     MN-major, swizzled:    ((T,S,m),(8,k)):((1,T,LBO),(S*T,SBO))
 
-then Swizzle<B,4,3> on the absolute byte address. imm-trans-b = 1 reads B MN-major; A is
-always K-major here (the SS template passes imm-trans-a = 0). Each wgmma accumulates in f32
+then Swizzle<B,4,3> on the absolute byte address. imm-trans-b = 1 reads B MN-major and
+imm-trans-a = 1 (SS only) reads A MN-major; register A (RS) is always K-major. Each wgmma accumulates in f32
 the way the hardware does (``tensorcore.py``).
 
 Results are ``Pending`` in the warp's open commit group until a wgmma_wait passes them through
@@ -113,6 +113,7 @@ def read_operand(w, op, desc: int, rows: int, k_major: bool, dtype: str, what: s
 def make_wgmma(prog, op):
     n, dtype, kind = op.attr("n"), op.attr("dtype"), op.attr("a_kind")
     trans_b, zero = int(op.attr("trans_b")), bool(op.attr("zero_init", False))
+    trans_a = int(op.attr("trans_a", 0) or 0)
     nacc = n // 2
     s = [prog.slot(v) for v in op.operands]
     acc = [] if zero else s[:nacc]
@@ -128,7 +129,7 @@ def make_wgmma(prog, op):
         b, b_bytes = read_operand(w, op, desc_b, n, not trans_b, dtype, "B")  # (N, 16)
         reads = [b_bytes]
         if kind == "ss":
-            a_all, a_bytes = read_operand(w, op, desc_a, 64, True, dtype, "A")
+            a_all, a_bytes = read_operand(w, op, desc_a, 64, not trans_a, dtype, "A")
             reads.append(a_bytes)
         bt = np.ascontiguousarray(b.T)
         for q, (accs, words) in inst.inputs.items():

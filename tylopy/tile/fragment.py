@@ -100,6 +100,7 @@ def _fold(ops, fn, xs):
 
 
 _REDUCERS = {"max": "max", "sum": "add", "min": "min"}
+_PENDING = "pending wgmma group"  # a loop-carried fragment's static mark: pending, in some group
 
 
 class Fragment:
@@ -206,12 +207,21 @@ class Fragment:
                         self.pack if pack is None else pack, None, dtype if dtype is not None else self.dtype)
 
     # -- pytree for run-time loops ---------------------------------------------------------------
+    # A pending accumulator may be carried around a run-time loop (a pipelined mainloop keeps the
+    # last k-block's wgmmas in flight with wgmma_wait(1)). Commit-group numbers are trace-time
+    # counts that differ between loop entry and the body's end, so the loop's structure records
+    # only *that* it is pending; rebuilt, it is pending in the latest closed group, which only a
+    # wait covering every group completes (conservative, and exact at the loop's end).
     def __tylopy_flatten__(self):
-        return list(self._cols), (self.layout, self.ownership, self.pack, self.group, self.dtype)
+        group = _PENDING if self.group is not None else None
+        return list(self._cols), (self.layout, self.ownership, self.pack, group, self.dtype)
 
     @classmethod
     def __tylopy_unflatten__(cls, aux, leaves):
         layout, ownership, pack, group, dtype = aux
+        if group is _PENDING:
+            from ..frontend.builder import current_builder
+            group = max(current_builder().state.get("wgmma_committed", 0), 1)
         return cls(tuple(leaves), ownership, layout, pack, group, dtype)
 
     # -- elementwise -----------------------------------------------------------------------------

@@ -79,11 +79,13 @@ def _groups() -> dict:
     return state
 
 
-def wgmma(atom: WgmmaAtom, acc: Fragment | None, a, desc_b, trans_b: int = 0, scale_d=True) -> Fragment:
+def wgmma(atom: WgmmaAtom, acc: Fragment | None, a, desc_b, trans_b: int = 0, scale_d=True,
+          trans_a: int = 0) -> Fragment:
     """Issue one m64n{n}k16 wgmma into ``acc`` (None: D = A B, the accumulator is not read).
 
-    ``a`` is a u64 descriptor (SS) or a packed ``WGMMA_A_RS`` fragment (RS). The result is
-    pending in the currently open commit group.
+    ``a`` is a u64 descriptor (SS) or a packed ``WGMMA_A_RS`` fragment (RS). ``trans_a`` /
+    ``trans_b`` = 1 read that shared-memory operand MN-major (imm-trans; register A is always
+    K-major, so RS takes no ``trans_a``). The result is pending in the currently open commit group.
     """
     nacc = atom.n // 2
     operands = []
@@ -91,6 +93,10 @@ def wgmma(atom: WgmmaAtom, acc: Fragment | None, a, desc_b, trans_b: int = 0, sc
         if acc.layout != atom.acc_layout:
             raise LayoutError(f"wgmma accumulator expects {atom.acc_layout}, but got {acc.layout}")
         operands += list(acc._cols)  # a pending accumulator may feed the next wgmma of the same chain
+    if trans_a not in (0, 1) or trans_b not in (0, 1):
+        raise LayoutError(f"wgmma trans_a/trans_b expect 0 or 1, but got {trans_a!r}/{trans_b!r}")
+    if atom.a_source == "rs" and trans_a:
+        raise LayoutError("wgmma RS expects trans_a=0 (a register A operand is always K-major), but got 1")
     if atom.a_source == "rs":
         if not isinstance(a, Fragment) or a.layout != WGMMA_A_RS or a.pack != 2:
             raise LayoutError(f"wgmma RS expects a packed {WGMMA_A_RS} fragment as A, but got {a!r}")
@@ -103,7 +109,7 @@ def wgmma(atom: WgmmaAtom, acc: Fragment | None, a, desc_b, trans_b: int = 0, sc
     if acc is not None:
         operands.append(as_value(scale_d, i1))
     out = emit("wgmma", operands, n=atom.n, dtype=atom.dtype.name, a_kind=atom.a_source, trans_b=int(trans_b),
-                   zero_init=acc is None)
+                   zero_init=acc is None, **({"trans_a": 1} if trans_a else {}))
     group = _groups()["wgmma_committed"] + 1
     return Fragment(out, WARPGROUP, atom.acc_layout, group=group)
 
