@@ -23,6 +23,7 @@ class SourceLoc:
     lineno: int
     col: int = 0
     function: str = ""
+    end_col: int = 0  # one past the expression's last column on this line (0: unknown)
 
     def __str__(self) -> str:
         return f"{self.filename}:{self.lineno}"
@@ -35,7 +36,9 @@ class SourceLoc:
         line = self.source_line()
         if not line:
             return ""
-        return f"    {line}\n    {' ' * self.col}^"
+        width = self.end_col - self.col if self.end_col > self.col else 1
+        width = max(1, min(width, len(line) - self.col))
+        return f"    {line}\n    {' ' * self.col}{'^' * width}"
 
 
 class KernelSourceError(TylopyError):

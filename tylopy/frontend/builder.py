@@ -9,6 +9,7 @@ rejection points at the kernel, not at tylopy. The builder speaks IR values only
 from __future__ import annotations
 
 import contextvars
+import functools
 import os
 import sys
 from typing import Any, Sequence
@@ -43,13 +44,43 @@ def _is_tylopy_file(fname: str) -> bool:
     return fname.startswith(_PACKAGE_DIR) and not fname.startswith("<")
 
 
+@functools.lru_cache(maxsize=2048)
+def _positions(code) -> tuple:
+    return tuple(code.co_positions())
+
+
+def frame_location(frame) -> SourceLoc:
+    """The line and the column span of the expression ``frame`` is evaluating (a call, an operator)."""
+    return code_location(frame.f_code, frame.f_lasti, frame.f_lineno)
+
+
+def code_location(code, lasti: int, lineno: int) -> SourceLoc:
+    """The source span of the instruction at byte offset ``lasti`` of ``code`` (on ``lineno``)."""
+    col, end_col = 0, 0
+    try:
+        start, end, c0, c1 = _positions(code)[lasti // 2]
+        if start == lineno and c0 is not None:
+            col, end_col = c0, (c1 if end == start and c1 is not None else 0)
+    except (IndexError, ValueError, TypeError):
+        pass
+    return SourceLoc(code.co_filename, lineno, col, _function_name(code), end_col)
+
+
+def _function_name(code) -> str:
+    name = code.co_name  # the rewritten bodies of if/for/while are nested functions of the kernel
+    if not name.startswith("__ty_"):
+        return name
+    parts = [p for p in code.co_qualname.split(".<locals>.") if not p.startswith("__ty_")]
+    return parts[-1] if parts else name
+
+
 def user_location(frame=None) -> SourceLoc | None:
     """The innermost stack frame that is not tylopy's own code (the kernel line being traced)."""
     frame = frame or sys._getframe(1)
     while frame is not None:
         fname = frame.f_code.co_filename
         if not _is_tylopy_file(fname) and (not fname.startswith("<") or fname.startswith(("<stdin", "<ipython"))):
-            return SourceLoc(fname, frame.f_lineno, 0, frame.f_code.co_name)
+            return frame_location(frame)
         frame = frame.f_back
     return None
 
@@ -83,6 +114,8 @@ class Builder:
         self.wait_sites: list = []
         self.state: dict[str, Any] = {}
         self.op_count = 0
+        self.unrolling: list = []  # the source locations of the compile-time loops being unrolled now
+        self._constants: dict[int, Any] = {}
         self._token = None
 
     # -- activation -----------------------------------------------------------------------
@@ -114,12 +147,42 @@ class Builder:
             self.error(str(e))
         self.op_count += 1
         if self.op_count > MAX_OPS:
-            self.error(f"the kernel's trace passed {MAX_OPS} ops: a compile-time loop unrolls too far",
-                       hint="make the loop a run-time loop: ty.range(n, unroll=False), or a run-time bound")
+            self._too_many_ops()
         results = tuple(self.new_value(t) for t in types)
+        if opcode == "const":
+            self._constants[results[0].id] = attrs.get("value")
         op = Op(opcode, tuple(operands), results, tuple(sorted(attrs.items())), tuple(regions), user_location())
         self._blocks[-1].ops.append(op)
         return results
+
+    def _too_many_ops(self):
+        hint = "make the loop a run-time loop: ty.range(n, unroll=False), or give it a run-time bound"
+        if self.unrolling and self.unrolling[0] is not None:
+            loop = self.unrolling[0]
+            raise KernelSourceError(f"the kernel's trace passed {MAX_OPS} ops while unrolling the compile-time loop "
+                                    f"at {loop} (nested unrolled loops multiply)", loop, hint)
+        self.error(f"the kernel's trace passed {MAX_OPS} ops: a compile-time loop unrolls too far", hint=hint)
+
+    def definition_loc(self, v: Value) -> SourceLoc | None:
+        """Where the op that made ``v`` was traced (searched in the blocks still open; for errors)."""
+        def search(ops):
+            for op in reversed(ops):
+                if any(r is v for r in op.results):
+                    return op.loc
+                for region in op.regions:
+                    found = search(region.ops)
+                    if found is not None:
+                        return found
+            return None
+        for blk in reversed(self._blocks):
+            found = search(blk.ops)
+            if found is not None:
+                return found
+        return None
+
+    def constant_value(self, v: Value):
+        """The Python value of ``v`` if a ``const`` op of this trace made it, else None."""
+        return self._constants.get(v.id)
 
     def push_block(self, arg_types: Sequence[Type]) -> tuple[Value, ...]:
         blk = _BlockBuilder(self.new_value(t) for t in arg_types)
@@ -138,6 +201,11 @@ class Builder:
 
     def resume_block(self, block: _BlockBuilder):
         self._blocks.append(block)
+
+    @property
+    def next_id(self) -> int:
+        """The id the next value will get (values made later have larger ids)."""
+        return self._next_id
 
     @property
     def depth(self) -> int:

@@ -18,8 +18,8 @@ import inspect
 import os
 import re
 import sys
+import textwrap
 import time
-import traceback
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -31,7 +31,7 @@ from ..ir.types import PointerType, ScalarType, TensorMapType, Type
 from ..ir.values import KernelIR, LaunchBounds, Param
 from ..ir.verify import verify
 from . import capture, tracing
-from .builder import Builder, user_location
+from .builder import Builder, _is_tylopy_file, code_location, user_location
 from .lang import NoAliasPointer, _Constexpr
 from .options import CompileOptions, from_environment
 from .proxy import RuntimeValue
@@ -45,22 +45,22 @@ MAX_FUNC_DEPTH = 64
 
 
 def _locate(fn: Callable, match: Callable[[ast.AST], bool]) -> SourceLoc:
-    """The line of the first node in ``fn``'s source that ``match`` accepts (else the ``def`` line).
-
-    The source starts at the first decorator, as ``co_firstlineno`` does; ``FunctionDef.lineno``
-    is the ``def`` line itself.
-    """
-    base = fn.__code__.co_firstlineno
-    filename = fn.__code__.co_filename
-    line = base
+    """The position of the first node in ``fn``'s source that ``match`` accepts (else its ``def``)."""
+    code = getattr(fn, "__code__", None)
+    filename = code.co_filename if code else "?"
+    line = code.co_firstlineno if code else 0
     try:
         src, filename = source_of(fn)
-        fdef = ast.parse(src).body[0]
+        dedented = textwrap.dedent(src)
+        indent = len(src.splitlines()[0]) - len(dedented.splitlines()[0])
+        fdef = ast.parse(dedented).body[0]
         node = next((n for n in ast.walk(fdef) if match(n)), fdef)
-        line = base + node.lineno - 1
-    except (KernelSourceError, SyntaxError):
-        pass
-    return SourceLoc(filename, line, 0, fn.__name__)
+        lineno = line + node.lineno - 1
+        single = getattr(node, "end_lineno", None) == node.lineno
+        end = node.end_col_offset + indent if single else node.col_offset + indent + 3
+        return SourceLoc(filename, lineno, node.col_offset + indent, fn.__name__, end)
+    except (KernelSourceError, SyntaxError, IndexError, AttributeError):
+        return SourceLoc(filename, line, 0, getattr(fn, "__name__", ""))
 
 
 def _param_loc(fn: Callable, name: str) -> SourceLoc:
@@ -431,12 +431,13 @@ def _constexpr_note(cx: dict) -> str:
 def _innermost_user_frame() -> SourceLoc | None:
     """The innermost frame of the exception being handled that is the user's code."""
     tb = sys.exc_info()[2]
-    frames = traceback.extract_tb(tb)
-    from .builder import _is_tylopy_file
-    for fr in reversed(frames):
-        if not _is_tylopy_file(fr.filename) and not fr.filename.startswith("<"):
-            return SourceLoc(fr.filename, fr.lineno or 0, 0, fr.name)
-    return None
+    found = None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if not _is_tylopy_file(code.co_filename) and not code.co_filename.startswith("<"):
+            found = code_location(code, tb.tb_lasti, tb.tb_lineno)
+        tb = tb.tb_next
+    return found
 
 
 class _BoundLaunch:

@@ -10,9 +10,14 @@ receives and returns the names the body assigns (the loop-carried or merged valu
                                                            (__ty.lookup(locals(), 'acc'),))
 
 At trace time ``for_``/``if_``/``while_`` run the body as plain Python when the condition or the
-bounds are compile-time values (unrolling), and build an IR region otherwise. Statements that
-contain ``return``, ``break`` or ``continue`` are left alone: they keep Python's meaning and
-work on compile-time values only (a run-time condition there raises an error at its line).
+bounds are compile-time values (unrolling), and build an IR region otherwise. ``return``,
+``break`` and ``continue`` are first lowered to flag variables (``jumps.py``), so they work
+under run-time conditions too. A name whose list elements or attributes are assigned in a body
+(``acc[i] = ...``) is carried like a rebound name when it holds a list, tuple, dict or tile
+object; pointers stored through (``out[i] = ...``) are not carried.
+
+Column offsets stay those of the user's file (the dedent is undone), so an error's caret sits
+under the expression that raised it.
 """
 from __future__ import annotations
 
@@ -21,11 +26,16 @@ import inspect
 import itertools
 import textwrap
 
-from ..errors import KernelSourceError
-from . import capture
+from ..errors import KernelSourceError, SourceLoc
+from . import capture, jumps
 
 _counter = itertools.count()
 RT = "__ty"  # the name under which the rewritten code sees tylopy.tracing
+
+
+def _generated(name: str) -> bool:
+    """Names the rewrite makes for its own functions and loop indices (never carried)."""
+    return name.startswith("__ty_") or name == RT
 
 
 def _assigned_names(stmts) -> list[str]:
@@ -33,11 +43,11 @@ def _assigned_names(stmts) -> list[str]:
 
     class V(ast.NodeVisitor):
         def visit_Name(self, node):
-            if isinstance(node.ctx, ast.Store) and not node.id.startswith("__ty") and node.id not in names:
+            if isinstance(node.ctx, ast.Store) and not _generated(node.id) and node.id not in names:
                 names.append(node.id)
 
         def visit_FunctionDef(self, node):  # a def binds its name, its body is another scope
-            if not node.name.startswith("__ty") and node.name not in names:
+            if not _generated(node.name) and node.name not in names:
                 names.append(node.name)
 
         def visit_Lambda(self, node):
@@ -55,6 +65,27 @@ def _assigned_names(stmts) -> list[str]:
     for s in stmts:
         V().visit(s)
     return names
+
+
+def _mutated_names(stmts) -> list[str]:
+    """Names whose elements or attributes are assigned (``acc[i] = v``, ``st.m = v``, ``acc[i] += v``)."""
+    names: list[str] = []
+    for s in stmts:
+        for node in ast.walk(s):
+            if isinstance(node, (ast.Subscript, ast.Attribute)) and isinstance(node.ctx, (ast.Store, ast.Del)):
+                base = node.value
+                while isinstance(base, (ast.Subscript, ast.Attribute)):
+                    base = base.value
+                if isinstance(base, ast.Name) and not _generated(base.id) and base.id not in names:
+                    names.append(base.id)
+    return names
+
+
+def _body_names(stmts, exclude=()) -> tuple[list[str], list[str]]:
+    """(every name the body rebinds or mutates, the ones it only mutates)."""
+    assigned = [n for n in _assigned_names(stmts) if n not in exclude]
+    mutated = [n for n in _mutated_names(stmts) if n not in assigned and n not in exclude]
+    return assigned + mutated, mutated
 
 
 def _has_jump(stmts) -> bool:
@@ -108,32 +139,42 @@ def _func(name, params, body, names) -> ast.FunctionDef:
                            returns=None, type_params=[])
 
 
+def _keywords(mutated, stops) -> list[ast.keyword]:
+    kws = []
+    if mutated:
+        kws.append(ast.keyword(arg="mutated", value=ast.Tuple([ast.Constant(n) for n in mutated], ast.Load())))
+    if stops:
+        kws.append(ast.keyword(arg="stop", value=ast.Tuple([ast.Constant(n) for n in stops], ast.Load())))
+    return kws
+
+
+def _names_tuple(names) -> ast.Tuple:
+    return ast.Tuple([ast.Constant(n) for n in names], ast.Load())
+
+
 class _Rewriter(ast.NodeTransformer):
     def _fresh(self, kind: str) -> str:
         return f"__ty_{kind}_{next(_counter)}"
 
-    def _call_stmt(self, node, names, call) -> list[ast.stmt]:
+    def _call_stmt(self, names, call) -> ast.stmt:
         if names:
-            target = _tuple(names, ast.Store)
-            stmt = ast.Assign(targets=[target], value=call)
-        else:
-            stmt = ast.Expr(value=call)
-        return stmt
+            return ast.Assign(targets=[_tuple(names, ast.Store)], value=call)
+        return ast.Expr(value=call)
 
     def visit_If(self, node: ast.If):
         self.generic_visit(node)
         if _has_jump(node.body + node.orelse):
             return node
-        names = _assigned_names(node.body + node.orelse)
+        names, mutated = _body_names(node.body + node.orelse)
         then_name, else_name = self._fresh("then"), self._fresh("else")
         then_fn = _func(then_name, names, node.body, names)
         else_fn = _func(else_name, names, node.orelse or [ast.Pass()], names)
         call = ast.Call(func=_rt("if_"), args=[node.test, ast.Name(then_name, ast.Load()), ast.Name(else_name, ast.Load()),
-                                               ast.Tuple([ast.Constant(n) for n in names], ast.Load()), _lookups(names)],
-                        keywords=[])
-        out = [then_fn, else_fn, self._call_stmt(node, names, call)]
+                                               _names_tuple(names), _lookups(names)],
+                        keywords=_keywords(mutated, ()))
+        out = [then_fn, else_fn, self._call_stmt(names, call)]
         for s in out:
-            ast.copy_location(s, node)
+            jumps.at(s, node)
         return out
 
     def visit_For(self, node: ast.For):
@@ -141,29 +182,28 @@ class _Rewriter(ast.NodeTransformer):
         if node.orelse or _has_jump(node.body) or not isinstance(node.target, (ast.Name, ast.Tuple)):
             return node
         target_names = _assigned_names([ast.Assign(targets=[node.target], value=ast.Constant(0))])
-        names = [n for n in _assigned_names(node.body) if n not in target_names]
+        names, mutated = _body_names(node.body, exclude=target_names)
         body_name = self._fresh("for")
         iv = self._fresh("iv")
         body = [ast.Assign(targets=[node.target], value=ast.Name(iv, ast.Load()))] + node.body
-        for s in body[:1]:
-            ast.copy_location(s, node)
+        jumps.at(body[0], node)
         fn = _func(body_name, [iv] + names, body, names)
         it = node.iter
         if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range":
-            it = ast.Call(func=_rt("range"), args=it.args, keywords=it.keywords)
-        call = ast.Call(func=_rt("for_"), args=[it, ast.Name(body_name, ast.Load()),
-                                                ast.Tuple([ast.Constant(n) for n in names], ast.Load()), _lookups(names)],
-                        keywords=[])
-        out = [fn, self._call_stmt(node, names, call)]
+            it = jumps.at(ast.Call(func=_rt("range"), args=it.args, keywords=it.keywords), it)
+        call = ast.Call(func=_rt("for_"), args=[it, ast.Name(body_name, ast.Load()), _names_tuple(names),
+                                                _lookups(names)],
+                        keywords=_keywords(mutated, getattr(node, jumps.STOPS, ())))
+        out = [fn, self._call_stmt(names, call)]
         for s in out:
-            ast.copy_location(s, node)
+            jumps.at(s, node)
         return out
 
     def visit_While(self, node: ast.While):
         self.generic_visit(node)
         if node.orelse or _has_jump(node.body):
             return node
-        names = _assigned_names(node.body)
+        names, mutated = _body_names(node.body)
         cond_name, body_name = self._fresh("wcond"), self._fresh("wbody")
         cond_args = ast.arguments(posonlyargs=[], args=[ast.arg(arg=p) for p in names], vararg=None,
                                   kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[])
@@ -171,26 +211,61 @@ class _Rewriter(ast.NodeTransformer):
                                   decorator_list=[], returns=None, type_params=[])
         body_fn = _func(body_name, names, node.body, names)
         call = ast.Call(func=_rt("while_"), args=[ast.Name(cond_name, ast.Load()), ast.Name(body_name, ast.Load()),
-                                                  ast.Tuple([ast.Constant(n) for n in names], ast.Load()), _lookups(names)],
-                        keywords=[])
-        out = [cond_fn, body_fn, self._call_stmt(node, names, call)]
+                                                  _names_tuple(names), _lookups(names)],
+                        keywords=_keywords(mutated, getattr(node, jumps.STOPS, ())))
+        out = [cond_fn, body_fn, self._call_stmt(names, call)]
         for s in out:
-            ast.copy_location(s, node)
+            jumps.at(s, node)
         return out
 
 
 def source_of(fn) -> tuple[str, str]:
-    """(dedented source, file name) of ``fn``; a clear error when Python kept no source for it."""
+    """(source, file name) of ``fn`` as the file has it; a clear error when Python kept no source."""
+    if getattr(fn, "__wrapped__", None) is not None:
+        inner = inspect.unwrap(fn)
+        code = getattr(inner, "__code__", None)
+        loc = SourceLoc(code.co_filename, code.co_firstlineno, 0, inner.__name__) if code else None
+        raise KernelSourceError(
+            f"{fn.__qualname__!r} is a wrapper made by another decorator (it has __wrapped__); tylopy traces the "
+            "source of the function it is given, so the wrapper's behaviour would be lost", loc,
+            hint="put @ty.kernel / @ty.func directly above the def (other decorators may go above it)")
     try:
-        src = textwrap.dedent(inspect.getsource(fn))
+        lines, _ = inspect.getsourcelines(fn)
         filename = inspect.getsourcefile(fn) or inspect.getfile(fn)
     except (OSError, TypeError):
-        where = getattr(fn.__code__, "co_filename", "?")
+        where = getattr(getattr(fn, "__code__", None), "co_filename", "?")
         raise KernelSourceError(
             f"tylopy cannot read the source of {fn.__qualname__!r} (defined in {where}): it rewrites a kernel's "
             "source to trace run-time if/for/while", None,
-            hint="define kernels and @ty.func helpers in a .py file (not in a REPL, `python -` or exec)") from None
-    return src, filename
+            hint="define kernels and @ty.func helpers in a .py file and import or run it (not in a REPL, "
+                 "`python -` or exec of a string)") from None
+    return "".join(lines), filename
+
+
+def _parse(fn, src: str, filename: str) -> ast.FunctionDef:
+    """The function's AST with the line numbers and columns of its file."""
+    dedented = textwrap.dedent(src)
+    indent = len(src.splitlines()[0]) - len(dedented.splitlines()[0])
+    tree = ast.parse(dedented)
+    ast.increment_lineno(tree, fn.__code__.co_firstlineno - 1)
+    if indent:
+        for node in ast.walk(tree):
+            if hasattr(node, "col_offset"):
+                node.col_offset += indent
+                if getattr(node, "end_col_offset", None) is not None:
+                    node.end_col_offset += indent
+    fdef = tree.body[0]
+    if not isinstance(fdef, ast.FunctionDef):
+        raise KernelSourceError(f"tylopy can only trace plain functions (def), but {fn.__qualname__!r} is a "
+                                f"{type(fdef).__name__}", SourceLoc(filename, fdef.lineno, fdef.col_offset))
+    for node in ast.walk(fdef):
+        name = node.id if isinstance(node, ast.Name) else node.arg if isinstance(node, ast.arg) else None
+        if name is not None and name.startswith("__ty"):
+            raise KernelSourceError(
+                f"the name {name!r} is reserved for tylopy's rewritten code, but {fn.__qualname__!r} uses it",
+                SourceLoc(filename, node.lineno, node.col_offset, fn.__name__, node.end_col_offset or 0),
+                hint="rename it (names starting with '__ty' are tylopy's)")
+    return fdef
 
 
 class Traceable:
@@ -227,17 +302,12 @@ class Traceable:
 def rewrite_function(fn, record_closure: bool = False) -> Traceable:
     """Rewrite ``fn``'s source so that its control flow can be traced (see ``Traceable``)."""
     src, filename = source_of(fn)
-    first_line = fn.__code__.co_firstlineno
-    tree = ast.parse(src)
-    ast.increment_lineno(tree, first_line - 1)
-    fdef = tree.body[0]
-    if not isinstance(fdef, ast.FunctionDef):
-        raise KernelSourceError(f"tylopy can only trace plain functions (def), but {fn.__qualname__!r} is a "
-                                f"{type(fdef).__name__}", None)
+    fdef = _parse(fn, src, filename)
     fdef.decorator_list = []
     fdef.returns = None
     for a in fdef.args.args + fdef.args.kwonlyargs + fdef.args.posonlyargs:
         a.annotation = None
+    jumps.lower_function(fdef, filename)
     fdef = _Rewriter().visit(fdef)
     freevars = fn.__code__.co_freevars
     factory_args = ast.arguments(posonlyargs=[], args=[ast.arg(arg=RT)] + [ast.arg(arg=v) for v in freevars],
@@ -245,7 +315,7 @@ def rewrite_function(fn, record_closure: bool = False) -> Traceable:
     factory = ast.FunctionDef(name="__ty_factory", args=factory_args,
                               body=[fdef, ast.Return(value=ast.Name(fdef.name, ast.Load()))],
                               decorator_list=[], returns=None, type_params=[])
-    ast.copy_location(factory, fdef)
+    jumps.at(factory, fdef)
     module = ast.Module(body=[factory], type_ignores=[])
     ast.fix_missing_locations(module)
     code = compile(module, filename, "exec")

@@ -2,190 +2,124 @@
 
 This is tylopy's one implementation of structured control flow. Compile-time conditions and
 bounds run as plain Python (the untaken branch is never traced, loops unroll). Run-time ones
-build IR regions (``if``, ``for``, ``while`` ops); the values they carry may be scalars, tuples
-and lists of them, or any object with ``__tylopy_flatten__`` (fragments, softmax states).
+build IR regions (``if``, ``for``, ``while`` ops); the values they carry may be scalars, tuples,
+lists and dicts of them, or any object with ``__tylopy_flatten__`` (``pytree.py``).
+
+``break``, ``continue`` and ``return`` arrive as flag variables (``jumps.py``): a loop given
+``stop`` flags ends when one is true. A run-time ``for`` with stop flags becomes an IR
+``while`` over (index, carried values, flags); an unrolled loop guards each later iteration
+with a run-time ``if`` once a flag is a run-time value; a compile-time ``while`` whose
+condition or flags become run-time values continues as an IR ``while``.
 """
 from __future__ import annotations
 
 import builtins
 import itertools
-from typing import Any
 
 from ..errors import KernelSourceError
 from ..ir.types import ScalarType, i1, i32
 from .builder import current_builder, user_location
 from .proxy import RuntimeValue, as_value, handle
+from .pytree import (NORET, Undefined, copy_tree, display, flatten, is_container, is_defined, lookup,  # noqa: F401
+                     number_fits, promote, same_static, unflatten, zero_like)
 
 # A compile-time loop that unrolls more iterations than this at trace time is almost surely
 # meant to run at run time (unrolled code also grows LLVM's compile time faster than linearly).
 MAX_UNROLL = 8192
+_RV = "__tyf_rv"
 
 
-class _Undefined:
-    """A name that has no value on this path (assigned in one branch only, or not yet)."""
+# -- the flags of lowered jumps ---------------------------------------------------------------
 
-    __slots__ = ("name",)
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def _fail(self, *args, **kwargs):
-        raise KernelSourceError(
-            f"{self.name!r} has no value here: it is assigned on only one path of a run-time "
-            "if, or only inside a run-time loop", user_location(),
-            hint="assign it before the if/loop so every path defines it")
-
-    __getattr__ = _fail
-    undefined_error = _fail  # found on the class by proxy.handle/as_value, which cannot import this module
-    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = _fail
-    __lt__ = __le__ = __gt__ = __ge__ = __bool__ = __index__ = __call__ = __getitem__ = _fail
-    __iter__ = _fail
+def not_any(*flags):
+    """``not (f1 or f2 ...)``: a Python bool when every flag is one, else a run-time i1."""
+    runtime = []
+    for f in flags:
+        if isinstance(f, RuntimeValue):
+            runtime.append(f if f.type == i1 else (f != 0))
+        elif f:
+            return False
+    if not runtime:
+        return True
+    acc = runtime[0]
+    for f in runtime[1:]:
+        acc = acc | f
+    return ~acc
 
 
-def lookup(scope: dict, name: str) -> Any:
-    return scope.get(name, _Undefined(name))
+def no_return():
+    return NORET
 
 
-def is_defined(x) -> bool:
-    return not isinstance(x, _Undefined)
-
-
-# -- pytrees of values ----------------------------------------------------------------------
-
-def flatten(x) -> tuple[list[RuntimeValue], Any]:
-    """Split ``x`` into its run-time values and a static description to rebuild it."""
-    if isinstance(x, _Undefined):
-        return [], ("static", x)
-    if isinstance(x, RuntimeValue):
-        return [x], ("v",)
-    if isinstance(x, (tuple, list)):
-        leaves, auxes = [], []
-        for e in x:
-            l, a = flatten(e)
-            leaves += l
-            auxes.append((len(l), a))
-        return leaves, ("seq", type(x), tuple(auxes))
-    if hasattr(x, "__tylopy_flatten__"):
-        leaves, aux = x.__tylopy_flatten__()
-        return list(leaves), ("obj", type(x), aux, len(leaves))
-    return [], ("static", x)
-
-
-def unflatten(aux, leaves: list[RuntimeValue]):
-    kind = aux[0]
-    if kind == "v":
-        return leaves[0]
-    if kind == "seq":
-        out, i = [], 0
-        for n, a in aux[2]:
-            out.append(unflatten(a, leaves[i:i + n]))
-            i += n
-        return aux[1](out)
-    if kind == "obj":
-        return aux[1].__tylopy_unflatten__(aux[2], list(leaves))
-    return aux[1]
-
-
-def _static_equal(a, b) -> bool:
-    if isinstance(a, RuntimeValue) or isinstance(b, RuntimeValue):  # comparing would build an op
-        return a is b
-    try:
-        return bool(a == b)
-    except Exception:  # noqa: BLE001 - an object whose == misbehaves is compared by identity
-        return a is b
-
-
-def _same_static(a, b) -> bool:
-    """Do two flatten() descriptions agree on everything that is not a run-time value?"""
-    if a[0] != b[0]:
-        return False
-    if a[0] == "static":
-        return type(a[1]) is type(b[1]) and _static_equal(a[1], b[1])
-    if a[0] == "seq":
-        return a[1] is b[1] and len(a[2]) == len(b[2]) and all(
-            n1 == n2 and _same_static(x, y) for (n1, x), (n2, y) in zip(a[2], b[2]))
-    if a[0] == "obj":
-        return a[1] is b[1] and a[3] == b[3] and _static_equal(a[2], b[2])
-    return True
-
-
-def _number_fits(x, t: ScalarType) -> bool:
-    """May the Python number ``x`` stand for a value of ``t`` where two paths meet?"""
-    if isinstance(x, bool):
-        return t.is_bool or t.is_int
-    if isinstance(x, float):
-        return t.is_float  # 0.0 on one path never silently becomes an integer
-    return isinstance(x, int) and not t.is_bool
-
-
-def _promote_for_carry(x, result):
-    """A Python number carried into a run-time loop becomes a value of the type the body gives it."""
-    if isinstance(x, (bool, int, float)) and isinstance(result, RuntimeValue) and isinstance(result.type, ScalarType):
-        if not _number_fits(x, result.type):
-            current_builder().error(
-                f"a loop-carried name holds the Python {type(x).__name__} {x!r} before the loop and a "
-                f"{result.type} value inside it", hint=f"start it as ty.cast({x!r}, ty.{result.type})")
-        return as_value(x, result.type)
-    if isinstance(x, (bool, int, float)) and isinstance(result, (bool, int, float)):
-        return as_value(x)  # a number the loop changes must live in a register
-    if isinstance(x, (tuple, list)) and isinstance(result, (tuple, list)) and len(x) == len(result):
-        return type(x)(_promote_for_carry(a, r) for a, r in zip(x, result))
-    return x
-
-
-def _check_types(what: str, expected, got, names):
-    for name, t, v in zip(names, expected, got):
-        if v.type != t:
-            current_builder().error(
-                f"{what}: {name!r} is {t} before and {v.type} after; a loop-carried value keeps its type",
-                hint="convert it with ty.cast so both sides agree")
+def finish_return(ret, rv, always_returns: bool):
+    """The value a function with lowered returns gives back (see ``jumps.py``)."""
+    if rv is NORET or rv is None:
+        return None
+    if ret is True or always_returns:
+        return rv
+    current_builder().error(
+        "this function returns a value on some paths, but on others it reaches its end without a return "
+        "(Python would return None there)", hint="end the function with a return statement")
 
 
 # -- if ---------------------------------------------------------------------------------------
 
-def if_(cond, then_fn, else_fn, names, values):
+def _passthrough(names, values, mutated) -> set:
+    """Names only stored through (``out[i] = v``) that hold no container: nothing to carry."""
+    return {n for n, v in zip(names, values) if n in mutated and not is_container(v)}
+
+
+def if_(cond, then_fn, else_fn, names, values, mutated=()):
     """``if cond`` with the branches as functions of the names' values, returning their new values."""
     if not isinstance(cond, RuntimeValue):
         return (then_fn if cond else else_fn)(*values)
     if cond.type != i1:
         cond = cond != 0
     bld = current_builder()
+    skip = _passthrough(names, values, mutated)
+    boundary = bld.next_id  # values numbered from here on are made inside the branches
     # Trace both branches into their own blocks; each gives the names' values at its end.
-    branches = []  # (open block, {name: output})
+    branches = []  # [open block, {name: output}]
     for fn in (then_fn, else_fn):
         bld.push_block(())
         try:
-            outs = fn(*values)
+            outs = fn(*[copy_tree(v) for v in values])
         except BaseException:
             bld.discard_block()
             raise
-        branches.append((bld.suspend_block(), dict(zip(names, outs))))
-    # A name survives the if when both paths define it with the same structure; a Python number
-    # on one path and a scalar value on the other becomes a constant on the first.
+        branches.append([bld.suspend_block(), dict(zip(names, outs))])
+
+    def in_branch(k, f):
+        bld.resume_block(branches[k][0])
+        try:
+            return f()
+        finally:
+            branches[k][0] = bld.suspend_block()
+
     merged = []  # (name, aux, [leaves per branch])
     for name in names:
+        if name in skip:
+            continue
         outs = [br[1][name] for br in branches]
         if not all(is_defined(o) for o in outs):
             continue
+        if name == _RV and (outs[0] is NORET) != (outs[1] is NORET):
+            k = 0 if outs[0] is NORET else 1
+            outs[k] = outs[1 - k] if outs[1 - k] is None else in_branch(k, lambda: zero_like(outs[1 - k], name, boundary))
         for k in (0, 1):
             other = outs[1 - k]
-            if isinstance(outs[k], (bool, int, float)) and isinstance(other, RuntimeValue) and \
-                    isinstance(other.type, ScalarType):
-                if not _number_fits(outs[k], other.type):
-                    bld.error(f"{name!r} is the Python {type(outs[k]).__name__} {outs[k]!r} on one path of a "
-                              f"run-time if and a {other.type} value on the other",
-                              hint=f"write ty.cast({outs[k]!r}, ty.{other.type}) if that is what you mean")
-                bld.resume_block(branches[k][0])
-                outs[k] = as_value(outs[k], other.type)
-                branches[k] = (bld.suspend_block(), branches[k][1])
+            outs[k] = in_branch(k, lambda: promote(outs[k], other, name))
         (l0, a0), (l1, a1) = (flatten(o) for o in outs)
         if len(l0) != len(l1) or [v.type for v in l0] != [v.type for v in l1]:
             if l0 and l1 and len(l0) == len(l1):
-                bld.error(f"{name!r} has type {[str(v.type) for v in l0]} on one path of a run-time if and "
+                bld.error(f"{display(name)} has type {[str(v.type) for v in l0]} on one path of a run-time if and "
                           f"{[str(v.type) for v in l1]} on the other", hint="convert one side with ty.cast")
+            if name == _RV:
+                bld.error(f"the function returns {outs[0]!r} on one run-time path and {outs[1]!r} on another",
+                          hint="return values of the same structure and types on every path")
             continue
-        if not _same_static(a0, a1):
-            bld.error(f"{name!r} holds different compile-time values on the two paths of a run-time if",
+        if not same_static(a0, a1):
+            bld.error(f"{display(name)} holds different compile-time values on the two paths of a run-time if",
                       hint="compute it with run-time values (e.g. ty.select) or decide it at compile time")
         merged.append((name, a0, (l0, l1)))
     blocks = []
@@ -205,10 +139,10 @@ def if_(cond, then_fn, else_fn, names, values):
     for name, v in zip(names, values):
         if name in by_name:
             out.append(by_name[name])
-        elif all(br[1][name] is v for br in branches):
+        elif name in skip or all(br[1][name] is v for br in branches):
             out.append(v)  # untouched on both paths
         else:
-            out.append(_Undefined(name))
+            out.append(Undefined(name))
     return tuple(out)
 
 
@@ -218,10 +152,10 @@ def if_else(cond, then_fn, else_fn):
     return result
 
 
-# -- for ----------------------------------------------------------------------------------------
+# -- ranges ---------------------------------------------------------------------------------------
 
 class DynamicRange:
-    """``range`` over run-time bounds (or ``unroll=False``): becomes an IR ``for`` loop."""
+    """``range`` over run-time bounds (or ``unroll=False``): becomes an IR loop."""
 
     def __init__(self, start, stop=None, step=1):
         if stop is None:
@@ -246,25 +180,34 @@ def range(*args, unroll=None):  # noqa: A001 - mirrors Python's range inside ker
 
     ``unroll=False`` makes a loop with compile-time bounds a run-time loop too; ``unroll=True``
     insists on unrolling (compile-time bounds only). Without a hint, compile-time loops unroll
-    at trace time (up to ``MAX_UNROLL`` iterations) and LLVM's unroller decides for run-time ones.
+    at trace time (up to ``MAX_UNROLL`` iterations) and LLVM's unroller decides for run-time
+    ones. A step may be negative or a run-time value (its sign decides the comparison); a
+    compile-time zero step is an error.
     """
-    if not 1 <= len(args) <= 3:
-        current_builder().error(f"range expects 1 to 3 arguments, but got {len(args)}")
+    bld = current_builder()
+    if not 1 <= builtins.len(args) <= 3:
+        bld.error(f"range expects 1 to 3 arguments, but got {builtins.len(args)}")
+    for a in args:
+        if not isinstance(a, RuntimeValue) and (not isinstance(a, int) or isinstance(a, bool)):
+            bld.error(f"range expects integer bounds, but got {type(a).__name__} {a!r}",
+                      hint="convert with int(...) at compile time, or ty.cast(..., ty.i32) for a run-time value")
+    if builtins.len(args) == 3 and not isinstance(args[2], RuntimeValue) and args[2] == 0:
+        bld.error("range step expects a non-zero value, but got 0")
     runtime = any(isinstance(a, RuntimeValue) for a in args)
     if runtime and unroll is True:
-        current_builder().error("range(..., unroll=True) expects compile-time bounds, but got a run-time value")
+        bld.error("range(..., unroll=True) expects compile-time bounds, but got a run-time value")
     if runtime or unroll is False:
-        if builtins.len(args) == 3 and not isinstance(args[2], RuntimeValue) and args[2] == 0:
-            current_builder().error("range step expects a non-zero value, but got 0")
         return DynamicRange(*args)
-    for a in args:
-        if not isinstance(a, int) or isinstance(a, bool):
-            current_builder().error(f"range expects integer bounds, but got {type(a).__name__} {a!r}")
     r = builtins.range(*args)
-    if builtins.len(r) > MAX_UNROLL:
-        current_builder().error(f"this loop unrolls {builtins.len(r)} iterations at trace time (limit {MAX_UNROLL})",
-                                hint="make it a run-time loop: ty.range(..., unroll=False)")
+    _check_unroll(builtins.len(r))
     return r
+
+
+def _check_unroll(n: int):
+    if n > MAX_UNROLL:
+        current_builder().error(
+            f"this loop unrolls {n} iterations at trace time (limit {MAX_UNROLL})",
+            hint="make it a run-time loop: ty.range(..., unroll=False), or give it a run-time bound")
 
 
 def static_range(*args):
@@ -275,26 +218,78 @@ def static_range(*args):
     return range(*args, unroll=True)
 
 
-def _run_python_loop(iterable, body, values):
-    for x in iterable:
-        values = body(x, *values)
-    return tuple(values)
+# -- for ----------------------------------------------------------------------------------------
+
+def _carried(names, values, mutated) -> list[int]:
+    skip = _passthrough(names, values, mutated)
+    return [i for i, (n, v) in enumerate(zip(names, values)) if is_defined(v) and n not in skip]
 
 
-def for_(iterable, body, names, values):
+def _stops(vals, stop_idx):
+    return not_any(*(vals[i] for i in stop_idx))
+
+
+def for_(iterable, body, names, values, mutated=(), stop=()):
+    stop_idx = tuple(names.index(s) for s in stop)
     if not isinstance(iterable, DynamicRange):
         if isinstance(iterable, RuntimeValue):
             current_builder().error("cannot iterate over a run-time value", hint="use range(n) with a run-time n")
-        if isinstance(iterable, builtins.range) and builtins.len(iterable) > MAX_UNROLL:
-            current_builder().error(f"this loop unrolls {builtins.len(iterable)} iterations at trace time "
-                                    f"(limit {MAX_UNROLL})", hint="make it a run-time loop: ty.range(..., unroll=False)")
-        return _run_python_loop(iterable, body, values)
+        if isinstance(iterable, builtins.range):
+            _check_unroll(builtins.len(iterable))
+        return _unrolled(iterable, body, names, values, mutated, stop_idx)
     lo, hi, step = iterable.values()
-    carried_idx = [i for i, v in enumerate(values) if is_defined(v)]
-    return _traced_loop(
-        values, names, carried_idx,
-        lambda init, fn, rebuild: _for_op(lo, hi, step, init, [names[i] for i in carried_idx],
-                                          lambda iv, args: fn(body, rebuild(args), iv)))
+    carried_idx = _carried(names, values, mutated)
+    if not stop_idx:
+        return _traced_loop(
+            values, names, carried_idx,
+            lambda init, fn, rebuild: _for_op(lo, hi, step, init, [names[i] for i in carried_idx],
+                                              lambda iv, args: fn(body, rebuild(args), iv)))
+    # A loop that can stop early: while (index in range and no stop flag) { body; index += step }.
+
+    def cond(iv, *vals):
+        going = _in_range(iv, hi, step)
+        s = _stops(vals, stop_idx)
+        return going if s is True else (as_value(False, i1) if s is False else going & s)
+
+    def step_body(iv, *vals):
+        return (iv + step, *body(iv, *vals))
+
+    out = _runtime_while(cond, step_body, ("the loop index", *names), (lo, *values),
+                         [0] + [i + 1 for i in carried_idx])
+    return out[1:]
+
+
+def _in_range(iv, hi, step):
+    if not isinstance(step, RuntimeValue) or _constant(step) is not None:
+        s = _constant(step) if isinstance(step, RuntimeValue) else step
+        return iv < hi if s > 0 else iv > hi
+    return ((step > 0) & (iv < hi)) | ((step < 0) & (iv > hi))
+
+
+def _constant(v):
+    """The value of a RuntimeValue made by a const op in this trace, else None."""
+    return current_builder().constant_value(handle(v))
+
+
+def _unrolled(iterable, body, names, values, mutated, stop_idx):
+    """A compile-time loop: the body runs once per element, as Python would run it."""
+    bld = current_builder()
+    vals = tuple(values)
+    bld.unrolling.append(user_location())
+    try:
+        for count, x in enumerate(iterable):
+            if count >= MAX_UNROLL:
+                _check_unroll(count + 1)
+            g = _stops(vals, stop_idx) if stop_idx else True
+            if g is False:
+                break
+            if g is True:
+                vals = tuple(body(x, *vals))
+            else:  # a run-time break or return happened in an earlier iteration
+                vals = if_(g, lambda *v, x=x: body(x, *v), lambda *v: v, names, vals, mutated)
+    finally:
+        bld.unrolling.pop()
+    return vals
 
 
 def _for_op(lo, hi, step, init, names, body):
@@ -314,6 +309,17 @@ def _for_op(lo, hi, step, init, names, body):
                        result_types=tuple(types))
     return tuple(RuntimeValue(r) for r in results)
 
+
+def _check_types(what: str, expected, got, names):
+    bld = current_builder()
+    for name, t, v in zip(names, expected, got):
+        if v.type != t:
+            raise KernelSourceError(
+                f"{what}: {display(name)} is {t} before and {v.type} after; a loop-carried value keeps its type",
+                bld.definition_loc(handle(v)) or user_location(), hint="convert it with ty.cast so both sides agree")
+
+
+# -- while ----------------------------------------------------------------------------------------
 
 def _while_op(init, names, cond_fn, body_fn):
     bld = current_builder()
@@ -342,9 +348,86 @@ def _while_op(init, names, cond_fn, body_fn):
     return tuple(RuntimeValue(r) for r in results)
 
 
+def _as_i1(c):
+    if not isinstance(c, RuntimeValue):
+        return as_value(bool(c), i1)
+    return c if c.type == i1 else (c != 0)
+
+
+def _runtime_while(cond_fn, body, names, values, carried_idx):
+    def build(init, run_body, rebuild):
+        return _while_op(init, [names[i] for i in carried_idx], lambda args: _as_i1(cond_fn(*rebuild(args))),
+                         lambda args: run_body(body, rebuild(args)))
+    return _traced_loop(values, names, carried_idx, build)
+
+
+def while_(cond_fn, body, names, values, mutated=(), stop=()):
+    bld = current_builder()
+    stop_idx = tuple(names.index(s) for s in stop)
+    vals = tuple(values)
+    loc = user_location()
+    for count in itertools.count():
+        g = _stops(vals, stop_idx) if stop_idx else True
+        if g is False:
+            return vals
+        if g is True:
+            bld.push_block(())  # probe: is the condition a run-time value? (its ops are thrown away)
+            try:
+                c = cond_fn(*vals)
+            finally:
+                bld.discard_block()
+            if not isinstance(c, RuntimeValue):
+                if not c:
+                    return vals
+                if count >= MAX_UNROLL:
+                    bld.error(f"this while loop ran {count} iterations at trace time (limit {MAX_UNROLL}); its "
+                              "condition never became false", hint="make the condition a run-time value "
+                                                                   "(e.g. compare against a kernel argument)")
+                bld.unrolling.append(loc)
+                try:
+                    vals = tuple(body(*vals))
+                finally:
+                    bld.unrolling.pop()
+                continue
+        # From here the loop runs at run time (the remaining iterations, if some were unrolled).
+        return _runtime_while(_guarded_condition(cond_fn, stop_idx), body, names, vals,
+                              _carried(names, vals, mutated))
+
+
+def _guarded_condition(cond_fn, stop_idx):
+    """The loop condition, evaluated only while no stop flag is set (it may read memory)."""
+    if not stop_idx:
+        return cond_fn
+
+    def cond(*vals):
+        s = _stops(vals, stop_idx)
+        if s is False:
+            return False
+        if s is True:
+            return cond_fn(*vals)
+        return if_else(s, lambda: _as_i1(cond_fn(*vals)), lambda: as_value(False, i1))
+    return cond
+
+
+# -- loop-carried values --------------------------------------------------------------------------
+
 class _Retrace(Exception):
     def __init__(self, index, value):
         self.index, self.value = index, value
+
+
+def _promote_for_carry(x, result, name, boundary):
+    """A Python value carried into a run-time loop becomes a value of the type the body gives it."""
+    if x is NORET and result is not NORET:
+        return result if result is None else zero_like(result, name, boundary)
+    if isinstance(x, (bool, int, float)) and isinstance(result, RuntimeValue) and \
+            isinstance(result.type, ScalarType) and not number_fits(x, result.type):
+        current_builder().error(
+            f"a loop-carried name ({display(name)}) holds the Python {type(x).__name__} {x!r} before the loop "
+            f"and a {result.type} value inside it", hint=f"start it as ty.cast({x!r}, ty.{result.type})")
+    if isinstance(x, (bool, int, float)) and isinstance(result, (bool, int, float)):
+        return as_value(x)  # a number the loop changes must live in a register
+    return promote(x, result, name)
 
 
 def _traced_loop(values, names, carried_idx, build):
@@ -355,7 +438,10 @@ def _traced_loop(values, names, carried_idx, build):
     and returns the flat values to yield.
     """
     values = list(values)
+    carried_idx = list(carried_idx)
+    offered = set(carried_idx)
     for attempt in itertools.count():
+        boundary = current_builder().next_id  # values numbered from here on are made inside the loop
         flat = [flatten(values[i]) for i in carried_idx]
         init = [v for leaves, _ in flat for v in leaves]
 
@@ -373,7 +459,7 @@ def _traced_loop(values, names, carried_idx, build):
             leaves = []
             for k, i in enumerate(carried_idx):
                 l, aux = flatten(outs[i])
-                if len(l) != len(flat[k][0]) or not _same_static(aux, flat[k][1]):
+                if len(l) != len(flat[k][0]) or not same_static(aux, flat[k][1]):
                     raise _Retrace(i, outs[i])
                 leaves += l
             return leaves
@@ -381,49 +467,20 @@ def _traced_loop(values, names, carried_idx, build):
         try:
             results = build(init, run_body, rebuild)
         except _Retrace as r:
-            promoted = _promote_for_carry(values[r.index], r.value)
+            promoted = _promote_for_carry(values[r.index], r.value, names[r.index], boundary)
             if promoted is values[r.index]:
                 # Not a number we can put in a register: the name is local to the loop body
                 # (like ``upd = softmax_update(...)``); after the loop it has no value.
                 carried_idx = [i for i in carried_idx if i != r.index]
             elif attempt >= 8:
                 current_builder().error(
-                    f"{names[r.index]!r} changes its structure inside a run-time loop "
+                    f"{display(names[r.index])} changes its structure inside a run-time loop "
                     f"(it enters as {values[r.index]!r} and leaves as {r.value!r})")
             else:
                 values[r.index] = promoted
             continue
         out = rebuild(results)
-        for i, v in enumerate(values):
-            if i not in carried_idx:
-                out[i] = _Undefined(names[i])
-        return tuple(out)
-
-
-def while_(cond_fn, body, names, values):
-    bld = current_builder()
-    bld.push_block(())  # probe: is the condition a run-time value? (its ops are thrown away)
-    try:
-        first = cond_fn(*values)
-    finally:
-        bld.discard_block()
-    if not isinstance(first, RuntimeValue):
-        vals = tuple(values)
-        c = first
-        for _ in itertools.count():
-            if not c:
-                return vals
-            vals = tuple(body(*vals))
-            c = cond_fn(*vals)
-    carried_idx = [i for i, v in enumerate(values) if is_defined(v)]
-
-    def build(init, run_body, rebuild):
-        def cond(args):
-            c = cond_fn(*rebuild(args))
-            if not isinstance(c, RuntimeValue):
-                c = as_value(bool(c), i1)
-            return c if c.type == i1 else (c != 0)
-
-        return _while_op(init, [names[i] for i in carried_idx], cond, lambda args: run_body(body, rebuild(args)))
-
-    return _traced_loop(values, names, carried_idx, build)
+        # Names never carried keep their value (undefined ones, pointers only stored through);
+        # names dropped because their structure changed inside the loop have none after it.
+        return tuple(out[i] if i in carried_idx or i not in offered else Undefined(names[i])
+                     for i in builtins.range(len(values)))
