@@ -102,9 +102,13 @@ def b_major(t: torch.Tensor) -> str | None:
 
 
 def _lead(t: torch.Tensor, inner_dim: int) -> int:
-    """The stride of the dimension that is not contiguous (at least the inner extent)."""
+    """The stride of the dimension that is not contiguous; for a single row or column (whose
+    stride addresses nothing) the inner extent rounded up to 16 bytes."""
     outer = 1 - inner_dim
-    return t.stride(outer) if t.shape[outer] > 1 else t.shape[inner_dim]
+    if t.shape[outer] > 1:
+        return t.stride(outer)
+    per = 16 // t.element_size()
+    return -(-t.shape[inner_dim] // per) * per
 
 
 def _tma_ready(t: torch.Tensor, inner_dim: int) -> bool:
@@ -183,8 +187,11 @@ def kernel_args(a, b, am, bm, out, bias, epilogue, cfg, spec=False):
     n = b.shape[1]
     ma, mb = operand_maps(a, b, am, bm, cfg["BLOCK_M"], cfg["BLOCK_N"], spec)
     mc = ma  # the output map is read only by STORE="tma"
-    bias_t = bias if bias is not None else out  # a placeholder pointer the kernel never reads
-    args = (ma, mb, mc, out.view(torch.uint8), bias_t.view(torch.uint8), m, n, k, out.stride(0))
+    # The kernel writes column pairs, so with an odd N the last pair reaches one column into the
+    # row padding: hand it whole rows of ldc elements.
+    rows = out.as_strided((out.shape[0], out.stride(0)), (out.stride(0), 1))
+    bias_t = bias if bias is not None else rows  # a placeholder pointer the kernel never reads
+    args = (ma, mb, mc, rows.view(torch.uint8), bias_t.view(torch.uint8), m, n, k, out.stride(0))
     cx = dict(DTYPE=TY_DTYPE[a.dtype], OUT_DTYPE=TY_DTYPE[out.dtype], A_MAJOR=am, B_MAJOR=bm,
               HAS_BIAS=bias is not None, BIAS_DTYPE=TY_DTYPE[bias.dtype] if bias is not None else ty.f32,
               EPILOGUE=epilogue, **cfg)

@@ -75,6 +75,9 @@ def _key_part(x) -> Any:
         return x
     if isinstance(x, (tuple, list)):
         return [_key_part(e) for e in x]
+    if isinstance(x, functools.partial):
+        return ["partial", _key_part(x.func), _key_part(list(x.args)),
+                {k: _key_part(v) for k, v in sorted(x.keywords.items())}]
     if callable(x) and hasattr(x, "__qualname__"):
         return f"{getattr(x, '__module__', '?')}.{x.__qualname__}"
     return repr(x)
