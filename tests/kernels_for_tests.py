@@ -118,6 +118,64 @@ def with_constexpr(x: ty.ptr(ty.f32), SCALE: ty.constexpr = 2.0):  # <- constexp
     x[0] = x[0] * SCALE
 
 
+class Nested:
+    """A kernel defined one indentation level deep: columns must still be the file's."""
+
+    @ty.kernel(threads=32)
+    def bad_indented(x: ty.ptr(ty.f32), n: ty.i32):
+        x[0] = x[1] +   n  # <- indented
+
+
+@ty.kernel(threads=32)
+def bad_fragment_registers(x: ty.ptr(ty.f32)):
+    f = ty.Fragment((x[0], x[1]), ty.MMA_SYNC_C)  # <- fragment_registers
+    x[0] = f.values[0]
+
+
+@ty.kernel(threads=32)
+def bad_fragment_ownership(x: ty.ptr(ty.f32)):
+    a = ty.Fragment((x[0], x[1], x[2], x[3]), ty.MMA_SYNC_C)
+    b = ty.Fragment((x[0], x[1], x[2], x[3]), ty.LocalOwnership(2, 2))
+    c = a + b  # <- fragment_ownership
+    x[0] = c.values[0]
+
+
+@ty.kernel(threads=32)
+def bad_atom_dtype(x: ty.ptr(ty.f32)):
+    atom = ty.MmaSyncAtom(ty.f32)  # <- atom_dtype
+    x[0] = 1.0
+
+
+class Box:
+    """A plain object: attributes set inside a run-time if are not carried out of it."""
+
+
+@ty.kernel(threads=32)
+def bad_leak_through_attribute(x: ty.ptr(ty.f32), n: ty.i32):
+    b = Box()
+    b.v = x[0]
+    if n > 0:
+        b.v = x[1]
+    x[2] = b.v  # <- leak
+
+
+@ty.kernel(threads=32)
+def bad_int_true_division(x: ty.ptr(ty.i32), n: ty.i32):
+    x[0] = n / 2  # <- int_truediv
+
+
+@ty.kernel(threads=32)
+def bad_static_shared(x: ty.ptr(ty.f32)):
+    a = ty.shared(ty.f32, 8192)
+    b = ty.shared(ty.f32, 8192)  # <- static_shared
+    b[0] = a[0]
+
+
+@ty.kernel(threads=32)
+def bad_ptx(x: ty.ptr(ty.f32)):
+    ty.inline_ptx("no.such.instruction;")  # <- bad_ptx
+
+
 # -- kernels that compile ------------------------------------------------------------------------
 
 @ty.kernel(threads=128)

@@ -127,7 +127,12 @@ class _Lowering:
     def block(self, block: Block):
         for op in block.ops:
             self.b.debug_metadata = self._loc(op)
-            LOWER[op.opcode](self, op)
+            try:
+                LOWER[op.opcode](self, op)
+            except Exception as e:
+                if not hasattr(e, "tylopy_op"):
+                    e.tylopy_op = op  # the innermost op that failed: the frontend reports its source line
+                raise
 
     # -- shared memory ------------------------------------------------------------------------
     def shared_global(self, name: str) -> ir.GlobalVariable:

@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any, Sequence
 
-from ..errors import KernelSourceError, SourceLoc
+from ..errors import KernelSourceError, ResourceLimitError, SourceLoc
 from ..ir.ops import OpTypeError, result_types
 from ..ir.types import Type
 from ..ir.values import Block, Op, Value
@@ -25,6 +25,10 @@ _current: contextvars.ContextVar["Builder | None"] = contextvars.ContextVar("tyl
 # A kernel whose trace builds more ops than this is almost always an unrolled loop that should
 # run at run time: LLVM's optimizer grows faster than linearly with straight-line code.
 MAX_OPS = 400_000
+
+
+class KernelResourceError(KernelSourceError, ResourceLimitError):
+    """A kernel line asks for more of a resource (shared memory, ...) than the target allows."""
 
 
 def current_builder() -> "Builder":

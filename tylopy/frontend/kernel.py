@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..codegen.targets import SUPPORTED_ARCHS
-from ..errors import KernelSourceError, LaunchTypeError, ResourceLimitError, SourceLoc, TylopyError
+from ..errors import (CompileError, IRVerificationError, KernelSourceError, LaunchTypeError, LayoutError, ResourceLimitError,
+                      SourceLoc, TylopyError)
 from ..ir.printer import format_ir
 from ..ir.types import PointerType, ScalarType, TensorMapType, Type
 from ..ir.values import KernelIR, LaunchBounds, Param
@@ -290,6 +291,12 @@ class Kernel:
         with bld, recorder:
             try:
                 out = self._traceable.make(tracing)(*args)
+            except KernelSourceError as e:
+                if e.loc is not None:
+                    raise
+                raise _relocated(e, _innermost_user_frame()) from None
+            except LayoutError as e:  # tile-library misuse: report it at the kernel line that did it
+                raise trace_error(e, str(e), _innermost_user_frame()) from None
             except TylopyError:
                 raise
             except RecursionError:
@@ -307,7 +314,10 @@ class Kernel:
                        dynamic_shared_align=bld.dynamic_shared_align, source_file=self.source_file,
                        constexprs=tuple(sorted((k, repr(v)) for k, v in cx.items())),
                        wait_sites=tuple(bld.wait_sites))
-        verify(kir)
+        try:
+            verify(kir)
+        except IRVerificationError as e:
+            raise _verification_error(e) from None
         return kir
 
     def compile(self, **constexprs) -> CompiledKernel:
@@ -358,10 +368,19 @@ class Kernel:
         from ..codegen.llvm import lower_kernel
         from ..codegen.ptx import annotate_source_lines, optimize_and_emit
         from ..codegen.ptxas import assemble
-        llvm_text = str(lower_kernel(kir, options))
+        try:
+            llvm_text = str(lower_kernel(kir, options))
+        except TylopyError:
+            raise
+        except Exception as e:  # noqa: BLE001 - an op its type rule accepted but codegen cannot lower
+            raise _lowering_error(e) from None
         optimized, ptx = optimize_and_emit(llvm_text, options.arch)
         ptx = annotate_source_lines(ptx, kir.source_file)
-        cubin, report = assemble(ptx, options.arch, kernel=kir.name, dynamic_shared_bytes=kir.dynamic_shared_bytes)
+        try:
+            cubin, report = assemble(ptx, options.arch, kernel=kir.name,
+                                     dynamic_shared_bytes=kir.dynamic_shared_bytes)
+        except (CompileError, ResourceLimitError) as e:
+            raise _with_ptx_source_line(e, ptx) from None
         return CompiledKernel(self.name, options.arch, kir.launch.max_threads,
                               tuple((p.name, p.type) for p in kir.params), cx, ptx, cubin, report,
                               kir.dynamic_shared_bytes, key, options=options, wait_sites=kir.wait_sites,
@@ -422,6 +441,55 @@ def trace_error(e: Exception, message: str, loc) -> KernelSourceError:
         return wrapped(message, loc)
     except TypeError:
         return KernelSourceError(message, loc)
+
+
+def _lowering_error(e: Exception) -> KernelSourceError:
+    op = getattr(e, "tylopy_op", None)
+    if op is None:
+        return KernelSourceError(f"code generation failed: {type(e).__name__}: {e}")
+    types = ", ".join(str(v.type) for v in op.operands) or "no operands"
+    return KernelSourceError(f"{op.opcode} with operands ({types}) cannot be lowered: {type(e).__name__}: {e}", op.loc,
+                             hint="this combination passed the op's type rule but has no lowering; use another "
+                                  "type (e.g. ty.cast to f32) and report it as a tylopy bug")
+
+
+_PTX_LINE = re.compile(r"\.ptx, line (\d+)")
+_PTX_SOURCE = re.compile(r"^\s*// (\S+):(\d+)  ")
+
+
+def _with_ptx_source_line(e: Exception, ptx: str) -> Exception:
+    """ptxas names a PTX line; add the kernel source line that produced it (from the PTX comments)."""
+    m = _PTX_LINE.search(str(e))
+    if m is None:
+        return e
+    lines = ptx.splitlines()[:int(m.group(1))]
+    for line in reversed(lines):
+        src = _PTX_SOURCE.match(line)
+        if src:
+            e.args = (f"{e.args[0] if e.args else e} (PTX line {m.group(1)} comes from {src.group(1)}:"
+                      f"{src.group(2)})",) + tuple(e.args[1:])
+            break
+    return e
+
+
+def _relocated(e: KernelSourceError, loc) -> KernelSourceError:
+    """The same error at ``loc`` (raised by library code that did not know the kernel line)."""
+    try:
+        new = type(e)(e.message, loc, e.hint)
+    except TypeError:
+        new = KernelSourceError(e.message, loc, e.hint)
+    new.__cause__ = e.__cause__
+    return new
+
+
+def _verification_error(e: IRVerificationError) -> KernelSourceError:
+    detail = getattr(e, "detail", str(e))
+    hint = None
+    if "not defined in an enclosing scope" in detail:
+        hint = ("a value made inside a run-time if or loop was kept in a Python object and used outside it; "
+                "names, lists, tuples, dicts and tile objects are carried out of run-time regions, other objects "
+                "(attributes of plain classes, globals) are not: assign the value to a name instead")
+    return KernelSourceError(f"the traced IR is invalid: {detail}", getattr(e, "loc", None), hint)
 
 
 def _constexpr_note(cx: dict) -> str:

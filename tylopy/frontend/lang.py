@@ -13,11 +13,12 @@ from typing import Sequence
 from ..ir.types import (PointerType, ScalarType, TensorMapType, b32, bf16, f16, f32, f64, i1, i8, i16, i32, i64,
                         tensormap, u8, u16, u32, u64)
 from ..ir.values import SharedAlloc
-from .builder import current_builder
+from .builder import KernelResourceError, current_builder
 from .proxy import RuntimeValue, as_value, emit, emit1
 from .tracing import range, static_range  # noqa: F401  (kernel-visible)
 
 Value = RuntimeValue  # what kernel code holds for a run-time value
+STATIC_SHARED_LIMIT = 48 * 1024  # what ptxas allows statically on every target; more needs dynamic shared memory
 
 __all__ = [
     "i1", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "b32", "f16", "bf16", "f32", "f64",
@@ -223,8 +224,15 @@ def shared(dtype: ScalarType, count: int, align: int = 16) -> Value:
     if isinstance(count, Value):
         bld.error("shared expects a compile-time element count, but got a run-time value",
                   hint="use dynamic_shared for sizes known at launch")
+    if isinstance(count, bool) or not hasattr(type(count), "__index__") or int(count) <= 0:
+        bld.error(f"shared expects a positive int element count, but got {count!r}")
     name = f"smem{len(bld.shared_allocs)}"
     bld.shared_allocs.append(SharedAlloc(name, int(count) * dtype.nbytes, int(align)))
+    total = sum(a.nbytes for a in bld.shared_allocs)
+    if total > STATIC_SHARED_LIMIT:
+        bld.error(f"static shared memory expects at most {STATIC_SHARED_LIMIT} bytes per block, but this kernel "
+                  f"asks for {total}", hint="allocate large buffers with ty.dynamic_shared (up to 227 KB on "
+                                            "Hopper, opted in at launch)", cls=KernelResourceError)
     return emit1("shared_ptr", (), type=PointerType(dtype, "shared"), name=name)
 
 

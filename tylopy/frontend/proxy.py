@@ -91,6 +91,9 @@ class RuntimeValue:
     def __pos__(self):
         return self
 
+    def __abs__(self):
+        return unary("abs", self)
+
     # -- pointers index like arrays ----------------------------------------------------------------
     def __getitem__(self, index):
         if not isinstance(self.type, PointerType):
@@ -111,7 +114,20 @@ def _binop(op: str, reverse: bool = False):
     return method
 
 
-for _name, _op in (("add", "add"), ("sub", "sub"), ("mul", "mul"), ("truediv", "div"), ("floordiv", "div"),
+def _truediv(reverse: bool):
+    def method(self, other):
+        if isinstance(self.type, ScalarType) and not self.type.is_float:
+            current_builder().error(
+                f"/ on {self.type} values: Python's / gives a float, but this is an integer value",
+                hint="write // for integer division (it truncates toward zero, as C does), or convert with "
+                     "ty.cast(..., ty.f32) for a float quotient")
+        return binary("div", other, self) if reverse else binary("div", self, other)
+    method.__name__ = f"__{'r' if reverse else ''}truediv__"
+    return method
+
+
+RuntimeValue.__truediv__, RuntimeValue.__rtruediv__ = _truediv(False), _truediv(True)
+for _name, _op in (("add", "add"), ("sub", "sub"), ("mul", "mul"), ("floordiv", "div"),
                    ("mod", "rem"), ("and", "and"), ("or", "or"), ("xor", "xor"), ("lshift", "shl"),
                    ("rshift", "shr")):
     setattr(RuntimeValue, f"__{_name}__", _binop(_op))

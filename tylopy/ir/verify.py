@@ -9,7 +9,9 @@ from .ops import TERMINATORS, OpTypeError, result_types
 
 def _fail(op: Op | None, message: str):
     where = f" at {op.loc}" if op is not None and op.loc else ""
-    raise IRVerificationError(f"{message}{where}")
+    err = IRVerificationError(f"{message}{where}")
+    err.loc, err.detail = (op.loc if op is not None else None), message  # the frontend reports it at the line
+    raise err
 
 
 def verify(kernel: KernelIR) -> None:
