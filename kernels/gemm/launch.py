@@ -21,6 +21,7 @@ from .plan import BLOCK_K, CHUNK_ROWS, SMEM_LIMIT, Plan
 TY_DTYPE = {torch.bfloat16: ty.bf16, torch.float16: ty.f16, torch.float32: ty.f32}
 MAP_DTYPE = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 STORE = "direct"
+TMA_STORE_AVAILABLE = False
 _maps: dict = {}
 
 
