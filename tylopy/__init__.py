@@ -23,6 +23,9 @@ from .frontend.autotune import Config, autotune
 from .frontend.lang import *  # noqa: F401,F403  (the kernel language is the package's namespace)
 from .frontend.lang import __all__ as _lang_all
 from .frontend.options import CompileOptions
+from .frontend.async_copy import cp_async, cp_async_commit, cp_async_wait
+from .frontend.matrix import ldmatrix, stmatrix
+from .tile.mma_sync import MMA_SYNC_K8_A, MMA_SYNC_K8_B, mma
 from .tile import (MMA_SYNC_A, MMA_SYNC_B, MMA_SYNC_C, QUAD, WARP, WARPGROUP, WGMMA_A_RS, Fragment, Layout,
                    LocalOwnership, MmaSyncAtom, Ownership, SoftmaxState, SoftmaxUpdate, WgmmaAtom, pack_operand_a,
                    softmax_lse, softmax_merge, softmax_normalize, softmax_update, tiled_mma_c, wgmma_acc)
@@ -35,7 +38,8 @@ __all__ = ["kernel", "func", "Kernel", "CompiledKernel", "CompileOptions", "Tylo
            "Ownership", "LocalOwnership", "QUAD", "WARP", "WARPGROUP", "MMA_SYNC_A", "MMA_SYNC_B", "MMA_SYNC_C",
            "WGMMA_A_RS", "tiled_mma_c", "wgmma_acc", "MmaSyncAtom", "WgmmaAtom", "SoftmaxState", "SoftmaxUpdate",
            "softmax_update", "softmax_normalize", "softmax_merge", "softmax_lse", "pack_operand_a", "hopper",
-           "autotune", "Config",
+           "autotune", "Config", "mma", "MMA_SYNC_K8_A", "MMA_SYNC_K8_B", "ldmatrix", "stmatrix", "cp_async",
+           "cp_async_commit", "cp_async_wait",
            *_lang_all]
 
 

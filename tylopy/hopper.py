@@ -1,4 +1,4 @@
-"""Hopper (sm_90a) instructions for kernels: mbarriers, TMA, setmaxnreg, fences and wgmma.
+"""Hopper (sm_90a) instructions for kernels: mbarriers, TMA loads and stores, setmaxnreg, fences and wgmma.
 
 The public ``ty.hopper`` namespace: the instruction wrappers of ``tylopy.frontend.hopper`` and
 the warpgroup MMA of the tile library (``tylopy.tile.wgmma``). docs/hopper.md has the facts
@@ -6,8 +6,9 @@ each relies on.
 """
 from .frontend.hopper import *  # noqa: F401,F403
 from .frontend.hopper import __all__ as _instructions
+from .frontend.async_copy import bulk_commit, bulk_wait, tma_store
 from .tile.wgmma import (WgmmaAtom, descriptor_bits, fence_operand, smem_descriptor, wgmma, wgmma_commit,
                          wgmma_fence, wgmma_wait)
 
-__all__ = [*_instructions, "WgmmaAtom", "descriptor_bits", "fence_operand", "smem_descriptor", "wgmma",
+__all__ = [*_instructions, "tma_store", "bulk_commit", "bulk_wait", "WgmmaAtom", "descriptor_bits", "fence_operand", "smem_descriptor", "wgmma",
            "wgmma_commit", "wgmma_fence", "wgmma_wait"]

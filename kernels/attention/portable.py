@@ -61,9 +61,12 @@ for the device's own arch when tylopy knows it (sm_80, sm_86, sm_89, sm_90), bec
 launcher loads the ptxas cubin and SASS is not portable across those; on anything else it loads
 the sm_80 PTX and lets the driver JIT it.
 
+Every instruction is a public primitive: ``ty.cp_async`` (16-byte copies, zero fill past n_k)
+with ``ty.cp_async_commit`` / ``ty.cp_async_wait``, ``ty.ldmatrix``, ``ty.mma`` on
+``ty.MmaSyncAtom`` fragments; so the kernel the CPU emulator runs is the one the GPU runs.
 ``ASYNC_COPY=False`` runs the same double-buffered pipeline with plain ``ld.global`` /
-``st.shared`` copies instead of ``cp.async``: that is the path tylopy's CPU emulator can run
-(it does not run inline PTX), and the GPU tests check that both paths give the same bits.
+``st.shared`` copies instead of ``cp.async`` (a reference path: the GPU tests check that both
+paths give the same bits).
 
 Run and check::
 
@@ -76,8 +79,6 @@ import dataclasses
 import math
 
 import tylopy as ty
-from tylopy.frontend.proxy import emit
-from tylopy.tile.mma_sync import A_OWNERSHIP, B_OWNERSHIP, mma
 
 from .common import mask_and_lse_args
 
@@ -149,19 +150,6 @@ def v_operand_row_chunk(lane, kk: int, d_pair: int):
     return 16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1), 2 * d_pair + (lane >> 4)
 
 
-def ldmatrix_x4(p, trans: bool):
-    """Four 8x8 b16 matrices from shared memory (``ldmatrix.sync.aligned.m8n8.x4[.trans]``)."""
-    return emit("ldmatrix", (p,), num=4, trans=bool(trans))
-
-
-def cp_async_wait_all():
-    ty.inline_ptx("cp.async.wait_group 0;", (), "~{memory}")
-
-
-def cp_async_commit():
-    ty.inline_ptx("cp.async.commit_group;", (), "~{memory}")
-
-
 @ty.func
 def copy_chunk(src, src_base, src_stride, smem, tile_off, key0, n_k, idx, head_dim, async_copy):
     """Copy 16-byte chunk ``idx`` of a BLOCK_N x D tile; rows at or past n_k become zeros."""
@@ -173,9 +161,8 @@ def copy_chunk(src, src_base, src_stride, smem, tile_off, key0, n_k, idx, head_d
     g = src + (src_base + ty.cast(key, ty.i64) * src_stride + ty.cast(chunk * 8, ty.i64))
     off = tile_off + swizzled_offset(row, chunk, head_dim)
     if async_copy:
-        # src-size 0 reads nothing and zero-fills the 16 bytes (the zfill form CUTLASS and Triton use for tails).
-        ty.inline_ptx("cp.async.cg.shared.global [$0], [$1], 16, $2;",
-                      (ty.address(smem) + ty.cast(off, ty.u32), ty.address(g), ty.select(ok, 16, 0)), "r,l,r")
+        # src_bytes 0 reads nothing and zero-fills the 16 bytes (the zfill form CUTLASS and Triton use for tails).
+        ty.cp_async(smem + off, g, 16, src_bytes=ty.select(ok, 16, 0), cache="cg")
     else:
         ty.store(ty.ptr_cast(smem + off, ty.i16), ty.load(g, vec=8, mask=ok))
 
@@ -198,7 +185,7 @@ def copy_kv(k, v, k_base, v_base, k_stride, v_stride, smem, stage_off, lay, key0
     copy_tile(v, v_base, v_stride, smem, stage_off + lay.tile_bytes, key0, n_k, tid, lay.block_n, lay.head_dim,
               threads, async_copy)
     if async_copy:
-        cp_async_commit()
+        ty.cp_async_commit()
 
 
 # -- the warp's work on one key tile ---------------------------------------------------------------------
@@ -219,19 +206,15 @@ def atoms_of(frag):
     return [ty.Fragment(tuple(vals[4 * n:4 * n + 4]), ty.QUAD, ty.MMA_SYNC_C) for n in range(len(vals) // 4)]
 
 
-def b_operand(w0, w1):
-    return ty.Fragment((w0, w1), B_OWNERSHIP, ty.MMA_SYNC_B, pack=2)
-
-
 def score_tile(atom, qa, smem, k_off, lane, block_n, head_dim):
     """S = Q K^T for this warp's 16 rows and the tile's BLOCK_N keys (f32, tiled over 8-key atoms)."""
     s = [zero_atom() for _ in range(block_n // 8)]
     for n_pair in range(block_n // 16):
         for kk in range(head_dim // 16):
             key, chunk = k_operand_row_chunk(lane, n_pair, kk)
-            w = ldmatrix_x4(smem + (k_off + swizzled_offset(key, chunk, head_dim)), trans=False)
-            s[2 * n_pair] = mma(atom, qa[kk], b_operand(w[0], w[1]), s[2 * n_pair])
-            s[2 * n_pair + 1] = mma(atom, qa[kk], b_operand(w[2], w[3]), s[2 * n_pair + 1])
+            w = ty.ldmatrix(smem + (k_off + swizzled_offset(key, chunk, head_dim)), 4, trans=False)
+            s[2 * n_pair] = ty.mma(atom, qa[kk], atom.b_fragment(w[0:2]), s[2 * n_pair])
+            s[2 * n_pair + 1] = ty.mma(atom, qa[kk], atom.b_fragment(w[2:4]), s[2 * n_pair + 1])
     return tiled(s)
 
 
@@ -242,9 +225,9 @@ def pv_tile(atom, p, o, smem, v_off, lane, block_n, head_dim):
         pa = ty.pack_operand_a(atom, p, 0, kk)
         for d_pair in range(head_dim // 16):
             key, chunk = v_operand_row_chunk(lane, kk, d_pair)
-            w = ldmatrix_x4(smem + (v_off + swizzled_offset(key, chunk, head_dim)), trans=True)
-            o[2 * d_pair] = mma(atom, pa, b_operand(w[0], w[1]), o[2 * d_pair])
-            o[2 * d_pair + 1] = mma(atom, pa, b_operand(w[2], w[3]), o[2 * d_pair + 1])
+            w = ty.ldmatrix(smem + (v_off + swizzled_offset(key, chunk, head_dim)), 4, trans=True)
+            o[2 * d_pair] = ty.mma(atom, pa, atom.b_fragment(w[0:2]), o[2 * d_pair])
+            o[2 * d_pair + 1] = ty.mma(atom, pa, atom.b_fragment(w[2:4]), o[2 * d_pair + 1])
     return o
 
 
@@ -282,6 +265,7 @@ def maybe_mask(s, row0, col0, lane, n_q, n_k, causal, mask_args, has_mask, block
 def load_q(q, q_base, q_stride, row0, n_q, lane, head_dim, dtype):
     """This warp's 16 x D block of Q as D/16 A fragments; rows past n_q read as zeros."""
     words = ty.ptr_cast(q, ty.b32)
+    atom = ty.MmaSyncAtom(dtype)
     frags = []
     for kk in range(head_dim // 16):
         regs = []
@@ -290,7 +274,7 @@ def load_q(q, q_base, q_stride, row0, n_q, lane, head_dim, dtype):
             qrow = row0 + row
             offset = q_base + ty.cast(qrow, ty.i64) * q_stride + ty.cast(col + 16 * kk, ty.i64)
             regs.append(ty.load(words + (offset >> 1), mask=qrow < n_q))
-        frags.append(ty.Fragment(tuple(regs), A_OWNERSHIP, ty.MMA_SYNC_A, pack=2, dtype=dtype))
+        frags.append(atom.a_fragment(regs))
     return frags
 
 
@@ -371,7 +355,7 @@ def streaming_attention_fwd(
     for j in range(n_tiles):
         stage_off = (j & 1) * lay.stage_bytes
         if ASYNC_COPY:
-            cp_async_wait_all()
+            ty.cp_async_wait(0)
         ty.syncthreads()  # tile j is visible, and every warp is done with tile j - 1's buffer
         if j + 1 < n_tiles:
             copy_kv(k, v, k_base, v_base, k_stride_n, v_stride_n, smem, ((j + 1) & 1) * lay.stage_bytes, lay,

@@ -81,15 +81,3 @@ def tma_load(rank: int) -> tuple[str, str]:
     text = (f"cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes "
             f"[$0], [$1, {{{coords}}}], [$2];")
     return text, ",".join(["r", "l", "r"] + ["r"] * rank + ["~{memory}"])
-
-
-def mma_sync(dtype: str) -> tuple[str, str]:
-    text = (f"mma.sync.aligned.m16n8k16.row.col.f32.{dtype}.{dtype}.f32 "
-            "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
-    return text, "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3"
-
-
-def ldmatrix(num: int, trans: bool) -> tuple[str, str]:
-    outs = ", ".join(f"${i}" for i in range(num))
-    text = f"ldmatrix.sync.aligned.m8n8.x{num}{'.trans' if trans else ''}.shared.b16 {{{outs}}}, [${num}];"
-    return text, ",".join(["=r"] * num + ["r"])

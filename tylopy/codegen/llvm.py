@@ -14,9 +14,11 @@ import llvmlite.ir as ir
 from ..ir.values import Block, KernelIR, Op, Value
 from ..ir.types import PointerType, ScalarType, TensorMapType, b32, bf16, f16, f32, i1
 from . import asm_templates as T
-from .llvm_async import (asm_op, lower_elect_one, lower_fence_operand, lower_ldmatrix, lower_mbarrier_try_wait,
-                         lower_mma_sync, lower_prefetch_tensormap, lower_setmaxnreg, lower_tma_load, lower_wgmma,
+from .llvm_async import (asm_op, lower_elect_one, lower_fence_operand, lower_mbarrier_try_wait,
+                         lower_prefetch_tensormap, lower_setmaxnreg, lower_tma_load, lower_wgmma,
                          lower_wgmma_wait, set_asm_results)
+from .lower_async_copy import LOWER_ASYNC_COPY
+from .lower_matrix import LOWER_MATRIX
 from .llvm_types import ADDRSPACE, llvm_type
 
 I1, I16, I32, I64 = ir.IntType(1), ir.IntType(16), ir.IntType(32), ir.IntType(64)
@@ -618,7 +620,7 @@ LOWER = {
     "wgmma_fence": asm_op("wgmma_fence"), "wgmma_commit": asm_op("wgmma_commit"),
     "prefetch_tensormap": lower_prefetch_tensormap, "tma_load": lower_tma_load, "setmaxnreg": lower_setmaxnreg,
     "wgmma_wait": lower_wgmma_wait, "fence_operand": lower_fence_operand, "wgmma": lower_wgmma,
-    "elect_one": lower_elect_one, "mma_sync": lower_mma_sync, "ldmatrix": lower_ldmatrix,
+    "elect_one": lower_elect_one, **LOWER_MATRIX, **LOWER_ASYNC_COPY,
     "membar": lambda L, op: L.asm("fence.acq_rel.gpu;", "~{memory}", []),
 }
 

@@ -1,5 +1,7 @@
-"""Lowerings of the asynchronous and matrix instructions (mbarrier, TMA, wgmma, mma.sync,
-ldmatrix, setmaxnreg) to inline PTX from ``asm_templates``; registered in ``llvm.LOWER``."""
+"""Lowerings of Hopper's asynchronous instructions (mbarrier, TMA loads, wgmma, setmaxnreg) to
+inline PTX from ``asm_templates``; registered in ``llvm.LOWER``. The matrix instructions
+(mma.sync, ldmatrix, stmatrix) are in ``lower_matrix``, the asynchronous copies in
+``lower_async_copy``."""
 from __future__ import annotations
 
 import llvmlite.ir as ir
@@ -91,20 +93,4 @@ def lower_wgmma(L, op: Op):
     text, cons = T.wgmma(n, op.attr("dtype"), op.attr("a_kind"), op.attr("trans_b"), zero,
                          op.attr("trans_a", 0))
     r = L.asm(text, cons, args, ret=ir.LiteralStructType([F32] * (n // 2)), convergent=True)
-    set_asm_results(L, op, r)
-
-
-def lower_mma_sync(L, op: Op):
-    vals = [L.v(x) for x in op.operands]
-    text, cons = T.mma_sync(op.attr("dtype"))
-    r = L.asm(text, cons, vals, ret=ir.LiteralStructType([F32] * 4), side_effect=False, convergent=True)
-    set_asm_results(L, op, r)
-
-
-def lower_ldmatrix(L, op: Op):
-    p = shared_u32(L, op.operands[0])
-    num = op.attr("num")
-    text, cons = T.ldmatrix(num, op.attr("trans"))
-    ret = ir.LiteralStructType([I32] * num) if num > 1 else I32
-    r = L.asm(text, cons, [p], ret=ret, convergent=True)
     set_asm_results(L, op, r)

@@ -1,10 +1,25 @@
-"""The warp-level MMA atom ``mma.sync.aligned.m16n8k16`` (sm_80+), and the same-lane conversion
-of its f32 accumulator into the A operand of the next MMA.
+"""The warp-level MMA atoms ``mma.sync.aligned.m16n8k16`` and ``m16n8k8`` (f16/bf16 -> f32, sm_80+),
+``ty.mma`` on their fragments, and the same-lane conversion of an f32 accumulator into the A
+operand of the next MMA.
 
-Two adjacent 16x8 C atoms hold, in the same lanes, exactly the 16x16 elements the A operand
-needs (PTX ISA fragment tables for m16n8k16): C0's (c0, c1) and (c2, c3) become a0 and a1, C1's
-become a2 and a3. ``pack_operand_a`` rounds those eight f32 values to bf16/f16 (nearest even)
-and packs them into four b32 words: no shuffles, no bit reinterpretation.
+Fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16 / mma.m16n8k8 with floating point
+type"; g = lane >> 2, t = lane & 3; register r holds two 16-bit elements, the lower column or
+k in bits 0-15):
+
+=========  ====================  =============================================  =============
+operand    tile                  element (register r, half h)                    registers
+=========  ====================  =============================================  =============
+A k16      16 x 16 (M x K)       row g + 8 (r & 1), col 2t + h + 8 (r >> 1)      4 b32
+B k16      16 x 8  (K x N)       k 2t + h + 8 r, n g                             2 b32
+A k8       16 x 8  (M x K)       row g + 8 r, col 2t + h                         2 b32
+B k8       8 x 8   (K x N)       k 2t + h, n g                                   1 b32
+C/D        16 x 8  f32           row g + 8 (i >> 1), col 2t + (i & 1)            4 f32
+=========  ====================  =============================================  =============
+
+``atom.a_fragment(words)`` / ``b_fragment`` / ``c_fragment`` / ``zeros()`` wrap registers in
+the atom's layouts; ``ldmatrix`` (``ty.ldmatrix``) gives exactly these words from shared
+memory. Two adjacent 16x8 C atoms hold, in the same lanes, the 16x16 elements of a k16 A
+operand: ``pack_operand_a`` rounds them to bf16/f16 and packs them, no shuffles.
 """
 from __future__ import annotations
 
@@ -13,39 +28,138 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import LayoutError
-from ..frontend.proxy import as_value, emit
-from ..ir.types import ScalarType, bf16, f16, f32
+from ..frontend.proxy import RuntimeValue, as_value, emit
+from ..ir.types import ScalarType, b32, bf16, f16, f32
 from ..semantics.conversions import pack2_bits, unpack2_bits
 from .fragment import Fragment, ownership_of
-from .layouts import MMA_SYNC_A, MMA_SYNC_B, MMA_SYNC_C, QUAD, Ownership, tiled_mma_c
+from .layouts import MMA_SYNC_A, MMA_SYNC_B, MMA_SYNC_C, QUAD, Layout, Ownership, tiled_mma_c
 
 A_OWNERSHIP = Ownership("quad", row_lanes=(1, 2), col_lanes=(4, 8, 16))
 B_OWNERSHIP = Ownership("quad", row_lanes=(4, 8, 16), col_lanes=(1, 2))
 
 
+def _mma_k8_a(w, lane, i):  # element i = 2 r + h
+    g, t = lane >> 2, lane & 3
+    return g + 8 * (i >> 1), 2 * t + (i & 1)
+
+
+def _mma_k8_b(w, lane, i):  # (k, n)
+    g, t = lane >> 2, lane & 3
+    return 2 * t + (i & 1), g
+
+
+MMA_SYNC_K8_A = Layout("mma.m16n8k8 A 16-bit", (16, 8), 32, 4, _mma_k8_a)
+MMA_SYNC_K8_B = Layout("mma.m16n8k8 B 16-bit", (8, 8), 32, 2, _mma_k8_b)
+
+# shape -> (M, N, K), A layout, B layout
+SHAPES = {
+    "m16n8k16": ((16, 8, 16), MMA_SYNC_A, MMA_SYNC_B),
+    "m16n8k8": ((16, 8, 8), MMA_SYNC_K8_A, MMA_SYNC_K8_B),
+}
+
+
 @dataclass(frozen=True)
 class MmaSyncAtom:
-    """mma.sync.aligned.m16n8k16.row.col.f32.{dtype}.{dtype}.f32: D(16x8) = A(16x16) B(16x8) + C."""
+    """``mma.sync.aligned.{shape}.row.col.f32.{dtype}.{dtype}.f32``: D(16x8) = A(16xK) B(Kx8) + C, one warp.
+
+    ``dtype``: ``ty.bf16`` or ``ty.f16`` (A and B); C and D are f32. ``shape``: "m16n8k16"
+    (default) or "m16n8k8". Fragments: ``a_layout``/``b_layout``/``c_layout`` and their
+    ownerships; ``a_fragment(words)``, ``b_fragment(words)``, ``c_fragment(values)``, ``zeros()``.
+    """
 
     dtype: ScalarType = bf16
+    shape: str = "m16n8k16"
 
     def __post_init__(self):
         if self.dtype not in (bf16, f16):
-            raise LayoutError(f"MmaSyncAtom dtype expects bf16 or f16, but got {self.dtype}")
+            raise LayoutError(f"MmaSyncAtom dtype expects ty.bf16 or ty.f16, but got {self.dtype!r}")
+        if self.shape not in SHAPES:
+            raise LayoutError(f"MmaSyncAtom shape expects one of {', '.join(map(repr, SHAPES))}, "
+                              f"but got {self.shape!r}")
 
-    shape = (16, 8, 16)
     arch = "sm_80"
-    a_layout = MMA_SYNC_A
-    b_layout = MMA_SYNC_B
     c_layout = MMA_SYNC_C
+    c_ownership = QUAD
 
-    def __str__(self):
-        t = self.dtype.name
-        return f"mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32 (sm_80+, one warp)"
+    @property
+    def mnk(self) -> tuple[int, int, int]:
+        return SHAPES[self.shape][0]
+
+    @property
+    def a_layout(self) -> Layout:
+        return SHAPES[self.shape][1]
+
+    @property
+    def b_layout(self) -> Layout:
+        return SHAPES[self.shape][2]
+
+    @property
+    def a_ownership(self) -> Ownership:
+        """Lanes that share a row of A (xor 1, 2: a quad) and a column (xor 4, 8, 16); both shapes."""
+        return A_OWNERSHIP
+
+    @property
+    def b_ownership(self) -> Ownership:
+        """Lanes that share a row (k) of B (xor 4, 8, 16) and a column (n: xor 1, 2); both shapes."""
+        return B_OWNERSHIP
+
+    @property
+    def a_words(self) -> int:
+        return self.a_layout.nvalues // 2
+
+    @property
+    def b_words(self) -> int:
+        return self.b_layout.nvalues // 2
 
     @property
     def ptx_dtype(self) -> str:
         return self.dtype.name
+
+    def __str__(self):
+        t = self.dtype.name
+        return f"mma.sync.aligned.{self.shape}.row.col.f32.{t}.{t}.f32 (sm_80+, one warp)"
+
+    # -- fragments ---------------------------------------------------------------------------
+    def a_fragment(self, words) -> Fragment:
+        """This lane's A registers (b32 words, e.g. from ``ty.ldmatrix``) as the atom's A fragment."""
+        return Fragment(_words(self, "A", words, self.a_words), self.a_ownership, self.a_layout, pack=2,
+                        dtype=self.dtype)
+
+    def b_fragment(self, words) -> Fragment:
+        """This lane's B registers (b32 words) as the atom's B fragment."""
+        return Fragment(_words(self, "B", words, self.b_words), self.b_ownership, self.b_layout, pack=2,
+                        dtype=self.dtype)
+
+    def c_fragment(self, values) -> Fragment:
+        """This lane's four f32 accumulators (c0..c3) as a C fragment."""
+        vals = tuple(values)
+        if len(vals) != 4:
+            raise LayoutError(f"{self.shape} c_fragment expects 4 f32 values, but got {len(vals)}")
+        vals = tuple(as_value(v, f32) for v in vals)
+        for i, v in enumerate(vals):
+            if v.type != f32:
+                raise LayoutError(f"{self.shape} c_fragment value {i} expects f32, but got {v.type}")
+        return Fragment(vals, self.c_ownership, self.c_layout)
+
+    def zeros(self) -> Fragment:
+        """A traced C fragment of zeros."""
+        z = as_value(0.0, f32)
+        return Fragment((z,) * 4, self.c_ownership, self.c_layout)
+
+
+def _words(atom: MmaSyncAtom, which: str, words, count: int) -> tuple:
+    ws = tuple(words) if isinstance(words, (tuple, list)) else (words,)
+    if len(ws) != count:
+        raise LayoutError(f"{atom.shape} {which} expects {count} b32 word(s) per lane, but got {len(ws)}")
+    out = []
+    for i, w in enumerate(ws):
+        if not isinstance(w, RuntimeValue):
+            raise LayoutError(f"{atom.shape} {which} word {i} expects a run-time b32 value, but got {w!r}")
+        if w.type != b32:
+            raise LayoutError(f"{atom.shape} {which} word {i} expects b32 (two packed 16-bit values), "
+                              f"but got {w.type}; ty.bitcast(x, ty.b32) reinterprets an i32/u32")
+        out.append(w)
+    return tuple(out)
 
 
 def _pack_pairs(ops, vals, dtype):
@@ -53,12 +167,15 @@ def _pack_pairs(ops, vals, dtype):
 
 
 def pack_operand_a(atom: MmaSyncAtom, left: Fragment, right=None, k=None):
-    """Same-lane C -> A conversion.
+    """Same-lane C -> A conversion for the m16n8k16 atom.
 
     ``pack_operand_a(atom, left, right)``: two adjacent 16x8 C atoms (columns 0-7 and 8-15).
     ``pack_operand_a(atom, acc, m, k)``: from a tiled accumulator, M repetition ``m`` (zero-based)
     and the 16-column pair ``k`` (n atoms 2k and 2k+1).
     """
+    if atom.shape != "m16n8k16":
+        raise LayoutError(f"pack_operand_a expects an m16n8k16 atom (two C atoms make one 16x16 A), "
+                          f"but got {atom.shape}")
     if isinstance(right, Fragment):
         for name, f in (("left", left), ("right", right)):
             if f.layout != MMA_SYNC_C:
@@ -89,16 +206,39 @@ def pack_operand_a(atom: MmaSyncAtom, left: Fragment, right=None, k=None):
     return Fragment(tuple(words), A_OWNERSHIP, MMA_SYNC_A, pack=2, dtype=atom.dtype)
 
 
+def _check_operand(atom: MmaSyncAtom, name: str, f, layout: Layout, pack: int):
+    if not isinstance(f, Fragment):
+        raise LayoutError(f"mma {name} expects a Fragment (e.g. atom.{name.lower()}_fragment(words)), "
+                          f"but got {type(f).__name__} {f!r}")
+    if f.layout != layout or f.pack != pack:
+        packed = "a packed " if pack == 2 else "a "
+        raise LayoutError(f"mma with {atom.shape} {name} expects {packed}{layout} fragment, but got {f.layout}"
+                          f"{' (pack=%d)' % f.pack if f.pack != pack else ''}")
+    if pack == 2 and f.dtype is not None and f.dtype != atom.dtype:
+        raise LayoutError(f"mma with a {atom.dtype} atom expects {name} packed as {atom.dtype}, but it holds "
+                          f"{f.dtype} values; round them to {atom.dtype} (pack_operand_a(atom, ...)), or use "
+                          f"ty.MmaSyncAtom(ty.{f.dtype})")
+
+
 def mma(atom: MmaSyncAtom, a: Fragment, b: Fragment, c: Fragment) -> Fragment:
-    """D = A B + C for one atom (traced: one ``mma.sync``; reference: exact products, f32 result)."""
-    if a.layout != MMA_SYNC_A or a.pack != 2:
-        raise LayoutError(f"mma A expects a packed {MMA_SYNC_A} fragment, but got {a.layout}")
-    if b.layout != MMA_SYNC_B or b.pack != 2:
-        raise LayoutError(f"mma B expects a packed {MMA_SYNC_B} fragment, but got {b.layout}")
-    if c.layout != MMA_SYNC_C:
-        raise LayoutError(f"mma C expects a {MMA_SYNC_C} fragment, but got {c.layout}")
+    """D = A B + C for one atom: one ``mma.sync`` (traced), or the reference product (CPU).
+
+    ``a``, ``b``: packed 16-bit fragments in ``atom.a_layout``/``b_layout`` (their dtype, when
+    known, must be the atom's); ``c``: an f32 fragment in ``atom.c_layout``. Returns D in the
+    C layout. Every lane of the warp must execute it (warp-uniform control flow).
+    """
+    if not isinstance(atom, MmaSyncAtom):
+        raise LayoutError(f"mma expects an MmaSyncAtom first, but got {atom!r}")
+    _check_operand(atom, "A", a, atom.a_layout, 2)
+    _check_operand(atom, "B", b, atom.b_layout, 2)
+    _check_operand(atom, "C", c, atom.c_layout, 1)
+    if not (a.traced == b.traced == c.traced):
+        raise LayoutError("mma cannot combine traced fragments with reference ones")
     if a.traced:
-        out = emit("mma_sync", (*a.values, *b.values, *c.values), dtype=atom.ptx_dtype)
+        for i, v in enumerate(c.values):
+            if v.type != f32:
+                raise LayoutError(f"mma C expects f32 accumulators, but register {i} is {v.type}")
+        out = emit("mma_sync", (*a.values, *b.values, *c.values), dtype=atom.ptx_dtype, shape=atom.shape)
         return Fragment(out, QUAD, MMA_SYNC_C)
     A = unpack_tile(a, atom.dtype.name)
     B = unpack_tile(b, atom.dtype.name)

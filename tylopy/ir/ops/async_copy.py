@@ -7,7 +7,8 @@ the rest of the destination is zero-filled. ``cp_async_wait`` waits until at mos
 most recent groups are pending. ``tma_store`` operands (tensormap, src: shared pointer,
 coordinates...), attributes ``rank`` and ``reduce`` (None, "add", "min", "max"); ``bulk_wait``
 waits until at most ``n`` bulk groups are pending (``read``: only until their shared-memory
-reads are done).
+reads are done). PTX ISA: "cp.async", "cp.async.wait_group", "cp.async.bulk.tensor",
+"cp.reduce.async.bulk.tensor", "cp.async.bulk.wait_group".
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ def _cp_async(ts, attrs):
 def _group_wait(what):
     def rule(ts, attrs):
         expect(not ts, f"{what} takes no operands")
+        expect(isinstance(attrs.get("read", False), bool), f"{what} read expects a bool, but got {attrs.get('read')!r}")
         n = attrs.get("n")
         expect(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= 63,
                f"{what} n expects a compile-time int in 0..63, but got {n!r}")

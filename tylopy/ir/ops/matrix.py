@@ -1,4 +1,11 @@
-"""Type rules of the warp-level matrix instructions: mma.sync, ldmatrix, stmatrix."""
+"""Type rules of the warp-level matrix instructions: mma.sync, ldmatrix, stmatrix.
+
+``mma_sync`` operands: A words, B words (b32, two 16-bit values each), then the 4 f32
+accumulators; attributes ``shape`` ("m16n8k16" or "m16n8k8") and ``dtype`` ("bf16" or "f16").
+``ldmatrix`` (shared pointer) gives ``num`` (1, 2 or 4) b32 words; ``stmatrix`` takes a shared
+pointer and ``num`` words; both have a ``trans`` bool attribute (PTX ISA, "ldmatrix",
+"stmatrix"; stmatrix is sm_90+, which the frontend checks).
+"""
 from __future__ import annotations
 
 from ..types import PointerType, b32, f32
@@ -23,8 +30,10 @@ def _mma_sync(ts, attrs):
 def _ldmatrix(ts, attrs):
     expect(len(ts) == 1 and isinstance(ts[0], PointerType) and ts[0].space == "shared",
             f"ldmatrix expects a shared pointer, but got {ts}")
-    expect(attrs["num"] in (1, 2, 4), "ldmatrix num expects 1, 2 or 4")
-    return (b32,) * attrs["num"]
+    num = attrs.get("num")
+    expect(num in (1, 2, 4), f"ldmatrix num expects 1, 2 or 4, but got {num!r}")
+    expect(isinstance(attrs.get("trans", False), bool), f"ldmatrix trans expects a bool, but got {attrs.get('trans')!r}")
+    return (b32,) * num
 
 
 
@@ -35,6 +44,7 @@ def _stmatrix(ts, attrs):
     expect(len(ts) == 1 + num and isinstance(ts[0], PointerType) and ts[0].space == "shared",
            f"stmatrix expects (shared pointer, {num} b32 words), but got {', '.join(map(str, ts))}")
     expect(all(t == b32 for t in ts[1:]), "stmatrix expects b32 words")
+    expect(isinstance(attrs.get("trans", False), bool), f"stmatrix trans expects a bool, but got {attrs.get('trans')!r}")
     return ()
 
 
