@@ -29,6 +29,10 @@ def _ptxas_specs():
     for am in ("k", "m"):
         for bm in ("k", "n"):
             out.append(dict(launch.CONFIGS[0], A_MAJOR=am, B_MAJOR=bm))
+    for cfg in launch.CONFIGS:  # the other store path of every tile shape
+        other = "tma" if cfg["STORE"] == "direct" else "direct"
+        alt = launch.schedule(cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SCHEDULE"], cfg["GROUP_M"], store=other)
+        out.append(dict(alt, OUT_DTYPE=ty.f32, HAS_BIAS=True, EPILOGUE=epilogues.silu))
     return out
 
 
@@ -38,7 +42,7 @@ PTXAS_SPECS = _ptxas_specs()
 def _spec_id(cx):
     parts = [cx["SCHEDULE"][:4], f"{cx['BLOCK_M']}x{cx['BLOCK_N']}", f"s{cx['STAGES']}", cx["STORE"]]
     parts += [f"{cx.get('A_MAJOR', 'k')}{cx.get('B_MAJOR', 'n')}"]
-    parts += ["f16-f32-bias-gelu"] if cx.get("HAS_BIAS") else []
+    parts += [f"{cx.get('DTYPE', ty.bf16)}-{cx['OUT_DTYPE']}-bias-{cx['EPILOGUE'].__name__}"] if cx.get("HAS_BIAS") else []
     return "-".join(parts)
 
 

@@ -277,6 +277,73 @@ def store_direct(accs, dst, row0, col0, plan):
                             out[off >> 1] = ty.pack2(v0, v1, dst.out_dtype)
 
 
+@ty.func
+def stage_chunk(accs, dst, buf, j, col0, plan):
+    """Write columns [j E, (j + 1) E) of this consumer's tile (E = 128 bytes of output) into the
+    staging buffer in the TMA's SWIZZLE_128B image: row r at 128 r, 16-byte piece p at p ^ (r % 8).
+
+    Register i holds column 8(i >> 2) + 2t + (i & 1) of row 16w + g + 8((i >> 1) & 1), and r % 8
+    is g, so a pair lands at piece (q ^ g) for its 16-byte piece q of the row.
+    """
+    warp = ty.warp_idx() & 3
+    lane = ty.lane_id()
+    g = lane >> 2
+    t = lane & 3
+    groups = plan.epi_cols // 8       # 8-column groups per chunk: 8 (16-bit) or 4 (f32)
+    for q in range(groups):
+        col = col0 + 8 * (j * groups + q) + 2 * t
+        b0, b1 = bias_pair(dst, col)
+        if dst.out_dtype == ty.f32:
+            piece = ((2 * q + (t >> 1)) ^ g) * 16 + 8 * (t & 1)
+        else:
+            piece = ((q ^ g) * 16) + 4 * t
+        for am in range(plan.atoms_m):
+            vals = accs[am].values
+            for half in range(2):
+                r = 64 * am + 16 * warp + g + 8 * half
+                i = 4 * (j * groups + q) + 2 * half
+                v0 = finish(vals[i], b0, dst)
+                v1 = finish(vals[i + 1], b1, dst)
+                addr = buf + (r * 128 + piece)
+                if dst.out_dtype == ty.f32:
+                    ty.store(ty.ptr_cast(addr, ty.f32), (v0, v1))
+                else:
+                    ty.store(ty.ptr_cast(addr, ty.b32), ty.pack2(v0, v1, dst.out_dtype))
+
+
+@ty.func
+def store_tma(accs, dst, smem, c, seq, row0, col0, plan, leader):
+    """Stage 128-byte-wide column chunks in two alternating buffers and TMA-store each (the TMA
+    clips rows >= M and columns >= N). ``seq`` counts this consumer's chunks so far (buffer parity).
+
+    Per chunk: the leader waits until at most one store is still reading (the other buffer's),
+    the warpgroup syncs, writes, fences the writes to the async proxy, syncs, and the leader
+    issues the store.
+    """
+    bar = EPILOGUE_BARRIER + c
+    for j in range(plan.epi_chunks):
+        parity = (seq + j) & 1
+        buf = smem + (plan.epi + (2 * c) * plan.epi_buf_bytes) + parity * plan.epi_buf_bytes
+        if leader:
+            hopper.bulk_wait(1, read=True)
+        ty.barrier_sync(bar, 128)
+        stage_chunk(accs, dst, buf, j, col0, plan)
+        hopper.fence_proxy_async()
+        ty.barrier_sync(bar, 128)
+        if leader:
+            hopper.tma_store(dst.tm_c, buf, col0 + j * plan.epi_cols, row0)
+            hopper.bulk_commit()
+    return seq + plan.epi_chunks
+
+
+@ty.func
+def store_tile(accs, dst, smem, c, seq, row0, col0, plan, leader):
+    if plan.store == "tma":
+        return store_tma(accs, dst, smem, c, seq, row0, col0, plan, leader)
+    store_direct(accs, dst, row0, col0, plan)
+    return seq
+
+
 # -- consumers --------------------------------------------------------------------------------------
 
 @ty.func
@@ -289,6 +356,7 @@ def consumer(smem, plan, prob, dst, wg, dtype, a_major, b_major, registers):
     row_off = c * plan.wm if plan.cooperative else 0
     ops = Operands(plan, a_major, b_major, row_off, 0)
     n_tiles = tiles_of_this_cta(prob)
+    seq = 0
     if plan.cooperative:
         it = 0
         for local in range(n_tiles):
@@ -297,7 +365,7 @@ def consumer(smem, plan, prob, dst, wg, dtype, a_major, b_major, registers):
             accs = hopper.wgmma_wait(0, accs)
             release(smem, plan, it + prob.k_blocks - 1, leader)
             it = it + prob.k_blocks
-            store_direct(accs, dst, tm * plan.block_m + row_off, tn * plan.block_n, plan)
+            seq = store_tile(accs, dst, smem, c, seq, tm * plan.block_m + row_off, tn * plan.block_n, plan, leader)
     else:
         mine = TURN_BARRIER + c
         other = TURN_BARRIER + 1 - c
@@ -312,7 +380,10 @@ def consumer(smem, plan, prob, dst, wg, dtype, a_major, b_major, registers):
                 ty.barrier_arrive(other, CONSUMER_THREADS)
             accs = hopper.wgmma_wait(0, accs)
             release(smem, plan, it + prob.k_blocks - 1, leader)
-            store_direct(accs, dst, tm * plan.block_m, tn * plan.block_n, plan)
+            seq = store_tile(accs, dst, smem, c, seq, tm * plan.block_m, tn * plan.block_n, plan, leader)
+    if plan.store == "tma":
+        if leader:  # the staging buffers must stay until the last stores have read them
+            hopper.bulk_wait(0)
 
 
 def _smem_bytes(BLOCK_M, BLOCK_N, STAGES, SCHEDULE, OUT_DTYPE, STORE):

@@ -164,13 +164,16 @@ def _tensor_map(t: torch.Tensor, dims, stride_bytes, box) -> TensorMap:
     return tm
 
 
+def _spec(t: torch.Tensor, dims, stride_bytes, box) -> TensorMapSpec:
+    return TensorMapSpec(t, tuple(dims), (stride_bytes,), tuple(box), MAP_DTYPE[t.dtype], 128)
+
+
 def operand_maps(a, b, am, bm, block_m, block_n, spec=False):
     """Tensor maps of A and B with the boxes the kernel loads (``spec``: unencoded, for the emulator)."""
     m, k = a.shape
     n = b.shape[1]
     es = a.element_size()
-    make = (lambda t, d, s, box: TensorMapSpec(t, tuple(d), (s,), tuple(box), MAP_DTYPE[t.dtype], 128)) if spec \
-        else _tensor_map
+    make = _spec if spec else _tensor_map
     if am == "k":
         ma = make(a, (k, m), _lead(a, 1) * es, (BLOCK_K, block_m))
     else:
@@ -186,8 +189,13 @@ def kernel_args(a, b, am, bm, out, bias, epilogue, cfg, spec=False):
     """(positional arguments, constexprs) of one launch of ``gemm_sm90``."""
     m, k = a.shape
     n = b.shape[1]
+    make = _spec if spec else _tensor_map
     ma, mb = operand_maps(a, b, am, bm, cfg["BLOCK_M"], cfg["BLOCK_N"], spec)
-    mc = ma  # the output map is read only by STORE="tma"
+    mc = ma  # a placeholder: the output map is used only by STORE="tma"
+    if cfg["STORE"] == "tma":
+        plan = Plan(cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["STAGES"], cfg["SCHEDULE"], MAP_DTYPE[out.dtype],
+                    cfg["STORE"])
+        mc = make(out, (n, m), out.stride(0) * out.element_size(), (plan.epi_cols, plan.wm))
     # The kernel writes column pairs, so with an odd N the last pair reaches one column into the
     # row padding: hand it whole rows of ldc elements.
     rows = out.as_strided((out.shape[0], out.stride(0)), (out.stride(0), 1))
@@ -209,8 +217,8 @@ def _launch(a, b, out, bias, epilogue, am, bm, **cfg):
     gemm_sm90[grid_of(m, n, cfg, a.device.index)](*args, **cx)
 
 
-@ty.autotune(configs=CONFIGS, key=["a", "b", "out", "bias", "epilogue"], prune=prune, timer=median_ms,
-             name="tylopy_kernels.gemm")
+@ty.autotune(configs=CONFIGS, key=["a", "b", "out", "bias", "epilogue"], prune=prune,
+             timer=functools.partial(median_ms, warmup_ms=25, rep_ms=100), name="tylopy_kernels.gemm")
 def run(a, b, out, bias, epilogue, am, bm, **cfg):
     """C = epilogue(A B + bias) into ``out`` with the autotuned schedule (or ``cfg`` when given)."""
     _launch(a, b, out, bias, epilogue, am, bm, **cfg)
