@@ -15,7 +15,9 @@ fingerprints the values it finds and looks for the entry under the resulting ful
 changed value gives a different key, never a stale kernel. Entries are written to a
 temporary name and renamed (atomic on POSIX), metadata last; an entry whose hashes do not
 match its metadata, or whose files cannot be parsed, is treated as absent and rebuilt. A cache
-folder that cannot be created or written is skipped with one warning: compiling still works.
+path that is a file, or a folder that cannot be created, is an error (``CacheUnavailable``,
+naming ``TYLOPY_CACHE_DIR`` and ``TYLOPY_CACHE=0``); a folder that can be read but not written
+serves what it has and warns once that new entries are not stored.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import warnings
 from dataclasses import dataclass
 
 from ..codegen.ptxas import PtxasReport, ptxas_version
+from ..errors import TylopyError
 from ..ir.values import WaitSite
 from . import capture
 
@@ -37,8 +40,8 @@ FORMAT = 2
 MAX_META_BYTES = 1 << 22  # a metadata file larger than this is not ours
 
 
-class CacheUnavailable(OSError):
-    """The cache folder cannot be used (a file is in the way, no permission)."""
+class CacheUnavailable(TylopyError, OSError):
+    """The cache folder cannot be used (a file is in the way, it cannot be created)."""
 
 
 _warned: set = set()
@@ -56,17 +59,6 @@ def cache_dir() -> str:
         raise CacheUnavailable(f"the compile cache path {d} is not a folder; set TYLOPY_CACHE_DIR to a writable "
                                "folder, or TYLOPY_CACHE=0")
     return d
-
-
-def _usable_dir() -> str | None:
-    """The cache folder, or None (with one warning per folder) when it cannot be used."""
-    try:
-        return cache_dir()
-    except CacheUnavailable as e:
-        if str(e) not in _warned:
-            _warned.add(str(e))
-            warnings.warn(f"tylopy: {e}; compiling without the disk cache", RuntimeWarning, stacklevel=3)
-        return None
 
 
 def enabled() -> bool:
@@ -98,7 +90,7 @@ def base_key(kernel, constexprs: dict, options) -> tuple[str, dict]:
         "format": FORMAT,
         "kernel": kernel.name,
         "signature": [f"{n}: {k!r}" for n, k, _ in kernel.signature],
-        "source": capture.fingerprint(kernel.fn, "the kernel function", kernel.name).split(" closure=")[0],
+        "source": f"{kernel.fn.__qualname__} {capture.code_digest(kernel.fn.__code__)}",
         "constexprs": {k: capture.fingerprint(v, f"constexpr {k}", kernel.name) for k, v in sorted(constexprs.items())},
         "launch_bounds": [bounds.max_threads, bounds.min_blocks_per_sm, bounds.max_registers],
         "options": options.key(),
@@ -154,9 +146,7 @@ def _reject_constant(name):
 def load(key: str) -> Entry | None:
     if not enabled():
         return None
-    d = _usable_dir()
-    if d is None:
-        return None
+    d = cache_dir()
     meta_p, ptx_p, cubin_p = _paths(d, key)
     meta = _read_json(meta_p)
     if not isinstance(meta, dict):
@@ -175,7 +165,10 @@ def load(key: str) -> Entry | None:
         rep = meta["report"]
         report = PtxasReport(**{k: (tuple(v) if k == "warnings" else v) for k, v in rep.items()})
         sites = tuple(WaitSite(str(a), str(b)) for a, b in meta.get("wait_sites", []))
-        return Entry(ptx.decode(), cubin, report, int(meta["dynamic_shared_bytes"]), sites)
+        smem = meta["dynamic_shared_bytes"]
+        if isinstance(smem, bool) or not isinstance(smem, int) or not 0 <= smem <= 1 << 20:
+            return None
+        return Entry(ptx.decode(), cubin, report, smem, sites)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # absent or corrupt: rebuild
 
@@ -193,23 +186,37 @@ def _manifest(d: str, base: str) -> list:
     return out
 
 
-def lookup(base: str, kernel_fn) -> tuple[str, Entry] | None:
-    """The entry whose recorded reads have the same values now, and its full key."""
+def _resolve_recipe(recipe, closure: dict):
+    """[(Read, current value, fingerprint)] for a recipe, or None when a read cannot be resolved."""
+    out = []
+    try:
+        for r in recipe:
+            value = capture.resolve(r, closure)
+            out.append((r, value, capture.fingerprint(value, r.describe())))
+    except (capture.Unresolvable, capture.CaptureError):
+        return None
+    return out
+
+
+def _key_of(base: str, resolved) -> str:
+    return full_key(base, [[*r.as_json(), fp] for r, _, fp in resolved])
+
+
+def lookup(base: str, kernel_fn):
+    """(full key, entry, [(Read, value, fingerprint)]) of the entry whose recorded reads have the
+    same values now, or None."""
     if not enabled():
         return None
-    d = _usable_dir()
-    if d is None:
-        return None
+    d = cache_dir()
     closure = _closure_of(kernel_fn)
     for recipe in _manifest(d, base):
-        try:
-            reads = [[*r.as_json(), capture.fingerprint(capture.resolve(r, closure), r.describe())] for r in recipe]
-        except (capture.Unresolvable, capture.CaptureError):
+        resolved = _resolve_recipe(recipe, closure)
+        if resolved is None:
             continue
-        key = full_key(base, reads)
+        key = _key_of(base, resolved)
         entry = load(key)
         if entry is not None:
-            return key, entry
+            return key, entry, resolved
     return None
 
 
@@ -229,9 +236,7 @@ def _atomic_write(path: str, data: bytes):
 def store(key: str, base: str, components: dict, reads: list, ck) -> None:
     if not enabled():
         return
-    d = _usable_dir()
-    if d is None:
-        return
+    d = cache_dir()
     meta_p, ptx_p, cubin_p = _paths(d, key)
     ptx = ck.ptx.encode()
     rep = ck.report
@@ -265,19 +270,16 @@ def explain(kernel, constexprs: dict, options) -> str:
     base, comps = base_key(kernel, constexprs, options)
     if not enabled():
         return "miss: the disk cache is off (TYLOPY_CACHE=0)"
-    d = _usable_dir()
-    if d is None:
-        return "miss: the disk cache folder cannot be used"
+    d = cache_dir()
     found = lookup(base, kernel.fn)
     if found is not None:
         return f"hit: {found[0]}"
     closure = _closure_of(kernel.fn)
     for recipe in _manifest(d, base):
-        try:
-            reads = [[*r.as_json(), capture.fingerprint(capture.resolve(r, closure), r.describe())] for r in recipe]
-        except (capture.Unresolvable, capture.CaptureError):
+        resolved = _resolve_recipe(recipe, closure)
+        if resolved is None:
             continue
-        key = full_key(base, reads)
+        key = _key_of(base, resolved)
         if any(os.path.exists(p) for p in _paths(d, key)):
             return f"miss: entry {key} exists but is corrupt (unreadable or a hash mismatch); it will be rebuilt"
     metas = []

@@ -11,9 +11,10 @@ How reads are seen: the rewritten kernel and ``@ty.func`` bodies run with a glob
 whose lookups go through ``RecordingGlobals.__missing__``; closure variables are read when the
 traceable is made for a trace; user modules and ``SimpleNamespace`` objects reached through a
 global are handed out wrapped in an ``AttributeRecorder`` that records each attribute read.
-Plain (not ``@ty.func``) helper functions and classes are fingerprinted by the source file of
-their module, so editing them changes the key; a value they read from a global and that is
-mutated in memory without editing any file is not seen (docs/design.md, "compile cache").
+Functions (plain helpers and ``@ty.func`` bodies) are fingerprinted by their compiled code (so
+editing one changes the key) together with their defaults, closure and the current values of
+the globals their code names; classes of user modules by their members. Library code (tylopy,
+the standard library, installed packages) counts by name and version.
 
 Each read is kept as a ``Read`` recipe (where to find the value again) with its fingerprint,
 so a later process can resolve the same recipes and look the PTX up without tracing.
@@ -24,6 +25,7 @@ import contextvars
 import enum
 import functools
 import hashlib
+import operator
 import os
 import sys
 import sysconfig
@@ -84,6 +86,7 @@ class Recorder:
     def __init__(self, kernel_name: str):
         self.kernel_name = kernel_name
         self.reads: dict[Read, str] = {}
+        self.values: dict = {}  # the value each read found (for the in-memory cache's guards)
         self._token = None
 
     def __enter__(self):
@@ -96,6 +99,7 @@ class Recorder:
     def note(self, read: Read, value) -> None:
         if read not in self.reads:
             self.reads[read] = fingerprint(value, read.describe(), self.kernel_name)
+            self.values[read] = value
 
     def key(self) -> list:
         return [[*r.as_json(), fp] for r, fp in self.reads.items()]
@@ -172,49 +176,68 @@ def _module_file(module) -> str | None:
 
 
 def _is_user_module(module) -> bool:
+    """Not tylopy, the standard library, a built-in module or an installed package (a module made
+    without a file, such as one built by exec, counts as the user's)."""
+    if getattr(module, "__name__", None) in sys.builtin_module_names:
+        return False
     f = _module_file(module)
     if not f:
-        return False
+        return True
     return not (f.startswith(_PKG + os.sep) or f.startswith(_STDLIB + os.sep) or "site-packages" in f
                 or "dist-packages" in f)
 
 
-@functools.lru_cache(maxsize=4096)
-def _file_digest(path: str, mtime_ns: int, size: int) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()[:16]
-
-
-def file_digest(path: str) -> str:
-    """Content hash of a source file (cached by path, mtime and size)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return "missing"
-    return _file_digest(path, st.st_mtime_ns, st.st_size)
-
-
 def module_fingerprint(module) -> str:
-    """A module by its name, version and source file content (tylopy's own by name: its source
-    hash is a key component of its own)."""
+    """A module by name (and version for installed packages). What a trace reads from a user module
+    is recorded attribute by attribute, so the module's file content adds nothing to the key."""
     name = getattr(module, "__name__", "?")
     f = _module_file(module)
-    if f is None or f.startswith(_PKG + os.sep) or f.startswith(_STDLIB + os.sep):
+    if f is None or f.startswith(_PKG + os.sep) or f.startswith(_STDLIB + os.sep) or _is_user_module(module) \
+            or name in sys.builtin_module_names:
         return f"module {name}"
-    version = getattr(module, "__version__", "")
-    if not _is_user_module(module):
-        return f"module {name} {version}"  # an installed package: its version says enough
-    return f"module {name} {version} {file_digest(f)}"
+    return f"module {name} {getattr(module, '__version__', '')}"  # an installed package: its version says enough
 
 
-def _code_fingerprint(fn) -> str:
+def _library_function(fn) -> str | None:
+    """tylopy's, the standard library's and installed packages' functions: by name (and version)."""
     module = sys.modules.get(getattr(fn, "__module__", None) or "")
-    where = module_fingerprint(module) if module is not None else repr(fn.__code__.co_filename)
-    if module is None or _module_file(module) is None:
-        # No file to hash (a function made by exec): its bytecode and constants stand for its source.
-        code = fn.__code__
-        where += " " + hashlib.sha256(code.co_code + repr(code.co_consts).encode()).hexdigest()[:16]
-    return f"{where} {fn.__qualname__}"
+    if module is None or _is_user_module(module):
+        return None
+    return f"{module_fingerprint(module)} {fn.__qualname__}"
+
+
+def code_digest(code) -> str:
+    """The function's compiled code as Python runs it (bytecode, constants, names, line table, nested
+    code): it changes when the source changes, and is what the trace actually executes."""
+    return _code_digest_cached(code, code.co_filename)  # code objects compare equal across files
+
+
+@functools.lru_cache(maxsize=8192)
+def _code_digest_cached(code, filename: str) -> str:
+    h = hashlib.sha256()
+    todo = [code]
+    while todo:
+        c = todo.pop()
+        h.update(c.co_code)
+        h.update(repr((c.co_names, c.co_varnames, c.co_freevars, c.co_cellvars, c.co_firstlineno, c.co_argcount,
+                       c.co_kwonlyargcount, os.path.basename(c.co_filename))).encode())
+        h.update(c.co_linetable)
+        for k in c.co_consts:
+            if isinstance(k, types.CodeType):
+                todo.append(k)
+            else:
+                h.update(repr(k).encode())
+    return h.hexdigest()[:16]
+
+
+def global_names(code) -> list[str]:
+    """The names a function's code (with its nested functions and comprehensions) may read as globals."""
+    names, todo = [], [code]
+    while todo:
+        c = todo.pop()
+        names.extend(n for n in c.co_names if n not in names)
+        todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return names
 
 
 _SIMPLE = (type(None), bool, int, float, complex, str, bytes)
@@ -254,16 +277,20 @@ def fingerprint(value, path: str, kernel: str = "", _seen: frozenset = frozenset
         return f"partial({fp(value.func, path)}, {fp(value.args, path)}, {fp(value.keywords, path)})"
     if isinstance(value, (types.FunctionType, types.MethodType)):
         fn = value.__func__ if isinstance(value, types.MethodType) else value
-        cells = [c.cell_contents if _cell_filled(c) else None for c in (fn.__closure__ or ())]
-        extra = f" closure={fp(cells, f'{path} (closure of {fn.__qualname__})')}" if cells else ""
-        defaults = f" defaults={fp(fn.__defaults__, path)}" if fn.__defaults__ else ""
         bound = f" self={fp(value.__self__, path)}" if isinstance(value, types.MethodType) else ""
-        return f"function {_code_fingerprint(fn)}{extra}{defaults}{bound}"
+        library = _library_function(fn)
+        if library is not None:
+            return f"function {library}{bound}"
+        return f"function {fn.__qualname__} {code_digest(fn.__code__)}{_function_inputs(fn, path, fp)}{bound}"
     if isinstance(value, (types.BuiltinFunctionType, type(len))):
         return f"builtin {getattr(value, '__module__', '')}.{getattr(value, '__qualname__', repr(value))}"
     if isinstance(value, type):
         module = sys.modules.get(value.__module__)
-        return f"class {module_fingerprint(module) if module else value.__module__} {value.__qualname__}"
+        if module is None or not _is_user_module(module):
+            return f"class {module_fingerprint(module) if module else value.__module__} {value.__qualname__}"
+        members = sorted((k, v) for k, v in vars(value).items() if not (k.startswith("__") and k.endswith("__")))
+        return f"class {value.__qualname__} {{" + ",".join(
+            f"{k}:{_lenient(fp, v, f'{path}.{k}')}" for k, v in members) + "}"
     if isinstance(value, enum.Enum):
         return f"enum {type(value).__qualname__}.{value.name}"
     if type(value).__module__ == "numpy" or type(value).__module__.startswith("numpy."):
@@ -293,6 +320,36 @@ def fingerprint(value, path: str, kernel: str = "", _seen: frozenset = frozenset
                    "tylopy types), or give its class a __tylopy_fingerprint__(self) -> str method")
 
 
+def _function_inputs(fn, path: str, fp) -> str:
+    """What a plain function reads besides its code: defaults, closure and the globals its code names.
+
+    A kernel calls plain Python helpers without tracing their global reads, so their values are
+    fingerprinted here. Such a value that cannot be fingerprinted counts by its type (a helper
+    that only touches it outside the kernel must not stop compilation).
+    """
+    parts = []
+    if fn.__defaults__:
+        parts.append(f" defaults={fp(fn.__defaults__, path)}")
+    if fn.__kwdefaults__:
+        parts.append(f" kwdefaults={fp(fn.__kwdefaults__, path)}")
+    cells = [c.cell_contents if _cell_filled(c) else None for c in (fn.__closure__ or ())]
+    if cells:
+        parts.append(f" closure={_lenient(fp, cells, f'{path} (closure of {fn.__qualname__})')}")
+    g = fn.__globals__
+    used = {n: g[n] for n in global_names(fn.__code__) if n in g and g[n] is not fn}
+    if used:
+        parts.append(" globals={" + ",".join(f"{n}:{_lenient(fp, v, f'{path} (global {n} of {fn.__qualname__})')}"
+                                             for n, v in sorted(used.items())) + "}")
+    return "".join(parts)
+
+
+def _lenient(fp, value, path: str) -> str:
+    try:
+        return fp(value, path)
+    except CaptureError:
+        return f"<{type(value).__module__}.{type(value).__qualname__}>"
+
+
 def _cell_filled(cell) -> bool:
     try:
         cell.cell_contents
@@ -309,3 +366,196 @@ def _is_foreign(cls) -> bool:
 
 def active() -> Recorder | None:
     return _active.get()
+
+
+# -- guards: is an in-memory specialization still valid? ---------------------------------------------
+
+_MISSING = object()
+
+
+class Guards:
+    """The checks that keep a compiled specialization in memory valid for its process.
+
+    One check per value the trace read, and per global a plain helper function named (those
+    are fingerprinted, not traced): the value must still be the same object, and a mutable one
+    (list, dict, namespace, object) must still equal a copy taken when it was read. The checks
+    run on every launch: the immutable ones of one module are a single ``itemgetter`` call and a
+    tuple comparison.
+    """
+
+    __slots__ = ("_batches", "_mutable", "_count")
+
+    def __init__(self, batches=(), mutable=(), count=0):
+        self._batches = tuple(batches)  # (itemgetter over names, mapping, tuple of the values seen)
+        self._mutable = tuple(mutable)  # (getter, value seen, its snapshot or None, its fingerprint)
+        self._count = count
+
+    def __len__(self) -> int:
+        return self._count
+
+    def valid(self) -> bool:
+        try:
+            for get, d, seen in self._batches:
+                if get(d) != seen:
+                    return False
+            for get, witness, snap, fp in self._mutable:
+                v = get()
+                if v is not witness or not _same_content(v, snap, fp):
+                    return False
+        except Exception:  # noqa: BLE001 - a name or attribute that went away
+            return False
+        return True
+
+    @staticmethod
+    def build(reads, closure_cells: dict) -> "Guards":
+        """``reads``: (Read, value, fingerprint) triples; ``closure_cells``: the kernel's cells by name."""
+        checks = _GuardBuilder()
+        for read, value, fp in reads:
+            if read.kind == "closure":
+                cell = closure_cells.get(read.name)
+                if cell is not None:
+                    checks.add(_cell_getter(cell), None, None, value, fp)
+            elif read.kind == "global":
+                module = sys.modules.get(read.owner)
+                if module is not None:
+                    checks.add(None, vars(module), read.name, value, fp)
+            else:
+                checks.add(functools.partial(resolve, read, {}), None, None, value, fp)
+            checks.follow(value)
+        return checks.finish()
+
+
+class _GuardBuilder:
+    def __init__(self):
+        self.by_dict: dict = {}  # id(mapping) -> (mapping, {name: value})
+        self.mutable: list = []
+        self.seen: set = set()
+        self.keys: set = set()
+
+    def add(self, getter, d, name, value, fp=None):
+        if d is not None:
+            if (id(d), name) in self.keys:
+                return
+            self.keys.add((id(d), name))
+        if _immutable(value):
+            if d is not None:
+                self.by_dict.setdefault(id(d), (d, {}))[1][name] = value
+            else:
+                self.mutable.append((getter, value, _IDENTITY, None))
+            return
+        if getter is None:
+            getter = functools.partial(d.__getitem__, name)
+        if fp is None:
+            fp = _fingerprint_or_none(value)
+        self.mutable.append((getter, value, _snapshot(value), fp))
+
+    def follow(self, value, depth: int = 0):
+        """Add checks for what a plain function or user class refers to (fingerprinted, not traced)."""
+        value = unwrap(value)
+        target = getattr(value, "fn", None)
+        if isinstance(target, types.FunctionType) and type(value).__module__.startswith("tylopy"):
+            value = target
+        if id(value) in self.seen or depth > 8:
+            return
+        if isinstance(value, types.FunctionType) and _library_function(value) is None:
+            self.seen.add(id(value))
+            g = value.__globals__
+            for name in global_names(value.__code__):
+                if name in g:
+                    self.add(None, g, name, g[name])
+                    self.follow(g[name], depth + 1)
+        elif isinstance(value, type) and _is_user_module(sys.modules.get(value.__module__) or types):
+            self.seen.add(id(value))
+            members = vars(value)
+            for name, v in list(members.items()):
+                if not (name.startswith("__") and name.endswith("__")):
+                    self.add(None, members, name, v)
+                    self.follow(v, depth + 1)
+
+    def finish(self) -> Guards:
+        batches = []
+        for d, named in self.by_dict.values():
+            names = tuple(named)
+            get = operator.itemgetter(*names)
+            seen = tuple(named.values()) if len(names) > 1 else named[names[0]]
+            batches.append((get, d, seen))
+        return Guards(batches, self.mutable, sum(len(n) for _, n in self.by_dict.values()) + len(self.mutable))
+
+
+_IDENTITY = object()  # snapshot marker: the identity test is the whole check
+
+
+def _same_content(value, snap, fp) -> bool:
+    if snap is _IDENTITY:
+        return True
+    if snap is not None:
+        try:
+            if (vars(value) == snap[1]) if type(snap) is _VarsSnapshot else (value == snap):
+                return True
+        except Exception:  # noqa: BLE001 - a value whose comparison fails: its fingerprint decides
+            pass
+    return fp is not None and _fingerprint_or_none(value) == fp
+
+
+class _VarsSnapshot(tuple):
+    """(class, copy of the instance's __dict__): an object compared by its attributes."""
+
+
+def _snapshot(value):
+    """A copy of a mutable value made of plain data (numbers, strings, tylopy types, functions,
+    containers of them), compared with ``==`` later (at C speed); None when it holds something
+    else (then its fingerprint decides)."""
+    try:
+        if isinstance(value, (list, tuple, dict, set, frozenset)):
+            return _plain_copy(value)
+        if hasattr(value, "__dict__") and not isinstance(value, type):
+            return _VarsSnapshot((type(value), _plain_copy(dict(vars(value)))))
+    except _NotPlain:
+        pass
+    return None
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _plain_copy(value, depth: int = 0):
+    """A deep copy with the same container types (shared immutable leaves), or ``_NotPlain``."""
+    if depth > 16:
+        raise _NotPlain
+    if _immutable(value):
+        return value
+    if isinstance(value, list):
+        return [_plain_copy(x, depth + 1) for x in value]
+    if isinstance(value, tuple) and type(value) is tuple:
+        return tuple(_plain_copy(x, depth + 1) for x in value)
+    if isinstance(value, dict) and type(value) is dict:
+        return {k: _plain_copy(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (set, frozenset)):
+        return type(value)(_plain_copy(x, depth + 1) for x in value)
+    raise _NotPlain
+
+
+def _cell_getter(cell):
+    return lambda: cell.cell_contents
+
+
+def _fingerprint_or_none(value):
+    try:
+        return fingerprint(value, "")
+    except CaptureError:
+        return None
+
+
+def _immutable(value) -> bool:
+    """Is the identity of ``value`` enough to know its fingerprint did not change?"""
+    if isinstance(value, _SIMPLE) or isinstance(value, (types.ModuleType, types.FunctionType, type, enum.Enum,
+                                                       types.BuiltinFunctionType)):
+        return True
+    if isinstance(value, (tuple, frozenset)):
+        return all(_immutable(x) for x in value)
+    cls = type(value)
+    if cls.__module__.startswith("tylopy"):
+        params = getattr(cls, "__dataclass_params__", None)
+        return params is None or params.frozen  # tylopy's types and wrappers are immutable values
+    return cls.__module__ == "torch" and cls.__name__ == "dtype"

@@ -34,7 +34,7 @@ from ..ir.verify import verify
 from . import capture, tracing
 from .builder import Builder, _is_tylopy_file, code_location, user_location
 from .lang import NoAliasPointer, _Constexpr
-from .options import CompileOptions, from_environment
+from .options import CompileOptions, environment_snapshot, from_environment
 from .proxy import RuntimeValue
 from .rewrite import rewrite_function, source_of
 
@@ -43,6 +43,7 @@ DEFAULT_ARCH = "sm_90a"
 # PTX identifiers: what LLVM and ptxas accept as a kernel's symbol without aborting.
 _SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 MAX_FUNC_DEPTH = 64
+MAX_SPECIALIZATIONS_PER_KEY = 8  # in-memory entries per base key (one per set of read values)
 
 
 def _locate(fn: Callable, match: Callable[[ast.AST], bool]) -> SourceLoc:
@@ -129,6 +130,8 @@ class CompiledKernel:
     _llvm_ir_optimized: str | None = None
     _retrace: Callable | None = field(default=None, repr=False)
     _launcher: Any = field(default=None, repr=False)
+    _guards: Any = field(default=None, repr=False)  # capture.Guards: the reads this process must still see
+    _env: tuple = field(default=(), repr=False)  # the environment options it was compiled under
 
     @property
     def ir(self) -> KernelIR:
@@ -196,7 +199,7 @@ class Kernel:
             self.signature.append((p.name, _param_kind(fn, p.name, p.annotation), p.default))
         self.source_file = inspect.getsourcefile(fn) or fn.__code__.co_filename
         self._traceable = None
-        self._compiled: dict[Any, CompiledKernel] = {}
+        self._compiled: dict[str, list[CompiledKernel]] = {}
         self._fast: dict[tuple, CompiledKernel] = {}
         functools.update_wrapper(self, fn)
         if _register:
@@ -321,46 +324,60 @@ class Kernel:
         return kir
 
     def compile(self, **constexprs) -> CompiledKernel:
-        """Compile (or fetch from the memory or disk cache) one specialization."""
-        try:  # the launch path: the same keyword arguments as last time, no normalization
-            fast = self._fast.get(tuple(constexprs.items()))
+        """Compile (or fetch from the memory or disk cache) one specialization.
+
+        The launch path: the same keyword arguments as last time find the last specialization
+        without normalizing anything; it is used while the environment options and every value
+        its trace read are unchanged (``capture.Guards``), else the key is computed again.
+        """
+        try:
+            key = tuple(constexprs.items())
+            fast = self._fast.get(key)
         except TypeError:  # an unhashable constexpr value
-            fast = None
-        if fast is not None:
+            key = fast = None
+        if fast is not None and fast._env == environment_snapshot() and fast._guards.valid():
             return fast
         ck = self._compile(constexprs)
-        try:
-            self._fast[tuple(constexprs.items())] = ck
-        except TypeError:
-            pass
+        if key is not None:
+            try:
+                self._fast[key] = ck
+            except TypeError:
+                pass
         return ck
 
     def _compile(self, constexprs: dict) -> CompiledKernel:
         from . import cache
+        env = environment_snapshot()
         cx = self._constexprs(constexprs)
         options = self.options()
         t0 = time.perf_counter()
         base_key, components = cache.base_key(self, cx, options)
-        mkey = (base_key, _closure_identity(self.fn))
-        ck = self._compiled.get(mkey)
-        if ck is not None:
-            return ck
+        for ck in self._compiled.get(base_key, ()):  # compiled in this process: still valid?
+            if ck._guards.valid():
+                return ck
+        cells = dict(zip(self.fn.__code__.co_freevars, self.fn.__closure__ or ()))
         found = cache.lookup(base_key, self.fn)
         if found is not None:
-            key, entry = found
+            key, entry, resolved = found
             ck = CompiledKernel(self.name, options.arch, self._launch_bounds(cx).max_threads,
                                 tuple(self.runtime_params), cx, entry.ptx, entry.cubin, entry.report,
                                 entry.dynamic_shared_bytes, key, from_cache=True, options=options,
                                 wait_sites=entry.wait_sites,
                                 _retrace=functools.partial(self.trace, options, **cx))
+            ck._guards = capture.Guards.build(resolved, cells)
         else:
             recorder = capture.Recorder(self.name)
             kir = self.trace(options, recorder, **cx)
             key = cache.full_key(base_key, recorder.key())
             ck = self._build(kir, cx, options, key)
             cache.store(key, base_key, components, recorder.key(), ck)
+            ck._guards = capture.Guards.build(
+                [(r, recorder.values[r], fp) for r, fp in recorder.reads.items()], cells)
+        ck._env = env
         ck.compile_seconds = time.perf_counter() - t0
-        self._compiled[mkey] = ck
+        entries = self._compiled.setdefault(base_key, [])
+        entries.insert(0, ck)
+        del entries[MAX_SPECIALIZATIONS_PER_KEY:]
         cache.maybe_dump(ck)
         return ck
 
@@ -410,17 +427,6 @@ _defined: dict[str, weakref.WeakSet] = {}
 def kernels_defined_in(path: str) -> list:
     """The live kernels whose function is in the file ``path`` (decorated there, or by a factory)."""
     return sorted(_defined.get(os.path.realpath(path), ()), key=lambda k: (k.fn.__code__.co_firstlineno, k.name))
-
-
-def _closure_identity(fn) -> tuple:
-    """The identities of the kernel's closure values: rebinding one makes a new in-memory entry."""
-    out = []
-    for c in fn.__closure__ or ():
-        try:
-            out.append(id(c.cell_contents))
-        except ValueError:
-            out.append(None)
-    return tuple(out)
 
 
 _TRACE_ERRORS: dict[type, type] = {}

@@ -51,6 +51,25 @@ class CompileOptions:
         return replace(self, arch=arch)
 
 
+ENVIRONMENT = ("TYLOPY_DEBUG_WAITS", "TYLOPY_DEBUG_WAIT_SECONDS", "TYLOPY_DEBUG")
+_ENV_DATA = getattr(os.environ, "_data", None)  # POSIX: the raw mapping behind os.environ (no encoding per read)
+_ENV_KEYS = tuple(os.environ.encodekey(k) for k in ENVIRONMENT) if hasattr(os.environ, "encodekey") else None
+
+
+def _snapshot_raw() -> tuple:
+    get = _ENV_DATA.get
+    k0, k1, k2 = _ENV_KEYS
+    return get(k0), get(k1), get(k2)
+
+
+def _snapshot_portable() -> tuple:
+    return tuple(os.environ.get(k) for k in ENVIRONMENT)
+
+
+# The raw values of the option variables, cheap enough to compare on every launch.
+environment_snapshot = _snapshot_raw if _ENV_DATA is not None and _ENV_KEYS is not None else _snapshot_portable
+
+
 def _flag(name: str) -> bool:
     return os.environ.get(name, "") not in ("", "0")
 
