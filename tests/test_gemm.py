@@ -14,6 +14,8 @@ from tylopy_kernels.gemm import check_inputs, epilogues, launch, matmul
 from tylopy_kernels.gemm.hopper import gemm_sm90
 from tylopy_kernels.gemm.plan import Plan
 from tylopy_kernels.gemm.reference import tensorcore_model
+from tylopy_kernels.gemm.splitk import blocks as splitk_blocks
+from tylopy_kernels.gemm.splitk import splitk_reduce
 
 # -- ptxas ------------------------------------------------------------------------------------------
 
@@ -23,6 +25,9 @@ def _ptxas_specs():
     majors on the first config."""
     out = []
     for cfg in launch.CONFIGS:
+        if cfg.get("SPLIT_K", 1) != 1:  # partial sums: f32, no bias or epilogue (the reduction has them)
+            out.append(dict(cfg, SPLIT_K=3, OUT_DTYPE=ty.f32))
+            continue
         out.append(dict(cfg))
         out.append(dict(cfg, DTYPE=ty.f16, OUT_DTYPE=ty.f32, HAS_BIAS=True, BIAS_DTYPE=ty.f16,
                         EPILOGUE=epilogues.gelu))
@@ -30,6 +35,8 @@ def _ptxas_specs():
         for bm in ("k", "n"):
             out.append(dict(launch.CONFIGS[0], A_MAJOR=am, B_MAJOR=bm))
     for cfg in launch.CONFIGS:  # the other store path of every tile shape
+        if cfg.get("SPLIT_K", 1) != 1:
+            continue
         other = "tma" if cfg["STORE"] == "direct" else "direct"
         alt = launch.schedule(cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SCHEDULE"], cfg["GROUP_M"], store=other)
         out.append(dict(alt, OUT_DTYPE=ty.f32, HAS_BIAS=True, EPILOGUE=epilogues.silu))
@@ -43,6 +50,7 @@ def _spec_id(cx):
     parts = [cx["SCHEDULE"][:4], f"{cx['BLOCK_M']}x{cx['BLOCK_N']}", f"s{cx['STAGES']}", cx["STORE"]]
     parts += [f"{cx.get('A_MAJOR', 'k')}{cx.get('B_MAJOR', 'n')}"]
     parts += [f"{cx.get('DTYPE', ty.bf16)}-{cx['OUT_DTYPE']}-bias-{cx['EPILOGUE'].__name__}"] if cx.get("HAS_BIAS") else []
+    parts += [f"split{cx['SPLIT_K']}"] if cx.get("SPLIT_K", 1) != 1 else []
     return "-".join(parts)
 
 
@@ -60,6 +68,15 @@ def test_assembles_without_spills(cx):
                    "mbarrier.try_wait", "setmaxnreg.inc.sync.aligned.u32 232", "setmaxnreg.dec.sync.aligned.u32 40"):
         assert needle in ptx, f"{needle} missing from the PTX"
     assert f"m64n{cx['BLOCK_N']}k16" in ptx  # each consumer's share is BLOCK_N wide in both schedules
+    if cx["STORE"] == "tma":
+        assert "cp.async.bulk.tensor" in ptx and "cp.async.bulk.wait_group.read 1" in ptx
+
+
+@pytest.mark.parametrize("out_dtype", [ty.bf16, ty.f16, ty.f32])
+def test_split_k_reduction_assembles(out_dtype):
+    report = splitk_reduce.compile(SPLITS=4, OUT_DTYPE=out_dtype, HAS_BIAS=True, BIAS_DTYPE=ty.bf16,
+                                   EPILOGUE=epilogues.gelu).report
+    assert report.spills == 0 and report.stack_frame == 0 or not report.available, str(report)
 
 
 # -- emulator: bit-identical to the tensor-core model -----------------------------------------------
@@ -90,12 +107,20 @@ EMULATED = [
     (70, 200, 100, dict(PP, BLOCK_M=128, BLOCK_N=128), "k", "k", torch.bfloat16, torch.float16, None, "relu", 1),
     (16, 90, 33, PP, "k", "n", torch.bfloat16, torch.bfloat16, torch.float32, None, 1),
     (3, 5, 1, CO, "k", "n", torch.bfloat16, torch.bfloat16, None, None, 1),
+    # the TMA-store epilogue: staging buffers alternate across chunks and tiles, the TMA clips tails
+    (100, 72, 136, dict(CO, STORE="tma"), "m", "k", torch.bfloat16, torch.bfloat16, torch.bfloat16, "relu", 1),
+    (130, 130, 200, dict(PP, STORE="tma"), "k", "n", torch.bfloat16, torch.float32, None, None, 1),
+    (70, 200, 100, dict(PP, BLOCK_M=128, BLOCK_N=128, STORE="tma"), "k", "k", torch.float16, torch.float16, None,
+     "half", 2),
+    (200, 300, 64, dict(CO, BLOCK_M=256, BLOCK_N=128, STORE="tma"), "m", "n", torch.bfloat16, torch.bfloat16, None,
+     None, 1),
+    (7, 9, 13, dict(CO, STORE="tma"), "k", "n", torch.bfloat16, torch.float32, torch.float32, None, 1),
 ]
 
 
 def _case_id(case):
     m, n, k, cfg, am, bm, dt, odt, bias, epi, grid = case
-    return (f"{m}x{n}x{k}-{cfg['SCHEDULE'][:4]}{cfg['BLOCK_M']}x{cfg['BLOCK_N']}-{am}{bm}-"
+    return (f"{m}x{n}x{k}-{cfg['SCHEDULE'][:4]}{cfg['BLOCK_M']}x{cfg['BLOCK_N']}-{cfg['STORE']}-{am}{bm}-"
             f"{str(dt)[6:]}-{str(odt)[6:]}{'-bias' if bias else ''}{'-' + epi if epi else ''}-grid{grid}")
 
 
@@ -111,13 +136,21 @@ def _operands(m, n, k, am, bm, dt, bias_dt, seed):
     return a, b, bias
 
 
-def emulate_gemm(a, b, bias, out_dtype, epilogue, cfg, grid):
-    """Run gemm_sm90 in the emulator; the output buffer starts as NaN (padding columns included)."""
+def emulate_gemm(a, b, bias, out_dtype, epilogue, cfg, grid, splits=1):
+    """Run gemm_sm90 (and the split-K reduction) in the emulator as the launcher would; every
+    output and workspace buffer starts as NaN (padding columns included)."""
     a2, b2, am, bm = launch.prepare(a, b)
-    out = launch.output_buffer(a.shape[0], b.shape[1], out_dtype, "cpu")
+    m, n = a.shape[0], b.shape[1]
+    out = launch.output_buffer(m, n, out_dtype, "cpu")
     out.fill_(float("nan"))
-    args, cx = launch.kernel_args(a2, b2, am, bm, out, bias, epilogue, cfg, spec=True)
+    if splits == 1:
+        args, cx = launch.kernel_args(a2, b2, am, bm, out, bias, epilogue, cfg, spec=True)
+        return out, gemm_sm90.emulate(*args, grid=(grid,), **cx), (am, bm)
+    ws = launch.workspace(splits, m, n, "cpu").fill_(float("nan"))
+    args, cx = launch.kernel_args(a2, b2, am, bm, ws, None, None, dict(cfg, SPLIT_K=splits), spec=True)
     report = gemm_sm90.emulate(*args, grid=(grid,), **cx)
+    args, cx = launch.splitk_args(ws, out, bias, epilogue, m, n)
+    splitk_reduce.emulate(*args, grid=(splitk_blocks(m, n),), **cx)
     return out, report, (am, bm)
 
 
@@ -131,6 +164,27 @@ def test_emulated_gemm_is_the_tensor_core_model(case):
     expect = tensorcore_model(a, b, bias, odt, epi_np)
     assert torch.equal(out, expect), f"max |diff| {(out.float() - expect.float()).abs().max()}"
     assert not report.notes
+
+
+# (M, N, K, schedule, splits, out dtype, bias, epilogue, grid): uneven k-block ranges (K = 600 is
+# 10 k-blocks: 3 + 3 + 4 for S = 3), more units than CTAs, pingpong's alternating units
+SPLIT = [
+    (50, 70, 600, dict(PP, STAGES=2), 3, torch.bfloat16, torch.bfloat16, "relu", 2),
+    (100, 130, 300, CO, 2, torch.float32, None, None, 1),
+    (20, 64, 1000, dict(PP, BLOCK_N=128), 4, torch.float16, torch.float32, "half", 3),
+    (70, 90, 640, dict(CO, STORE="tma"), 3, torch.bfloat16, None, None, 2),
+]
+
+
+@pytest.mark.parametrize("case", SPLIT, ids=[f"{c[0]}x{c[1]}x{c[2]}-{c[3]['SCHEDULE'][:4]}-{c[3]['STORE']}-S{c[4]}"
+                                              for c in SPLIT])
+def test_emulated_split_k_is_the_tensor_core_model(case):
+    m, n, k, cfg, splits, odt, bias_dt, epi, grid = case
+    a, b, bias = _operands(m, n, k, "k", "n", torch.bfloat16, bias_dt, seed=k)
+    epi_dsl, epi_np = EPILOGUES[epi] if epi else (None, None)
+    out, report, _ = emulate_gemm(a, b, bias, odt, epi_dsl, cfg, grid, splits)
+    expect = tensorcore_model(a, b, bias, odt, epi_np, split_k=splits)
+    assert torch.equal(out, expect), f"max |diff| {(out.float() - expect.float()).abs().max()}"
 
 
 def test_emulated_gelu_is_close_to_float64():
@@ -147,10 +201,13 @@ def test_every_config_fits_and_the_heuristic_comes_first():
     for cfg in launch.CONFIGS:
         Plan(cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["STAGES"], cfg["SCHEDULE"], "f32", cfg["STORE"])
     cfgs = [ty.Config(c) for c in launch.CONFIGS]
-    big = launch.prune({"a": torch.empty(8192, 8), "b": torch.empty(8, 8192)}, cfgs)
-    assert big[0] == launch.CONFIGS[0] and len(big) == len(cfgs)
-    skinny = launch.prune({"a": torch.empty(16, 8), "b": torch.empty(8, 4096)}, cfgs)
-    assert skinny[0]["BLOCK_M"] == 64
+    big = launch.prune({"a": torch.empty(8192, 8192), "b": torch.empty(8192, 8192)}, cfgs)
+    unsplit = [c for c in launch.CONFIGS if c.get("SPLIT_K", 1) == 1]
+    assert big[0] == launch.CONFIGS[0] and len(big) == len(unsplit)  # split-K would not split here
+    skinny = launch.prune({"a": torch.empty(16, 4096), "b": torch.empty(4096, 4096)}, cfgs)
+    assert skinny[0]["BLOCK_M"] == 64 and len(skinny) == len(cfgs)
+    assert launch.split_of(16, 4096, 4096, launch.schedule(64, 128, "pingpong", split_k="auto"), 132) == 4
+    assert launch.split_of(16, 4096, 100, launch.schedule(64, 128, "pingpong", split_k="auto"), 132) == 1
 
 
 @pytest.mark.parametrize("args, match", [

@@ -104,8 +104,11 @@ def test_epilogues(name, fn, fn64, slope):
     assert bool((err <= tol).all()), f"max error {err.max():.3g}"
 
 
-@pytest.mark.parametrize("cfg", launch.CONFIGS, ids=[f"{c['SCHEDULE']}-{c['BLOCK_M']}x{c['BLOCK_N']}-s{c['STAGES']}-"
-                                                      f"{c['STORE']}" for c in launch.CONFIGS])
+SCHEDULES = launch.CONFIGS + [dict(c, STORE="direct") for c in launch.CONFIGS if c.get("SPLIT_K", 1) == 1]
+
+
+@pytest.mark.parametrize("cfg", SCHEDULES, ids=[f"{c['SCHEDULE']}-{c['BLOCK_M']}x{c['BLOCK_N']}-s{c['STAGES']}-"
+                                                f"{c['STORE']}-split{c.get('SPLIT_K', 1)}" for c in SCHEDULES])
 @pytest.mark.parametrize("shape", [(129, 257, 200), (1000, 1000, 1000), (2100, 300, 130)])
 def test_every_schedule(cfg, shape):
     m, n, k = shape
@@ -114,6 +117,19 @@ def test_every_schedule(cfg, shape):
     bias = torch.randn(n, device="cuda").to(torch.bfloat16)
     out = matmul(a, b, bias, schedule=dict(cfg))
     check(out, a, b, bias)
+
+
+@pytest.mark.parametrize("splits", [2, 3, 8, "auto"])
+@pytest.mark.parametrize("shape", [(16, 4096, 4096), (128, 1000, 3000), (77, 300, 520)])
+def test_split_k(shape, splits):
+    m, n, k = shape
+    a = nan_padded(m, k, torch.bfloat16, "row", seed=k)
+    b = nan_padded(k, n, torch.bfloat16, "col", seed=n)
+    bias = torch.randn(n, device="cuda")
+    sched = dict(launch.schedule(64, 128, "pingpong"), SPLIT_K=splits)
+    out = matmul(a, b, bias, epilogue=epilogues.relu, schedule=sched)
+    check(out, a, b, bias, torch.relu)
+    assert torch.equal(matmul(a, b, bias, epilogue=epilogues.relu, schedule=sched), out)  # a fixed order
 
 
 def test_large_square_matches_fp64_on_a_slice():

@@ -9,8 +9,10 @@ both fp16, in any layout whose rows or columns are contiguous (``w.t()`` of a Li
 read as it is, MN-major or K-major, without a copy). Accumulation is fp32; the output is
 ``out_dtype`` (default: the inputs' dtype). ``bias`` (N,) in the inputs' dtype or fp32 is added
 in fp32; ``epilogue`` is a function of one f32 value written with ``ty.*`` operations (a
-``@ty.func`` or a plain function), applied after the bias. ``schedule`` fixes the kernel's
-schedule (a dict of its constexprs); without it ``ty.autotune`` picks one per problem.
+``@ty.func`` or a plain function; ``tylopy_kernels.gemm.epilogues`` has relu, gelu, silu and
+scale), applied after the bias. ``schedule`` fixes the kernel's schedule (a dict of its
+constexprs: BLOCK_M, BLOCK_N, STAGES, SCHEDULE, GROUP_M, STORE, SPLIT_K); without it
+``ty.autotune`` picks one per problem (docs/gemm.md).
 
 Runs on Hopper (sm_90) only; elsewhere it raises with the reason. Every check below runs before
 the GPU is touched, so bad input fails the same way on a machine without one. Launches go on the
@@ -24,7 +26,7 @@ import torch
 
 DTYPES = (torch.bfloat16, torch.float16)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-SCHEDULE_KEYS = ("BLOCK_M", "BLOCK_N", "STAGES", "SCHEDULE", "GROUP_M", "STORE")
+SCHEDULE_KEYS = ("BLOCK_M", "BLOCK_N", "STAGES", "SCHEDULE", "GROUP_M", "STORE", "SPLIT_K")
 
 
 def _fail(exc, arg, expected, got):
@@ -95,6 +97,9 @@ def _check_schedule(schedule, out_dtype):
     g = full["GROUP_M"]
     if isinstance(g, bool) or not isinstance(g, int) or g < 1:
         _fail(ValueError, "schedule GROUP_M", "a positive int", g)
+    s = full.get("SPLIT_K", 1)
+    if s != "auto" and (isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= 64):
+        _fail(ValueError, "schedule SPLIT_K", "an int in 1..64 or 'auto'", s)
 
 
 @functools.lru_cache(maxsize=None)

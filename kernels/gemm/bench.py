@@ -160,7 +160,8 @@ def sweep_schedules():
         for group in (8, 16):
             for store in stores:
                 try:
-                    s = launch.schedule(cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SCHEDULE"], group, store=store)
+                    s = launch.schedule(cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SCHEDULE"], group, store=store,
+                                        split_k=cfg.get("SPLIT_K", 1))
                 except ValueError:
                     continue
                 if s not in seen:

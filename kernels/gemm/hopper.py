@@ -62,13 +62,22 @@ def init_barriers(smem, plan):
 class Problem:
     """Run-time sizes of the product and its tile grid (a holder of IR values)."""
 
-    def __init__(self, m, n, k, plan, group_m):
+    def __init__(self, m, n, k, plan, group_m, split_k):
         self.m, self.n, self.k = m, n, k
         self.num_m = (m + (plan.block_m - 1)) // plan.block_m
         self.num_n = (n + (plan.block_n - 1)) // plan.block_n
         self.k_blocks = (k + (BLOCK_K - 1)) // BLOCK_K
-        self.total = self.num_m * self.num_n
+        self.tiles = self.num_m * self.num_n
+        self.split_k = split_k                   # compile-time: work units per tile along K
+        self.total = self.tiles * split_k if split_k > 1 else self.tiles
         self.group_m = group_m
+
+
+class Unit:
+    """One unit of work: an output tile (first row and column) and its range of k-blocks."""
+
+    def __init__(self, m0, n0, split, k_first, k_count):
+        self.m0, self.n0, self.split, self.k_first, self.k_count = m0, n0, split, k_first, k_count
 
 
 @ty.func
@@ -80,19 +89,34 @@ def tiles_of_this_cta(prob):
 
 
 @ty.func
-def tile_coords(prob, local):
-    """(first row, first column) of this CTA's ``local``-th tile.
+def tile_coords(prob, pos):
+    """(tile row, tile column) of tile position ``pos``.
 
     Positions run through groups of ``group_m`` tile rows column by column, so the tiles in
     flight at one time (consecutive positions on all SMs) share rows of A and columns of B in L2.
     """
-    pos = ty.block_idx(0) + local * ty.grid_dim(0)
     per_group = prob.group_m * prob.num_n
     group = pos // per_group
     first = group * prob.group_m
     rows = ty.minimum(prob.num_m - first, prob.group_m)
     r = pos - group * per_group
     return (first + r % rows), r // rows
+
+
+@ty.func
+def unit_of(prob, plan, local):
+    """This CTA's ``local``-th unit of work (positions b, b + G, b + 2G, ...). With split-K the
+    ``split_k`` units of one tile are neighbours; split s takes k-blocks [s KT / S, (s + 1) KT / S)."""
+    pos = ty.block_idx(0) + local * ty.grid_dim(0)
+    if prob.split_k == 1:
+        tm, tn = tile_coords(prob, pos)
+        return Unit(tm * plan.block_m, tn * plan.block_n, 0, 0, prob.k_blocks)
+    tile = pos // prob.split_k
+    split = pos - tile * prob.split_k
+    tm, tn = tile_coords(prob, tile)
+    k_first = (split * prob.k_blocks) // prob.split_k
+    k_end = ((split + 1) * prob.k_blocks) // prob.split_k
+    return Unit(tm * plan.block_m, tn * plan.block_n, split, k_first, k_end - k_first)
 
 
 # -- producer ---------------------------------------------------------------------------------------
@@ -127,12 +151,11 @@ def producer(smem, plan, prob, tm_a, tm_b, a_major, b_major, registers):
             hopper.prefetch_tensormap(tm_b)
             it = 0
             for local in range(tiles_of_this_cta(prob)):
-                tm, tn = tile_coords(prob, local)
-                m0 = tm * plan.block_m
-                n0 = tn * plan.block_n
-                for kb in range(prob.k_blocks):
-                    load_stage(smem, plan, tm_a, tm_b, it + kb, m0, n0, kb * BLOCK_K, a_major, b_major)
-                it = it + prob.k_blocks
+                u = unit_of(prob, plan, local)
+                for kb in range(u.k_count):
+                    load_stage(smem, plan, tm_a, tm_b, it + kb, u.m0, u.n0, (u.k_first + kb) * BLOCK_K, a_major,
+                               b_major)
+                it = it + u.k_count
 
 
 # -- consumer main loop -----------------------------------------------------------------------------
@@ -215,10 +238,11 @@ def mainloop(smem, base, atom, ops, it0, k_blocks, leader):
 class Output:
     """What the epilogue needs: sizes, output and bias pointers, dtypes, the user's function."""
 
-    def __init__(self, out, ldc, bias, m, n, out_dtype, bias_dtype, has_bias, epilogue, tm_c):
+    def __init__(self, out, ldc, bias, m, n, out_dtype, bias_dtype, has_bias, epilogue, tm_c, split_k):
         self.out, self.ldc, self.bias, self.m, self.n = out, ldc, bias, m, n
         self.out_dtype, self.bias_dtype, self.has_bias, self.epilogue = out_dtype, bias_dtype, has_bias, epilogue
         self.tm_c = tm_c
+        self.split_k = split_k  # > 1: f32 partial sums, split s in rows [s M, (s + 1) M) (a 3-D map for TMA)
 
 
 @ty.func
@@ -243,7 +267,7 @@ def bias_pair(dst, col):
 
 
 @ty.func
-def store_direct(accs, dst, row0, col0, plan):
+def store_direct(accs, dst, row0, col0, split, plan):
     """Each thread stores its column pairs straight from the accumulator registers.
 
     Register i of an m64 atom holds row 16w + g + 8((i >> 1) & 1), column 8(i >> 2) + 2t + (i & 1)
@@ -258,6 +282,7 @@ def store_direct(accs, dst, row0, col0, plan):
         out = ty.ptr_cast(dst.out, ty.f32)
     else:
         out = ty.ptr_cast(dst.out, ty.b32)
+    split_rows = split * dst.m if dst.split_k > 1 else 0
     for j in range(plan.wn // 8):
         col = col0 + 8 * j + 2 * t
         b0, b1 = bias_pair(dst, col)
@@ -270,7 +295,7 @@ def store_direct(accs, dst, row0, col0, plan):
                         i = 4 * j + 2 * half
                         v0 = finish(vals[i], b0, dst)
                         v1 = finish(vals[i + 1], b1, dst)
-                        off = ty.cast(row, ty.i64) * dst.ldc + ty.cast(col, ty.i64)
+                        off = ty.cast(row + split_rows, ty.i64) * dst.ldc + ty.cast(col, ty.i64)
                         if dst.out_dtype == ty.f32:
                             ty.store(out + off, (v0, v1))
                         else:
@@ -312,7 +337,7 @@ def stage_chunk(accs, dst, buf, j, col0, plan):
 
 
 @ty.func
-def store_tma(accs, dst, smem, c, seq, row0, col0, plan, leader):
+def store_tma(accs, dst, smem, c, seq, row0, col0, split, plan, leader):
     """Stage 128-byte-wide column chunks in two alternating buffers and TMA-store each (the TMA
     clips rows >= M and columns >= N). ``seq`` counts this consumer's chunks so far (buffer parity).
 
@@ -331,20 +356,38 @@ def store_tma(accs, dst, smem, c, seq, row0, col0, plan, leader):
         hopper.fence_proxy_async()
         ty.barrier_sync(bar, 128)
         if leader:
-            hopper.tma_store(dst.tm_c, buf, col0 + j * plan.epi_cols, row0)
+            if dst.split_k > 1:
+                hopper.tma_store(dst.tm_c, buf, col0 + j * plan.epi_cols, row0, split)
+            else:
+                hopper.tma_store(dst.tm_c, buf, col0 + j * plan.epi_cols, row0)
             hopper.bulk_commit()
     return seq + plan.epi_chunks
 
 
 @ty.func
-def store_tile(accs, dst, smem, c, seq, row0, col0, plan, leader):
+def store_tile(accs, dst, smem, c, seq, row0, col0, split, plan, leader):
     if plan.store == "tma":
-        return store_tma(accs, dst, smem, c, seq, row0, col0, plan, leader)
-    store_direct(accs, dst, row0, col0, plan)
+        return store_tma(accs, dst, smem, c, seq, row0, col0, split, plan, leader)
+    store_direct(accs, dst, row0, col0, split, plan)
     return seq
 
 
 # -- consumers --------------------------------------------------------------------------------------
+
+@ty.func
+def run_unit(smem, base, atom, ops, plan, dst, u, it, c, seq, row_off, leader, turn, hand_over):
+    """Main loop, final wait and epilogue of one unit; pingpong (``turn``) takes the tensor-core
+    turn first and hands it over (when ``hand_over``) once its last k-block is issued."""
+    if turn is not None:
+        ty.barrier_sync(turn[0], CONSUMER_THREADS)
+    accs = mainloop(smem, base, atom, ops, it, u.k_count, leader)
+    if turn is not None:
+        if hand_over:
+            ty.barrier_arrive(turn[1], CONSUMER_THREADS)
+    accs = hopper.wgmma_wait(0, accs)
+    release(smem, plan, it + u.k_count - 1, leader)
+    return store_tile(accs, dst, smem, c, seq, u.m0 + row_off, u.n0, u.split, plan, leader)
+
 
 @ty.func
 def consumer(smem, plan, prob, dst, wg, dtype, a_major, b_major, registers):
@@ -355,32 +398,31 @@ def consumer(smem, plan, prob, dst, wg, dtype, a_major, b_major, registers):
     leader = (ty.thread_idx() & 127) == 0
     row_off = c * plan.wm if plan.cooperative else 0
     ops = Operands(plan, a_major, b_major, row_off, 0)
-    n_tiles = tiles_of_this_cta(prob)
+    n_units = tiles_of_this_cta(prob)
     seq = 0
     if plan.cooperative:
         it = 0
-        for local in range(n_tiles):
-            tm, tn = tile_coords(prob, local)
-            accs = mainloop(smem, base, atom, ops, it, prob.k_blocks, leader)
-            accs = hopper.wgmma_wait(0, accs)
-            release(smem, plan, it + prob.k_blocks - 1, leader)
-            it = it + prob.k_blocks
-            seq = store_tile(accs, dst, smem, c, seq, tm * plan.block_m + row_off, tn * plan.block_n, plan, leader)
+        for local in range(n_units):
+            u = unit_of(prob, plan, local)
+            seq = run_unit(smem, base, atom, ops, plan, dst, u, it, c, seq, row_off, leader, None, False)
+            it = it + u.k_count
     else:
-        mine = TURN_BARRIER + c
-        other = TURN_BARRIER + 1 - c
+        turn = (TURN_BARRIER + c, TURN_BARRIER + 1 - c)
         if c == 0:
-            ty.barrier_arrive(mine, CONSUMER_THREADS)  # the first consumer takes the first turn
-        for local in range(c, n_tiles, CONSUMERS):
-            tm, tn = tile_coords(prob, local)
-            it = local * prob.k_blocks
-            ty.barrier_sync(mine, CONSUMER_THREADS)
-            accs = mainloop(smem, base, atom, ops, it, prob.k_blocks, leader)
-            if local + 1 < n_tiles:  # hand the tensor cores over while this tile's last k-block runs
-                ty.barrier_arrive(other, CONSUMER_THREADS)
-            accs = hopper.wgmma_wait(0, accs)
-            release(smem, plan, it + prob.k_blocks - 1, leader)
-            seq = store_tile(accs, dst, smem, c, seq, tm * plan.block_m, tn * plan.block_n, plan, leader)
+            ty.barrier_arrive(turn[0], CONSUMER_THREADS)  # the first consumer takes the first turn
+        if prob.split_k == 1:  # every unit has k_blocks k-blocks: unit j starts at ring iteration j KT
+            for local in range(c, n_units, CONSUMERS):
+                u = unit_of(prob, plan, local)
+                seq = run_unit(smem, base, atom, ops, plan, dst, u, local * prob.k_blocks, c, seq, 0, leader, turn,
+                               local + 1 < n_units)
+        else:  # uneven splits: count every unit's k-blocks, run every other one
+            it = 0
+            for local in range(n_units):
+                u = unit_of(prob, plan, local)
+                if (local & 1) == c:
+                    seq = run_unit(smem, base, atom, ops, plan, dst, u, it, c, seq, 0, leader, turn,
+                                   local + 1 < n_units)
+                it = it + u.k_count
     if plan.store == "tma":
         if leader:  # the staging buffers must stay until the last stores have read them
             hopper.bulk_wait(0)
@@ -398,13 +440,20 @@ def gemm_sm90(
     B_MAJOR: ty.constexpr = "n", BLOCK_M: ty.constexpr = 128, BLOCK_N: ty.constexpr = 256,
     STAGES: ty.constexpr = 4, SCHEDULE: ty.constexpr = "cooperative", GROUP_M: ty.constexpr = 8,
     STORE: ty.constexpr = "direct", HAS_BIAS: ty.constexpr = False, BIAS_DTYPE: ty.constexpr = ty.f32,
-    EPILOGUE: ty.constexpr = None, REGISTERS: ty.constexpr = REGISTERS,
+    EPILOGUE: ty.constexpr = None, REGISTERS: ty.constexpr = REGISTERS, SPLIT_K: ty.constexpr = 1,
 ):
-    """C[m, n] = EPILOGUE(sum_k A[m, k] B[k, n] + bias[n]); one persistent CTA loops over tiles."""
+    """C[m, n] = EPILOGUE(sum_k A[m, k] B[k, n] + bias[n]); one persistent CTA loops over tiles.
+
+    SPLIT_K > 1: each tile is SPLIT_K units over disjoint k-block ranges, each writing f32
+    partial sums to rows [s M, (s + 1) M) of ``out`` (no bias, no epilogue): ``splitk.py`` adds
+    them up in order, then applies the bias and the epilogue.
+    """
     plan = Plan(BLOCK_M, BLOCK_N, STAGES, SCHEDULE, OUT_DTYPE.name, STORE)
+    if SPLIT_K > 1 and (OUT_DTYPE != ty.f32 or HAS_BIAS or EPILOGUE is not None):
+        raise ValueError("SPLIT_K > 1 writes f32 partial sums: it expects OUT_DTYPE=f32 without bias or epilogue")
     smem = ty.dynamic_shared(ty.u8, plan.total, align=1024)
-    prob = Problem(m, n, k, plan, GROUP_M)
-    dst = Output(out, ldc, bias, m, n, OUT_DTYPE, BIAS_DTYPE, HAS_BIAS, EPILOGUE, tm_c)
+    prob = Problem(m, n, k, plan, GROUP_M, SPLIT_K)
+    dst = Output(out, ldc, bias, m, n, OUT_DTYPE, BIAS_DTYPE, HAS_BIAS, EPILOGUE, tm_c, SPLIT_K)
     init_barriers(smem, plan)
     wg = ty.warpgroup_idx()
     if wg == 0:

@@ -20,20 +20,29 @@ OUT_REL = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float32: 
 ACC_REL = 2.0 ** -19
 
 
-def tensorcore_model(a: torch.Tensor, b: torch.Tensor, bias=None, out_dtype=None, epilogue=None) -> torch.Tensor:
-    """C = round(epilogue(sum of mma_f32 k16 steps + bias)) for 2-D CPU tensors (bf16/fp16 in)."""
+def tensorcore_model(a: torch.Tensor, b: torch.Tensor, bias=None, out_dtype=None, epilogue=None,
+                     split_k: int = 1) -> torch.Tensor:
+    """C = round(epilogue(sum of mma_f32 k16 steps + bias)) for 2-D CPU tensors (bf16/fp16 in).
+
+    ``split_k`` = S: split s chains the k-blocks [s KT / S, (s + 1) KT / S) from zero, and the S
+    partial sums are added in order in f32 (the split-K reduction).
+    """
     from tylopy.semantics.tensorcore import mma_f32
     dt = "bf16" if a.dtype == torch.bfloat16 else "f16"
     m, k = a.shape
     n = b.shape[1]
-    kp = max(64, -(-k // 64) * 64)
+    blocks = max(1, -(-k // 64))
+    kp = 64 * blocks
     av = np.zeros((m, kp), np.float32)
     av[:, :k] = a.float().numpy()
     bv = np.zeros((kp, n), np.float32)
     bv[:k] = b.float().numpy()
     acc = None
-    for s in range(0, kp, 16):
-        acc = mma_f32(av[:, s:s + 16], bv[s:s + 16], acc, dt)
+    for split in range(split_k):
+        part = None
+        for s in range(64 * (split * blocks // split_k), 64 * ((split + 1) * blocks // split_k), 16):
+            part = mma_f32(av[:, s:s + 16], bv[s:s + 16], part, dt)
+        acc = part if acc is None else (acc + part).astype(np.float32)
     if bias is not None:
         acc = (acc + bias.float().numpy()[None, :]).astype(np.float32)
     if epilogue is not None:
