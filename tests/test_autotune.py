@@ -239,3 +239,27 @@ def test_second_process_does_not_tune_again(cache_dir):
         assert r.returncode == 0, r.stderr
     assert runs[0].stdout.split() == ["128", "2"]
     assert runs[1].stdout.split() == ["128", "0"]
+
+
+def _double(x):
+    return 2 * x
+
+
+def test_function_keys_follow_code_and_arguments():
+    import functools
+    from tylopy.frontend.autotune import _key_part
+
+    def scaled(x, alpha):
+        return x * alpha
+
+    assert _key_part(functools.partial(scaled, alpha=0.5)) == _key_part(functools.partial(scaled, alpha=0.5))
+    assert _key_part(functools.partial(scaled, alpha=0.5)) != _key_part(functools.partial(scaled, alpha=0.25))
+    assert _key_part(_double) != _key_part(lambda x: 2 * x)
+    assert _key_part(torch_like()) == ["tensor", [2, 3], "bf16", [3, 1]]
+
+
+class torch_like:
+    shape, dtype = (2, 3), "bf16"
+
+    def stride(self):
+        return (3, 1)

@@ -72,9 +72,6 @@ def check_inputs(a, b, bias=None, out_dtype=None, epilogue=None, schedule=None):
         if not callable(epilogue):
             _fail(TypeError, "epilogue", "a function of one f32 value (a @ty.func or plain function) or None",
                   type(epilogue).__name__)
-        if "<lambda>" in getattr(epilogue, "__qualname__", ""):
-            _fail(TypeError, "epilogue", "a named function (def or @ty.func): the compile cache keys functions "
-                  "by module and name, which all lambdas of a module share", "a lambda")
     if schedule is not None:
         _check_schedule(schedule, out_dtype)
     return m, n, k, out_dtype

@@ -75,11 +75,14 @@ def _key_part(x) -> Any:
         return x
     if isinstance(x, (tuple, list)):
         return [_key_part(e) for e in x]
-    if isinstance(x, functools.partial):
-        return ["partial", _key_part(x.func), _key_part(list(x.args)),
-                {k: _key_part(v) for k, v in sorted(x.keywords.items())}]
-    if callable(x) and hasattr(x, "__qualname__"):
-        return f"{getattr(x, '__module__', '?')}.{x.__qualname__}"
+    if callable(x):  # functions (epilogues...) by what the compile cache keys them by: code and inputs
+        from .capture import fingerprint
+        from ..errors import CaptureError
+        name = getattr(x, "__qualname__", type(x).__qualname__)
+        try:
+            return f"{name} {hashlib.sha256(fingerprint(x, 'an autotune key').encode()).hexdigest()[:16]}"
+        except CaptureError:
+            return f"{getattr(x, '__module__', '?')}.{name}"
     return repr(x)
 
 
