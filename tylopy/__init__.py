@@ -26,6 +26,11 @@ from .frontend.options import CompileOptions
 from .frontend.async_copy import cp_async, cp_async_commit, cp_async_wait
 from .frontend.matrix import ldmatrix, stmatrix
 from .tile.mma_sync import MMA_SYNC_K8_A, MMA_SYNC_K8_B, mma
+from .frontend.atomics import *  # noqa: F401,F403  (ty.atomic_add, ty.red_add, ...)
+from .frontend.atomics import __all__ as _atomics_all
+from .frontend.debug import device_assert, printf
+from .frontend.warp import *  # noqa: F401,F403  (ty.vote_all, ty.ballot, ty.warp_reduce, ...)
+from .frontend.warp import __all__ as _warp_all
 from .tile import (MMA_SYNC_A, MMA_SYNC_B, MMA_SYNC_C, QUAD, WARP, WARPGROUP, WGMMA_A_RS, Fragment, Layout,
                    LocalOwnership, MmaSyncAtom, Ownership, SoftmaxState, SoftmaxUpdate, WgmmaAtom, pack_operand_a,
                    softmax_lse, softmax_merge, softmax_normalize, softmax_update, tiled_mma_c, wgmma_acc)
@@ -40,7 +45,7 @@ __all__ = ["kernel", "func", "Kernel", "CompiledKernel", "CompileOptions", "Tylo
            "softmax_update", "softmax_normalize", "softmax_merge", "softmax_lse", "pack_operand_a", "hopper",
            "autotune", "Config", "mma", "MMA_SYNC_K8_A", "MMA_SYNC_K8_B", "ldmatrix", "stmatrix", "cp_async",
            "cp_async_commit", "cp_async_wait",
-           *_lang_all]
+           *_lang_all, *_atomics_all, *_warp_all, "printf", "device_assert"]
 
 
 def __getattr__(name):

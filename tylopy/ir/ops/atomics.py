@@ -50,6 +50,8 @@ def _common(what: str, ts, attrs, nvalues: int):
 
 def _atomic(ts, attrs):
     op = attrs.get("op")
+    expect(attrs.get("vec", 1) == 1, f"atomic expects one value per lane (vec=1), but got vec={attrs.get('vec')!r} "
+                                     "(vector adds without a result are reduce ops)")
     t = _common("atomic", ts, attrs, 2 if op == "cas" else 1)
     sem = attrs.get("sem", "relaxed")
     expect(sem in SEMANTICS, f"atomic sem expects one of {', '.join(SEMANTICS)}, but got {sem!r}")

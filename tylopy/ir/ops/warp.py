@@ -33,5 +33,10 @@ def _redux(ts, attrs):
     return (ts[0],)
 
 
-RULES = {"vote": _vote, "match": _match, "redux": _redux, "activemask": lambda ts, attrs: (u32,)}
+def _activemask(ts, attrs):
+    expect(not ts, f"activemask expects no operands, but got {', '.join(map(str, ts))}")
+    return (u32,)
+
+
+RULES = {"vote": _vote, "match": _match, "redux": _redux, "activemask": _activemask}
 SIDE_EFFECTS: frozenset = frozenset({"vote", "match", "redux", "activemask"})  # convergent: never moved
