@@ -2,7 +2,7 @@
 second mma.sync, and the reductions and softmax state ops against their numpy reference mode.
 
 Kernels here take their fragments' registers from global memory at ``layout.coord(warp, lane, i)``
-(the tables tests/test_fragments.py checks against the PTX ISA), run the fragment ops traced, and
+(the tables tests/test_fragments_layouts.py checks against the PTX ISA), run the fragment ops traced, and
 write every thread's registers back, so each (thread, value) is compared. Outputs are poisoned
 first (NaN, or 0xFFFFFFFF for packed words) so a missing write fails.
 
