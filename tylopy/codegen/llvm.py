@@ -19,7 +19,11 @@ from .llvm_async import (asm_op, lower_elect_one, lower_fence_operand, lower_mba
                          lower_wgmma_wait, set_asm_results)
 from .lower_async_copy import LOWER_ASYNC_COPY
 from .lower_matrix import LOWER_MATRIX
+from .lower_rounding import rounding_lowerings
 from .llvm_types import ADDRSPACE, llvm_type
+from .lower_atomics import LOWERINGS as ATOMIC_LOWERINGS
+from .lower_debug import LOWERINGS as DEBUG_LOWERINGS
+from .lower_warp import LOWERINGS as WARP_LOWERINGS
 
 I1, I16, I32, I64 = ir.IntType(1), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F32 = ir.FloatType()
@@ -622,7 +626,10 @@ LOWER = {
     "wgmma_wait": lower_wgmma_wait, "fence_operand": lower_fence_operand, "wgmma": lower_wgmma,
     "elect_one": lower_elect_one, **LOWER_MATRIX, **LOWER_ASYNC_COPY,
     "membar": lambda L, op: L.asm("fence.acq_rel.gpu;", "~{memory}", []),
+    **WARP_LOWERINGS, **ATOMIC_LOWERINGS, **DEBUG_LOWERINGS,
 }
+
+LOWER.update(rounding_lowerings(LOWER))  # add/sub/mul/div/fma/sqrt/convert with an explicit rounding
 
 
 def lower_kernel(kernel: KernelIR, options=None) -> ir.Module:

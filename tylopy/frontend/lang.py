@@ -25,6 +25,7 @@ __all__ = [
     "ptr", "NoAliasPointer", "Value", "RuntimeValue", "constexpr", "tensormap", "thread_idx", "block_idx",
     "block_dim", "grid_dim", "lane_id", "warp_idx", "warpgroup_idx", "exp2", "log2", "sqrt", "rsqrt", "rcp", "fma", "minimum", "maximum", "abs",
     "select", "cast", "bitcast", "pack2", "unpack2", "load", "store", "shared", "dynamic_shared",
+    "add", "sub", "mul", "div", "ROUNDINGS",
     "ptr_cast", "address", "syncthreads", "barrier_sync", "barrier_arrive", "shfl_xor", "shfl_idx",
     "shfl_down", "shfl_up", "inline_ptx", "range", "static_range", "elect_one",
 ]
@@ -125,8 +126,9 @@ def log2(x) -> Value:
     return emit1("log2", (as_value(x, f32),))
 
 
-def sqrt(x) -> Value:
-    return emit1("sqrt", (as_value(x, f32),))
+def sqrt(x, rounding: str | None = None) -> Value:
+    """Square root of an f32, correctly rounded (``sqrt.rn``; ``rounding``: "rz", "rm", "rp")."""
+    return emit1("sqrt", (as_value(x, f32),), **_rounding_attr("sqrt", rounding))
 
 
 def rsqrt(x) -> Value:
@@ -138,10 +140,55 @@ def rcp(x) -> Value:
     return emit1("rcp", (as_value(x, f32),))
 
 
-def fma(a, b, c) -> Value:
-    """a*b + c with one rounding."""
+def fma(a, b, c, rounding: str | None = None) -> Value:
+    """a*b + c with one rounding (to nearest even, or ``rounding``: "rn", "rz", "rm", "rp")."""
     like = next((v.type for v in (a, b, c) if isinstance(v, Value)), f32)
-    return emit1("fma", tuple(as_value(v, like) for v in (a, b, c)))
+    return emit1("fma", tuple(as_value(v, like) for v in (a, b, c)), **_rounding_attr("fma", rounding))
+
+
+# -- float arithmetic with an explicit rounding direction ------------------------------------------------
+
+ROUNDINGS = ("rn", "rz", "rm", "rp")
+"""IEEE rounding directions PTX names: to nearest even, toward zero, toward -inf, toward +inf."""
+
+
+def _rounding_attr(op: str, rounding) -> dict:
+    if rounding is None:
+        return {}
+    if rounding not in ROUNDINGS:
+        current_builder().error(f"{op} rounding expects one of {', '.join(map(repr, ROUNDINGS))}, but got {rounding!r}",
+                                hint="rn: to nearest even, rz: toward zero, rm: toward -inf, rp: toward +inf")
+    return {"rounding": rounding}
+
+
+def _arith(op: str, a, b, rounding):
+    a, b = _same_pair(op, a, b)
+    return emit1(op, (a, b), **_rounding_attr(op, rounding))
+
+
+def add(a, b, rounding: str | None = None) -> Value:
+    """a + b; ``rounding`` ("rn", "rz", "rm", "rp", f32/f64 only) picks PTX's add.{rnd} explicitly.
+
+    With an explicit rounding the op is never contracted into an fma. Emulated bit for bit
+    (``tylopy/semantics/rounding.py``).
+    """
+    return _arith("add", a, b, rounding)
+
+
+def sub(a, b, rounding: str | None = None) -> Value:
+    """a - b, optionally with an explicit rounding (see ``add``)."""
+    return _arith("sub", a, b, rounding)
+
+
+def mul(a, b, rounding: str | None = None) -> Value:
+    """a * b, optionally with an explicit rounding (see ``add``)."""
+    return _arith("mul", a, b, rounding)
+
+
+def div(a, b, rounding: str | None = None) -> Value:
+    """a / b (floats: ``div.rn``; integers truncate like ``//``), optionally with an explicit
+    rounding for floats (see ``add``)."""
+    return _arith("div", a, b, rounding)
 
 
 def _same_pair(op, a, b):
@@ -174,14 +221,29 @@ def select(cond, a, b) -> Value:
     return emit1("select", (cond, a, b))
 
 
-def cast(x, to: ScalarType) -> Value:
-    """Convert the value: floats round to nearest even, float to int truncates toward zero."""
+def cast(x, to: ScalarType, rounding: str | None = None) -> Value:
+    """Convert the value: floats round to nearest even, float to int truncates toward zero.
+
+    ``rounding`` ("rn", "rz", "rm", "rp") picks the direction of a conversion that rounds: a
+    float to a narrower float (f32 -> f16/bf16, f64 -> f32/f16/bf16), an int to a float, or a
+    float to an int ("rn" rounds to the nearest integer, ties to even: cvt.rni).
+    """
     if not isinstance(to, ScalarType):
         current_builder().error(f"cast expects a scalar type such as ty.f32, but got {to!r}")
     x = as_value(x, to)
     if x.type == to:
+        if rounding is not None:
+            current_builder().error(f"cast to {to} with rounding={rounding!r}: the value is already {to}, "
+                                    "nothing rounds")
         return x
-    return emit1("convert", (x,), to=to)
+    if rounding is not None and to == bf16 and (x.type == f64 or x.type.is_int):
+        from ..codegen.targets import family
+        if family(current_builder().arch) < (9, 0):
+            current_builder().error(f"cast from {x.type} to bf16 with an explicit rounding expects a kernel for "
+                                    f"sm_90 or newer (PTX cvt.rnd.bf16.{x.type.name}), but it targets "
+                                    f"{current_builder().arch}",
+                                    hint="cast to f32 first with the same rounding (exact for rz/rm/rp), then to bf16")
+    return emit1("convert", (x,), to=to, **_rounding_attr("cast", rounding))
 
 
 def bitcast(x, to: ScalarType) -> Value:

@@ -28,6 +28,8 @@ def _binary(op):
                               "and convert back")
             if op in ("add", "sub", "mul", "div"):
                 _rounding(op, t, attrs)
+        expect(op in ("add", "sub", "mul", "div") or attrs.get("rounding") is None,
+               f"{op} takes no rounding mode (only add, sub, mul, div, fma, sqrt and convert do)")
         return (t,)
     return rule
 
@@ -85,6 +87,14 @@ def _convert(ts, attrs):
     src = scalar("convert", ts[0])
     dst = attrs["to"]
     expect(isinstance(dst, ScalarType) and dst.kind != "bits", f"convert expects a numeric target type, but got {dst}")
+    r = attrs.get("rounding")
+    if r is not None:
+        expect(r in ROUNDINGS, f"convert rounding expects one of {', '.join(ROUNDINGS)}, but got {r!r}")
+        numeric = not src.is_bool and src.kind != "bits"
+        narrowing = src.is_float and dst.is_float and (dst.bits < src.bits or {src, dst} == {f16, bf16})
+        expect(numeric and (narrowing or (src.is_int and dst.is_float) or (src.is_float and dst.is_int)),
+               f"convert with an explicit rounding expects a float -> narrower float, int -> float or float -> int "
+               f"conversion (PTX cvt.rnd), but got {src} -> {dst}, which is exact or has no rounding")
     return (dst,)
 
 
