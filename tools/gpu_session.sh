@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: install, GPU tests, smoke checks, benchmarks. Logs and JSON land in $OUT.
-# Usage: bash tools/gpu_session.sh [tests|checks|sanitize|smoke|bench|bench_streaming|softmax|all ...]
+# Usage: bash tools/gpu_session.sh [tests|primitives|checks|sanitize|smoke|bench|bench_streaming|softmax|all ...]
 set -u
 OUT=${OUT:-/tmp/tylopy-out}
 mkdir -p "$OUT"
@@ -13,6 +13,10 @@ TESTS=${GPU_TESTS:-tests}
 if want tests; then
   timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout=120 --timeout-method=thread $TESTS \
     2>&1 | tee "$OUT/pytest-gpu.log" | tail -25
+fi
+if [[ " $steps " == *" primitives "* ]]; then  # warp, atomic and debug primitives and their examples (not in all)
+  timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_primitives_gpu.py tests/test_examples_reduce.py \
+    2>&1 | tee "$OUT/pytest-primitives.log" | tail -25
 fi
 if want checks; then
   timeout 300 tylopy check attention 2>&1 | tee "$OUT/check-attention.log" | tail -3
