@@ -61,13 +61,13 @@ def mbar_expect_tx(bar, nbytes):
     emit("mbarrier_arrive_expect_tx", (_u64_ptr(bar), as_value(nbytes, i32)))
 
 
-def mbar_wait(bar, parity):
+def mbar_wait(bar, parity, label=""):
     """Spin on try_wait until the phase with ``parity`` completed (an IR while loop)."""
     loc = _caller_loc(2)
     b, p = _u64_ptr(bar), as_value(parity, i32)
 
     def cond(args):
-        (ok,) = emit("mbarrier_try_wait", (b, p), loc=loc)
+        (ok,) = emit("mbarrier_try_wait", (b, p), loc=loc, label=label)
         return ~ok
 
     tracing._while_op((), (), cond, lambda args: ())
@@ -83,6 +83,31 @@ def fence_mbarrier_init():
 
 def tma_load(dst, tmap, bar, *coords):
     emit("tma_load", (dst, tmap, _u64_ptr(bar), *[as_value(c, i32) for c in coords]), rank=len(coords))
+
+
+def cp_async(dst, src, nbytes=16, src_bytes=None):
+    ops = (dst, src) if src_bytes is None else (dst, src, as_value(src_bytes, i32))
+    emit("cp_async", ops, nbytes=nbytes, cache="cg" if nbytes == 16 else "ca")
+
+
+def cp_async_commit():
+    emit("cp_async_commit")
+
+
+def cp_async_wait(n):
+    emit("cp_async_wait", n=n)
+
+
+def tma_store(tmap, src, *coords, reduce=None):
+    emit("tma_store", (tmap, src, *[as_value(c, i32) for c in coords]), rank=len(coords), reduce=reduce)
+
+
+def bulk_commit():
+    emit("bulk_commit")
+
+
+def bulk_wait(n, read=False):
+    emit("bulk_wait", n=n, read=read)
 
 
 def setmaxnreg(n, inc):

@@ -255,7 +255,7 @@ def test_two_warps_writing_the_same_bytes_without_ordering():
         racy_writes.emulate(torch.zeros(64), grid=1, ORDER="none")
     msg = str(e.value)
     first, second = at("first_write"), at("second_write")  # either warp may be the second writer
-    assert re.search(f"shared-memory race at ({first}|{second}) .*: warp [01] .* writes smem0\\+0, which warp [01] "
+    assert re.search(f"shared-memory race at ({first}|{second}) .*: warp [01] .* writes smem0\\+0[.\\d]*, which warp [01] "
                      f"wrote at ({first}|{second})", msg)
     assert line_of(HERE, "first_write") != line_of(HERE, "second_write")
     assert re.search(first, msg) and re.search(second, msg)
@@ -321,9 +321,9 @@ def test_buffer_overwritten_before_the_other_warp_read_it():
         reuse_buffer.emulate(torch.randn(64), torch.zeros(128), grid=1, SYNC=False)
     msg = str(e.value)
     # the emulator runs warp 1 on while warp 0 waits: warp 0's read of warp 1's new values is caught first
-    assert re.search(f"shared-memory race at {at('war_read')}.* reads smem0\\+\\d+, which warp 1 wrote at "
+    assert re.search(f"shared-memory race at {at('war_read')}.* reads smem0\\+[\\d.]+, which warp 1 wrote at "
                      f"{at('war_write')}", msg) or \
-        re.search(f"shared-memory race at {at('war_write')}.* overwrites smem0\\+\\d+, which warp \\d read at "
+        re.search(f"shared-memory race at {at('war_write')}.* overwrites smem0\\+[\\d.]+, which warp \\d read at "
                   f"{at('war_read')}", msg)
     x, out = torch.randn(64), torch.zeros(128)
     reuse_buffer.emulate(x, out, grid=1, SYNC=True)
@@ -369,7 +369,7 @@ def test_stage_released_before_the_wgmma_finished():
     with pytest.raises(ProtocolError) as e:
         stage_ring.emulate(a_map, torch.zeros(256), grid=1, RELEASE="early")
     msg = str(e.value)
-    assert re.search(f"shared-memory race at {at('refill')} .*overwrites dynamic_smem\\+\\d+, which the wgmma at "
+    assert re.search(f"shared-memory race at {at('refill')} .*overwrites dynamic_smem\\+[\\d.]+, which the wgmma at "
                      f"{at('ring_wgmma')} .*of warpgroup 0 reads", msg)
     stage_ring.emulate(a_map, torch.zeros(256), grid=1, RELEASE="after_wait")
 

@@ -7,6 +7,7 @@ takes a ``TensorMapSpec`` (no driver needed) or a ``TensorMap`` (its ``.spec`` i
 """
 from __future__ import annotations
 
+import random
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from .ops_hopper import TensorMapInfo
 from .program import Program
 from .values import TENSORMAP_BASE, np_dtype, splat
 
-OPTIONS = ("ctas", "check_races", "max_iterations")
+OPTIONS = ("ctas", "check_races", "max_iterations", "seed")
 _TORCH_NAMES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "i32": "int32",
                 "i64": "int64", "i16": "int16", "i8": "int8", "u8": "uint8", "i1": "bool", "b32": "int32",
                 "u32": "uint32", "u64": "uint64", "u16": "uint16"}
@@ -51,10 +52,12 @@ class EmulationReport:
 class Launch:
     """One emulated launch: global memory, bound parameters, tensor maps, caches and options."""
 
-    def __init__(self, prog: Program, args, grid, check_races=True, max_iterations=1_000_000):
+    def __init__(self, prog: Program, args, grid, check_races=True, max_iterations=1_000_000, seed=None):
         self.prog, self.grid = prog, grid
         self.check_races, self.max_iterations = check_races, max_iterations
-        self.gmem = GlobalMemory()
+        self.rng = None if seed is None else random.Random(seed)
+        self.cta_coords: list = []  # by the CTAs' serial numbers (their order of execution)
+        self.gmem = GlobalMemory(check_races)
         self.tensormaps: dict[int, TensorMapInfo] = {}
         self.desc_cache: dict = {}
         self.notes: list[str] = []
@@ -78,7 +81,7 @@ class Launch:
         info = self.tensormaps.get(addr)
         if info is None:
             from .errors import where
-            raise ProtocolError(f"tma_load at {where(op)}: the tensor-map operand ({addr:#x}) is not a tensor-map "
+            raise ProtocolError(f"{op.opcode} at {where(op)}: the tensor-map operand ({addr:#x}) is not a tensor-map "
                                 "parameter of the kernel")
         return info
 
@@ -191,8 +194,11 @@ def emulate_kernel(kernel, args, grid, **kwargs) -> EmulationReport:
     Keyword arguments that name the kernel's constexprs specialize it; the others are options:
     ``ctas`` (the block indices to run, default all), ``check_races`` (default True) and
     ``max_iterations`` (per execution of a loop, default 10**6: a spin on a flag in global memory
-    that no other CTA will ever set would otherwise run forever). ``grid`` may be a function of
-    the constexprs, as for a launch.
+    that no other CTA will ever set would otherwise run forever) and ``seed`` (None: warps run
+    round robin, CTAs in grid order, and asynchronous copies land at the latest point, the wait
+    that covers them; an int: a random schedule of warps and CTAs, and copies landing at random
+    points before their waits, reproducible from the seed). ``grid`` may be a function of the
+    constexprs, as for a launch. See docs/emulator.md.
     """
     names = [] if isinstance(kernel, KernelIR) else kernel.constexpr_names
     constexprs = {k: v for k, v in kwargs.items() if k in names}
@@ -210,8 +216,10 @@ def emulate_kernel(kernel, args, grid, **kwargs) -> EmulationReport:
     grid3 = _grid3(kname, grid)
     ctas = _ctas(kname, grid3, options.pop("ctas", None))
     launch = Launch(prog, tuple(args), grid3, **options)
+    order = list(ctas) if launch.rng is None else launch.rng.sample(list(ctas), len(ctas))
     with np.errstate(all="ignore"):  # inactive lanes compute on garbage; IEEE results are what we want
-        for coord in ctas:
-            CTA(launch, coord).run()
+        for coord in order:
+            launch.cta_coords.append(coord)
+            CTA(launch, coord, len(launch.cta_coords) - 1).run()
     nwarps = -(-prog.kir.launch.max_threads // 32)
     return EmulationReport(kname, grid3, ctas, nwarps, time.perf_counter() - t0, launch.notes)

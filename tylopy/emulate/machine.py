@@ -3,13 +3,16 @@
 A warp is a Python generator over the compiled kernel body: it runs its 32 lanes in lockstep
 (numpy arrays, a lane mask for divergence) until it reaches an instruction that must wait
 (bar.sync, an mbarrier wait, setmaxnreg.inc, a wgmma that not all 4 warps of its warpgroup
-have issued yet); then it yields a ``Wait``. The scheduler of a
-CTA resumes, round robin, every warp whose wait is over. When every live warp is waiting and
-none can go on, the kernel would hang on a GPU: the emulator raises a ``ProtocolError`` that
+have issued yet); then it yields a ``Wait``. The scheduler of a CTA resumes every warp whose
+wait is over: round robin, or, with the launch option ``seed``, in a random order each round
+(and asynchronous copies then land at random points before the waits that cover them; see
+``asynccopy.py``). When every live warp is waiting and none can go on (after landing every copy
+still in flight), the kernel would hang on a GPU: the emulator raises a ``ProtocolError`` that
 names each waiting warp, the source line, the barrier or mbarrier (and its phase and missing
 arrivals or bytes), and which warps have exited.
 
-CTAs cannot synchronize with each other, so they run one after another.
+CTAs cannot synchronize with each other, so they run one after another (in a random order
+with ``seed``).
 """
 from __future__ import annotations
 
@@ -17,11 +20,13 @@ import itertools
 
 import numpy as np
 
+from . import diagnose
+from .asynccopy import AsyncCopies
 from .errors import ProtocolError, where
 from .memory import shared_layout
 from .compiled import run_block
 from .shared import SharedMemory
-from .sync import MBarrier, NamedBarrier, RegisterPool, warps_text
+from .sync import AGENTS, MBarrier, NamedBarrier, RegisterPool, short_where, warps_text
 from .values import LANES, WARP
 
 
@@ -44,7 +49,23 @@ class Warp:
         self.ncollective = 0
         self.wait = None
         self.exited = False
+        self.cp_open = np.zeros(WARP, dtype=np.int64)  # per lane: cp.async groups committed so far
+        self.bulk_open = np.zeros(WARP, dtype=np.int64)  # per lane: bulk (TMA store) groups committed
+        self.mb_seen: dict = {}  # mbarrier address -> (phases it has seen completed, wait op, parity)
+        self.arrive_log: list = []  # (epoch, op, mbarrier) of this warp's latest mbarrier arrivals
+        self.last_mb_wait = None  # (mbarrier, op, parity) of the latest completed mbarrier wait
         self.gen = run_block(self, cta.prog.body)
+
+    def note_arrive(self, mb, op):
+        self.arrive_log.append((int(self.cta.vc[self.wid, self.wid]), op, mb))
+        if len(self.arrive_log) > 16:
+            del self.arrive_log[0]
+
+    def note_wait(self, mb, op, parity: int):
+        """This warp observed the phase of ``mb`` with ``parity``: how many phases it has seen done."""
+        done = mb.phase if (mb.phase & 1) != parity else mb.phase - 1
+        self.mb_seen[mb.addr] = (done, op, parity)
+        self.last_mb_wait = (mb, op, parity)
 
     def set_mask(self, mask: np.ndarray, n: int | None = None):
         self.mask = mask
@@ -61,8 +82,8 @@ class Warp:
         if arr is None:
             arr = self.specials[reg] = self._special(reg)
         if reg in ("clock", "globaltimer_lo"):
-            self.cta.clock += 1
-            return np.full(WARP, self.cta.clock, dtype=np.uint32)
+            self.cta.ticks += 1
+            return np.full(WARP, self.cta.ticks, dtype=np.uint32)
         return arr
 
     def _special(self, reg: str) -> np.ndarray:
@@ -93,7 +114,8 @@ _uids = itertools.count()
 class Collective:
     """One execution of a warpgroup-collective instruction by the 4 warps of a warpgroup."""
 
-    __slots__ = ("op", "key", "wid", "wg", "arrived", "inputs", "outputs", "done", "group", "reads", "retired", "uid")
+    __slots__ = ("op", "key", "wid", "wg", "arrived", "inputs", "outputs", "done", "group", "reads", "retired", "uid",
+                 "issue_epochs")
 
     def __init__(self, op, key, wid: int, wg: int):
         self.op, self.key, self.wid, self.wg = op, key, wid, wg
@@ -105,6 +127,7 @@ class Collective:
         self.reads = None  # smem bytes an in-flight wgmma reads
         self.retired: set[int] = set()  # warps (0-3) whose wgmma_wait covered it
         self.uid = next(_uids)
+        self.issue_epochs: dict[int, int] = {}  # warp -> its epoch when it issued the instruction
 
     def missing(self) -> str:
         return warps_text(set(range(4 * self.wg, 4 * self.wg + 4)) - set(self.arrived))
@@ -113,34 +136,84 @@ class Collective:
 class CTA:
     """One thread block: its warps, shared memory, barriers, mbarriers and vector clocks."""
 
-    def __init__(self, launch, coord: tuple[int, int, int]):
-        self.launch, self.prog, self.coord = launch, launch.prog, coord
+    def __init__(self, launch, coord: tuple[int, int, int], serial: int = 0):
+        self.launch, self.prog, self.coord, self.serial = launch, launch.prog, coord, serial
         kir = self.prog.kir
         self.threads = kir.launch.max_threads
         self.nwarps = -(-self.threads // WARP)
         _, _, total, names = shared_layout(kir)
-        self.smem = SharedMemory(total, names, launch.check_races, self.nwarps)
-        self.vc = np.eye(self.nwarps, dtype=np.int64)  # vc[w] is warp w's vector clock
+        self.smem = SharedMemory(total, names, launch.check_races, self.nwarps, self)
+        self.width = self.nwarps + AGENTS
+        self.clock = np.zeros((self.nwarps, self.width), dtype=np.int64)  # clock[w]: warp w's vector clock
+        self.clock[:, :self.nwarps] = np.eye(self.nwarps, dtype=np.int64)
+        self.vc = self.clock[:, :self.nwarps]  # the warp components (a view)
+        self.agent_count = np.zeros(AGENTS, dtype=np.int64)  # phases completed by the mbarriers of each agent
+        self.agent_mbar: dict[int, MBarrier] = {}  # agent column -> the mbarrier it stands for now
+        self._agents_by_addr: dict[int, int] = {}
         self.barriers: dict[int, NamedBarrier] = {}
         self.mbars: dict[int, MBarrier] = {}
         self.regpool = RegisterPool(kir, self.nwarps)
         self.wg_logs: dict[int, dict] = {}
         self.wg_reads: dict[int, list] = {}  # warpgroup -> wgmma instances whose smem reads are in flight
-        self.clock = 0
+        self.recent_wgmma: dict[int, Collective] = {}  # uid -> the latest wgmma instances (for messages)
+        self.ticks = 0
+        self.rng = launch.rng
+        self.copies = AsyncCopies(self)
         self.warps = [Warp(self, i, launch.template) for i in range(self.nwarps)]
 
     # -- vector clocks --------------------------------------------------------------------------
     def release(self, wid: int, acc: np.ndarray):
-        np.maximum(acc, self.vc[wid], out=acc)
-        self.vc[wid, wid] += 1
+        np.maximum(acc, self.clock[wid], out=acc)
+        self.clock[wid, wid] += 1
 
     def acquire(self, wid: int, clock: np.ndarray):
-        np.maximum(self.vc[wid], clock, out=self.vc[wid])
+        np.maximum(self.clock[wid], clock, out=self.clock[wid])
+
+    def new_clock(self) -> np.ndarray:
+        return np.zeros(self.width, dtype=np.int64)
+
+    def agent_for(self, mb) -> int:
+        """The clock column of ``mb``'s copies (one per mbarrier address while they last)."""
+        col = self._agents_by_addr.get(mb.addr)
+        if col is None:
+            col = self._agents_by_addr[mb.addr] = self.nwarps + len(self._agents_by_addr) % AGENTS
+        self.agent_mbar[col] = mb
+        return col
+
+    def agent_tick(self, col: int) -> int:
+        self.agent_count[col - self.nwarps] += 1
+        return int(self.agent_count[col - self.nwarps])
+
+    def explain(self, kind: str, **facts) -> str:
+        """The operation most likely at fault for a protocol error (``diagnose.py``)."""
+        uid = facts.pop("inst_uid", None)
+        if uid is not None:
+            facts["inst"] = self.recent_wgmma.get(uid)
+        return diagnose.explain(self, kind, **facts)
+
+    def writer_text(self, idx: int) -> str:
+        """Who wrote bytes whose last writer is clock component ``idx`` (a warp or an mbarrier agent)."""
+        if idx < self.nwarps:
+            return f"warp {idx}"
+        mb = self.agent_mbar.get(idx)
+        return f"the TMA copy completing on {mb.label()}" if mb is not None else "a TMA copy"
+
+    def mbar_name(self, mb) -> str:
+        """``k_full[1]``: the kernel's label (init or wait) and the index among the barriers initialized
+        by the same line; without a label the shared-memory slot (``smem0[2]``)."""
+        label = mb.init_label or mb.wait_label
+        if not label:
+            return self.smem.slot_name(mb.addr, 8)
+        loc = getattr(mb.init_op, "loc", None)
+        key = (loc.filename, loc.lineno) if loc is not None else None
+        group = sorted(a for a, m in self.mbars.items()
+                       if (getattr(m.init_op, "loc", None) and (m.init_op.loc.filename, m.init_op.loc.lineno)) == key)
+        return f"{label}[{group.index(mb.addr)}]" if len(group) > 1 and mb.addr in group else label
 
     def named_barrier(self, bid: int) -> NamedBarrier:
         b = self.barriers.get(bid)
         if b is None:
-            b = self.barriers[bid] = NamedBarrier(bid, self.nwarps)
+            b = self.barriers[bid] = NamedBarrier(bid, self.width)
         return b
 
     def collective(self, w: Warp, op, key) -> "Collective":
@@ -172,9 +245,12 @@ class CTA:
     # -- scheduling --------------------------------------------------------------------------------
     def run(self):
         live = list(self.warps)
+        rng, copies = self.rng, self.copies
         while live:
             progressed = False
-            for w in live:
+            for w in (live if rng is None else rng.sample(live, len(live))):
+                if rng is not None and copies.pending:
+                    copies.land_some(rng)
                 if w.wait is not None:
                     if not w.wait.ready():
                         continue
@@ -186,7 +262,11 @@ class CTA:
                 progressed = True
             live = [w for w in live if not w.exited]
             if live and not progressed:
+                if copies.pending:  # the latest point a copy can land: nothing else can happen first
+                    copies.land_all()
+                    continue
                 raise self.deadlock(live)
+        copies.at_exit()
         self._check_exit()
 
     def _check_exit(self):

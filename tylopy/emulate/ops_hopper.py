@@ -5,17 +5,22 @@ from the tensor map's tensor; elements outside the map's dims are zero (FLOAT_OO
 and still counted. The box is written densely (dim 0 fastest) at the destination, and each
 16-byte chunk is moved by the map's swizzle applied to the absolute shared address: for 128B,
 chunk bits 4-6 are XORed with bits 7-9, so chunk c of row r of a 1024-byte-aligned tile lands
-at c ^ (r % 8) (CuTe Swizzle<3,4,3>; 64B and 32B use 2 and 1 bits). The copy then completes
-the box's bytes on its mbarrier. The emulator lands the copy at once, when it is issued.
+at c ^ (r % 8) (CuTe Swizzle<3,4,3>; 64B and 32B use 2 and 1 bits). The global bytes are read
+at the issue; they land in shared memory, and complete their bytes on the mbarrier, later
+(``asynccopy.py``). TMA stores use the same box addressing in the other direction.
+
+Named barriers are keyed by their id, a constant or a warp-uniform run-time value.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .asynccopy import TmaLoad
 from .errors import MemoryAccessError, ProtocolError, where
 from .ops_scalar import check_converged
 from .compiled import handler
 from .sync import MBarrier, Wait, mbarrier_lookup
+from .values import bf16_to_f32, f32_to_bf16
 
 SWIZZLE_BITS = {0: 0, 32: 1, 64: 2, 128: 3}
 
@@ -37,6 +42,7 @@ class TensorMapInfo:
         t = spec.tensor
         self.es = t.element_size() if hasattr(t, "element_size") else t.itemsize
         self.raw, _ = gmem.storage_of(t)
+        self.gmem, self.key = gmem, gmem.storage_key(t)
         self.base_off = (t.storage_offset() * self.es) if hasattr(t, "storage_offset") else 0
         self.dims = [int(x) for x in spec.dims]
         self.strides = [self.es] + [int(x) for x in spec.strides_bytes]
@@ -49,8 +55,13 @@ class TensorMapInfo:
         self.box_bytes = self.nelem * self.es
         self.lin = np.arange(self.nelem, dtype=np.int64) * self.es
 
-    def read(self, coords, op, who) -> np.ndarray:
-        """The box's bytes, shape (nelem, es); out-of-bounds elements are zero."""
+    def smem_bytes(self, addr: int) -> np.ndarray:
+        """The shared-memory byte indices of the box at ``addr``, element by element (swizzled)."""
+        addrs = swizzle(addr + self.lin, self.spec.swizzle)
+        return (addrs[:, None] + np.arange(self.es)).ravel()
+
+    def _offsets(self, coords, op, who, verb):
+        """(in-bounds mask, storage byte offset) of each box element at ``coords``."""
         inb = np.ones(self.nelem, dtype=np.bool_)
         start = self.base_off
         for i, c in enumerate(coords):
@@ -62,21 +73,51 @@ class TensorMapInfo:
             lo, hi = int(off[inb].min()), int(off[inb].max()) + self.es
             if lo < 0 or hi > len(self.raw):
                 raise MemoryAccessError(
-                    f"TMA at {where(op)} ({who.describe()}) reads outside the memory of tensor map {self.name!r}: its dims "
-                    f"and strides reach byte {hi} but the tensor's storage has {len(self.raw)} bytes")
+                    f"TMA at {where(op)} ({who.describe()}) {verb} outside the memory of tensor map {self.name!r}: its "
+                    f"dims and strides reach byte {hi} but the tensor's storage has {len(self.raw)} bytes")
+        return inb, off
+
+    def read(self, coords, op, who) -> np.ndarray:
+        """The box's bytes, shape (nelem, es); out-of-bounds elements are zero."""
+        inb, off = self._offsets(coords, op, who, "reads")
         data = self.raw[off[:, None] + np.arange(self.es)]
         data[~inb] = 0
         return data
 
+    def write(self, coords, data: np.ndarray, reduce, op, who):
+        """A TMA store (or reduction) of the box's bytes ``data`` (nelem, es); out-of-bounds elements are skipped."""
+        inb, off = self._offsets(coords, op, who, "writes")
+        bi = (off[inb][:, None] + np.arange(self.es)).ravel()
+        new = data[inb]
+        if reduce is not None:
+            new = reduce_elements(self.spec.dtype, self.raw[bi].reshape(-1, self.es), new, reduce, op)
+        self.gmem.track_write(self.key, bi, who.cta, who.wid, who.clock, op)
+        self.raw[bi] = new.ravel()
+
 
 @handler("barrier", "barrier_arrive")
 def make_barrier(prog, op):
-    bid, count = op.attr("id"), op.attr("count")
+    const_id, count = op.attr("id"), op.attr("count")
     sync = op.opcode == "barrier"
-    what = f"bar.sync {bid}" if sync else f"bar.arrive {bid}"
+    id_slot = prog.slot(op.operands[0]) if op.operands else None
+    name = "bar.sync" if sync else "bar.arrive"
+
+    def barrier_id(w) -> int:
+        if id_slot is None:
+            return const_id
+        ids = w.env[id_slot][w.mask]
+        if len(ids) and not (ids == ids[0]).all():
+            raise ProtocolError(f"{name} at {where(op)} ({w.describe()}): the barrier id differs between the "
+                                f"warp's threads ({', '.join(str(int(x)) for x in np.unique(ids))}); it must be "
+                                "warp-uniform")
+        bid = int(ids[0]) if len(ids) else 0
+        if not 0 <= bid <= 15:
+            raise ProtocolError(f"{name} at {where(op)} ({w.describe()}): barrier id expects 0..15, but got {bid}")
+        return bid
 
     def run(w):
-        check_converged(w, op, what)
+        bid = barrier_id(w)
+        check_converged(w, op, f"{name} {bid}")
         cta = w.cta
         b = cta.named_barrier(bid)
         gen = b.arrive(cta, w, op, count, sync)
@@ -149,6 +190,7 @@ def make_mbarrier_arrive_expect_tx(prog, op):
 def make_mbarrier_try_wait(prog, op):
     b, p = (prog.slot(v) for v in op.operands)
     r = prog.slot(op.result)
+    label = str(op.attr("label", "") or "")
 
     def run(w):
         cta, env = w.cta, w.env
@@ -156,11 +198,21 @@ def make_mbarrier_try_wait(prog, op):
         keys = sorted({(int(env[b][i]), int(env[p][i]) & 1) for i in lanes})
         for addr, parity in keys:
             mb = mbarrier_lookup(cta, w, op, addr)
+            if label and not mb.wait_label:
+                mb.wait_label = label
+            if (mb.phase & 1) == parity:
+                cta.copies.land_for(mb)
             if (mb.phase & 1) == parity:
                 target = mb.phase
-                yield Wait(lambda mb=mb, t=target: mb.phase > t, op,
-                           lambda mb=mb, par=parity: mb.describe_wait(par), (mb, parity))
+
+                def ready(mb=mb, t=target):
+                    if mb.phase <= t:
+                        cta.copies.land_for(mb)
+                    return mb.phase > t
+
+                yield Wait(ready, op, lambda mb=mb, par=parity: mb.describe_wait(par), (mb, parity))
             cta.acquire(w.wid, mb.done_clock[parity])
+            w.note_wait(mb, op, parity)
         env[r] = w.mask.copy()
 
     return True, run
@@ -236,19 +288,39 @@ def make_tma_load(prog, op):
             dst, taddr, bar = int(env[d][lane]), int(env[tm][lane]), int(env[b][lane])
             coords = [int(env[c][lane]) for c in cs]
             info = cta.launch.tensormap(taddr, op)
-            who = w
             if info.rank != rank:
                 raise ProtocolError(f"tma_load at {where(op)} gives {rank} coordinates, but tensor map "
                                     f"{info.name!r} has rank {info.rank}")
             if dst % 128:
                 raise MemoryAccessError(f"tma_load at {where(op)} ({w.describe()}): the destination {smem.name(dst)} is not "
                                         "128-byte aligned, as TMA requires")
-            smem.check(np.array([dst]), info.box_bytes, op, who, "write", np.array([lane]))
+            smem.check(np.array([dst]), info.box_bytes, op, w, "write", np.array([lane]))
             mb = mbarrier_lookup(cta, w, op, bar, async_use=True)
-            data = info.read(coords, op, who)
-            addrs = swizzle(dst + info.lin, info.spec.swizzle)
-            bi = (addrs[:, None] + np.arange(info.es)).ravel()
-            smem.note_write(bi, w.wid, cta.vc[w.wid], op, who, None)
-            smem.buf[bi] = data.ravel()
-            mb.complete_tx(cta, w, op, info.box_bytes)
+            data = info.read(coords, op, w)
+            bi = info.smem_bytes(dst)
+            if smem.check_races and smem.copies_w:  # two copies in flight into the same bytes
+                smem.check_write(bi, w.wid, cta.clock[w.wid], op, w)
+            rec = TmaLoad(cta, w, op, mb, bi, data.ravel())
+            smem.mark(bi, rec)
+            cta.copies.issue(rec)
     return False, run
+
+
+def reduce_elements(dtype: str, old: np.ndarray, new: np.ndarray, how: str, op) -> np.ndarray:
+    """``cp.reduce.async.bulk`` element-wise: ``old`` and ``new`` as (n, element bytes) raw bytes."""
+    floats = {"f32": np.float32, "f64": np.float64, "f16": np.float16}
+    ints = {"u8": np.uint8, "u16": np.uint16, "u32": np.uint32, "i32": np.int32, "u64": np.uint64, "i64": np.int64}
+    if dtype == "bf16":
+        a = bf16_to_f32(old.copy().view(np.uint16).ravel()).astype(np.float64)
+        b = bf16_to_f32(new.copy().view(np.uint16).ravel()).astype(np.float64)
+        out = {"add": a + b, "min": np.minimum(a, b), "max": np.maximum(a, b)}[how]
+        return f32_to_bf16(out.astype(np.float32)).view(np.uint8).reshape(old.shape)
+    dt = floats.get(dtype) or ints.get(dtype)
+    if dt is None:
+        raise ProtocolError(f"tma_store at {where(op)}: reduce={how!r} on a {dtype} tensor map is not emulated")
+    a, b = old.copy().view(dt).ravel(), new.copy().view(dt).ravel()
+    if how == "add" and dt in (np.float32, np.float16):
+        out = (a.astype(np.float64) + b.astype(np.float64)).astype(dt)  # one rounding of the exact sum
+    else:
+        out = {"add": a + b, "min": np.minimum(a, b), "max": np.maximum(a, b)}[how].astype(dt)
+    return out.view(np.uint8).reshape(old.shape)

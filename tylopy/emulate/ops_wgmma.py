@@ -143,9 +143,12 @@ def make_wgmma(prog, op):
         cta = w.cta
         warps = list(range(4 * inst.wg, 4 * inst.wg + 4))
         if cta.smem.check_races:  # the read follows every warp's issue: any of them may order a write before it
-            cta.smem.check_raw(inst.reads, -1, cta.vc[warps].max(axis=0), op, w, "(its wgmma) reads")
+            cta.smem.check_raw(inst.reads, -1, cta.clock[warps].max(axis=0), op, w, "(its wgmma) reads")
         cta.smem.async_read_begin(inst.reads, inst.wg, inst.uid, op)
         cta.wg_reads.setdefault(inst.wg, []).append(inst)
+        cta.recent_wgmma[inst.uid] = inst
+        if len(cta.recent_wgmma) > 256:
+            del cta.recent_wgmma[next(iter(cta.recent_wgmma))]
         inst.done = True
 
     def run(w):
@@ -170,6 +173,7 @@ def make_wgmma(prog, op):
         q = w.wid % 4
         accs = [v.value if type(v) is Pending else v for v in regs[:len(acc)]]
         inst.inputs[q] = (accs, regs[len(acc):] if kind == "rs" else None)
+        inst.issue_epochs[w.wid] = int(w.cta.vc[w.wid, w.wid])
         if len(inst.inputs) == 4:
             compute(w, inst, desc_a, desc_b, scale)
         else:

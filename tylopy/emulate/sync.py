@@ -1,24 +1,35 @@
 """Synchronization state of a CTA: named barriers, mbarriers, the setmaxnreg register pool.
 
-Ordering between warps is tracked with vector clocks (``CTA.vc``): a warp *releases* its clock
-into a barrier when it arrives (bar.sync/bar.arrive, mbarrier arrive, a TMA completing bytes
-on an mbarrier) and *acquires* the merged clock when its wait completes. Two events are
-ordered when the later warp's clock has caught up with the earlier one's epoch; the shared
-memory race check and the "mbarrier initialization not visible" check use this.
+Ordering between warps is tracked with vector clocks (``CTA.clock``, one row per warp): a warp
+*releases* its clock into a barrier when it arrives (bar.sync/bar.arrive, mbarrier arrive) and
+*acquires* the merged clock when its wait completes. Two events are ordered when the later
+warp's clock has caught up with the earlier one's epoch; the shared-memory race checks and the
+"mbarrier initialization not visible" check use this.
 
-mbarrier semantics (PTX ISA, hopper-reference.md section 5): ``init(count)`` starts phase 0
-with ``count`` pending arrivals and tx-count 0; ``arrive`` takes one arrival per thread;
-``arrive.expect_tx(b)`` first adds ``b`` to the tx-count; a TMA copy's complete_tx subtracts
-its bytes. A phase completes when both reach zero; then the next phase starts with ``count``
-arrivals. ``try_wait.parity(P)`` is true once the phase with parity P has completed: on a
-fresh barrier parity 1 passes at once. The emulator treats the try_wait loop as a blocking
-wait (it never returns false), which changes no result, only how long a hardware spin takes.
+Besides one component per warp, a clock has one component per mbarrier (its *agent*): bytes a
+TMA copy lands are written by the agent of the copy's mbarrier, with the epoch of the phase
+the copy completes, and only a warp that (directly, or through other barriers) observed that
+phase has caught up with it. So a TMA copy is ordered by its own mbarrier only, never by the
+issuing warp's program order or by a later barrier the producer arrives on.
+
+mbarrier semantics (PTX ISA "mbarrier"; docs/hopper.md): ``init(count)`` starts phase 0 with
+``count`` pending arrivals and tx-count 0; ``arrive`` takes one arrival per thread;
+``arrive.expect_tx(b)`` first adds ``b`` to the tx-count; a TMA copy's complete_tx subtracts its
+bytes when the copy lands. A phase completes when both reach zero; then the next phase starts
+with ``count`` arrivals. ``try_wait.parity(P)`` is true once the phase with parity P has
+completed: on a fresh barrier parity 1 passes at once. The emulator treats the try_wait loop
+as a blocking wait (it never returns false), which changes no result, only how long a hardware
+spin takes.
 """
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
 from .errors import ProtocolError, where
+
+AGENTS = 64  # clock components for mbarriers; more mbarriers share them (only races can go unseen)
 
 
 class Wait:
@@ -35,16 +46,22 @@ def warps_text(wids) -> str:
     return ", ".join(str(x) for x in wids) if wids else "none"
 
 
+def short_where(op) -> str:
+    """``file.py:LINE`` of an op (for the second mention of a line in a message)."""
+    loc = getattr(op, "loc", None)
+    return f"{os.path.basename(loc.filename)}:{loc.lineno}" if loc is not None else f"<{op.opcode}>"
+
+
 # -- named barriers (bar.sync / bar.arrive) ------------------------------------------------------------
 
 class NamedBarrier:
-    def __init__(self, bid: int, nwarps: int):
+    def __init__(self, bid: int, width: int):
         self.id = bid
         self.expected = 0
         self.arrived = 0
         self.parts: list = []  # (warp, op, is_sync) of the instance in progress
         self.generation = 0
-        self.clock = np.zeros(nwarps, dtype=np.int64)
+        self.clock = np.zeros(width, dtype=np.int64)
         self.clocks: dict[int, np.ndarray] = {}
 
     def arrive(self, cta, w, op, count, sync: bool):
@@ -71,37 +88,49 @@ class NamedBarrier:
 
     def describe(self) -> str:
         who = warps_text(p[0] for p in self.parts)
-        return (f"bar.sync {self.id} for {self.expected} threads: {self.arrived} arrived "
-                f"(warps {who})")
+        arrivers = [f"warp {wid} at {short_where(o)}" for wid, o, s in self.parts if not s]
+        extra = f"; by bar.arrive: {', '.join(arrivers)}" if arrivers else ""
+        return f"bar.sync {self.id} for {self.expected} threads: {self.arrived} arrived (warps {who}){extra}"
 
 
 # -- mbarriers ------------------------------------------------------------------------------------------
 
 class MBarrier:
     def __init__(self, cta, addr: int, count: int, op, w):
+        self.cta = cta
         self.addr = addr
-        self.name = cta.smem.slot_name(addr, 8)
         self.count = count
         self.pending = count
         self.tx = 0
         self.phase = 0  # phases completed so far; the one in progress has parity phase & 1
         self.init_op, self.init_warp = op, w.wid
         self.init_epoch = int(cta.vc[w.wid, w.wid])
+        self.init_label = str(op.attr("label", "") or "")
+        self.wait_label = ""
         self.async_visible = False
-        self.clock = np.zeros(cta.nwarps, dtype=np.int64)
-        self.done_clock = {0: np.zeros(cta.nwarps, dtype=np.int64), 1: np.zeros(cta.nwarps, dtype=np.int64)}
+        self.agent = cta.agent_for(self)  # clock column of the copies this barrier completes
+        self.agent_base = cta.agent_count[self.agent - cta.nwarps]  # the agent's epoch before phase 0
+        self.history: dict[int, list] = {}  # phase -> (warp, op) arrivals, for the last few phases
+        self.clock = cta.new_clock()
+        self.done_clock = {0: cta.new_clock(), 1: cta.new_clock()}
         self.expects: list = []  # (op, bytes, warp) announced in this phase
         self.delivered: list = []  # (op, bytes, warp) completed by copies in this phase
-        self.arrivals: list = []  # warps that arrived in this phase
+        self.arrivals: list = []  # (warp, op) that arrived in this phase
+        self.last_arrivals: list = []  # (warp, op) of the last completed phase
 
     def label(self) -> str:
-        return f"mbarrier {self.name}"
+        return f"mbarrier {self.cta.mbar_name(self)}"
 
     def _complete(self):
+        cta = self.cta
+        self.clock[self.agent] = cta.agent_tick(self.agent)
         self.done_clock[self.phase & 1] = self.clock.copy()
         self.clock[:] = 0
         self.phase += 1
         self.pending, self.tx = self.count, 0
+        self.last_arrivals = self.arrivals
+        self.history[self.phase - 1] = self.arrivals
+        self.history.pop(self.phase - 17, None)
         self.expects, self.delivered, self.arrivals = [], [], []
 
     def _tx_text(self) -> str:
@@ -113,44 +142,52 @@ class MBarrier:
         parts += [f"  TMA of {b} bytes at {where(o)} issued by warp {wid}" for o, b, wid in self.delivered]
         return "\n".join(parts)
 
-    def _check_over(self, op, w):
+    def _check_over(self, op, who: str):
         if self.pending == 0 and self.tx < 0:
+            culprit = self.expects[-1][0] if self.expects else op
             raise ProtocolError(
-                f"expect_tx mismatch on {self.label()} (phase {self.phase}) at {where(op)} ({w.describe()}): the "
-                f"copies delivered {-self.tx} more bytes than expect_tx announced; the extra bytes would complete "
-                f"the next phase early (silent corruption on the GPU).\n{self._tx_text()}")
+                f"expect_tx mismatch on {self.label()} (phase {self.phase}) at {where(op)} ({who}): the copies "
+                f"delivered {-self.tx} more bytes than expect_tx announced; the extra bytes would complete the next "
+                f"phase early (silent corruption on the GPU). Most likely at fault: the byte count of the "
+                f"expect_tx at {where(culprit)}.\n{self._tx_text()}")
 
     def arrive(self, cta, w, op, k: int, tx_each: int = 0):
         """``k`` threads of ``w`` arrive, each after adding ``tx_each`` to the tx-count."""
+        w.note_arrive(self, op)
         cta.release(w.wid, self.clock)
         while k > 0:
             if tx_each:
                 self.tx += tx_each
                 self.expects.append((op, tx_each, w.wid))
             if self.pending == 0:
+                who = warps_text(a for a, _ in self.arrivals)
                 raise ProtocolError(
                     f"too many arrivals on {self.label()} at {where(op)} ({w.describe()}): phase {self.phase} "
-                    f"expects {self.count} arrivals (mbarrier_init at {where(self.init_op)}), all of which came, "
-                    f"and it is still waiting for {self.tx} transaction bytes")
+                    f"expects {self.count} arrivals (mbarrier_init at {where(self.init_op)}), all of which came "
+                    f"(from warps {who}), and it is still waiting for {self.tx} transaction bytes. Most likely at "
+                    f"fault: this arrival, or the count of the mbarrier_init")
             take = 1 if tx_each else min(k, self.pending)
             self.pending -= take
             k -= take
-            self.arrivals.append(w.wid)
+            self.arrivals.append((w.wid, op))
             if self.pending == 0 and self.tx == 0:
                 self._complete()
                 cta.release(w.wid, self.clock)
             else:
-                self._check_over(op, w)
+                self._check_over(op, w.describe())
 
-    def complete_tx(self, cta, w, op, nbytes: int):
-        """A TMA copy issued by ``w`` landed ``nbytes`` (its writes are ordered before the phase)."""
-        cta.release(w.wid, self.clock)
+    def complete_tx(self, op, nbytes: int, wid: int):
+        """A TMA copy issued by warp ``wid`` landed ``nbytes``; its bytes belong to the phase in progress."""
         self.tx -= nbytes
-        self.delivered.append((op, nbytes, w.wid))
+        self.delivered.append((op, nbytes, wid))
         if self.pending == 0 and self.tx == 0:
             self._complete()
         else:
-            self._check_over(op, w)
+            self._check_over(op, f"the TMA copy issued by warp {wid}")
+
+    def copy_epoch(self) -> int:
+        """The agent epoch of the phase in progress (what its copies' bytes are stamped with)."""
+        return self.cta.agent_count[self.agent] + 1
 
     def describe_wait(self, parity: int) -> str:
         msg = (f"{self.label()} parity {parity}: phase {self.phase} still needs {self.pending} of {self.count} "
@@ -164,8 +201,10 @@ class MBarrier:
     def tx_shortfall(self) -> str | None:
         """Why the phase cannot complete if every arrival came but bytes are missing."""
         if self.pending == 0 and self.tx > 0:
+            culprit = self.expects[-1][0] if self.expects else None
+            blame = f" Most likely at fault: the byte count of the expect_tx at {where(culprit)}." if culprit else ""
             return (f"expect_tx mismatch on {self.label()} (phase {self.phase}): expect_tx announced {self.tx} "
-                    f"more bytes than the copies delivered, so the phase never completes.\n{self._tx_text()}")
+                    f"more bytes than the copies delivered, so the phase never completes.{blame}\n{self._tx_text()}")
         return None
 
 
