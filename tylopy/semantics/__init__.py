@@ -2,5 +2,7 @@
 
 ``scalar``: every scalar op (rounding, fma, ftz, approximations, integer division and shifts,
 conversions); ``conversions``: 16-bit float packing; ``tensorcore``: the tensor cores' f32
-accumulation as measured on an H200.
+accumulation as measured on an H200; ``warp``: votes, matches, ``redux`` and the butterfly
+order of ``ty.warp_reduce``; ``atomics``: ``atom``/``red`` updates and their lane order;
+``printf``: C formats of ``ty.printf``.
 """
