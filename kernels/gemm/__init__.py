@@ -104,8 +104,46 @@ def _capability(device_index):
     return torch.cuda.get_device_capability(device_index)
 
 
+# Launch plans of calls seen before, by everything the checks and the plan depend on: a repeated
+# call skips the checks, the layout analysis and the autotuner's key (tens of microseconds).
+_plans: dict = {}
+MAX_PLANS = 1024
+
+
+def _signature(a, b, bias, out_dtype, epilogue, schedule):
+    return (a.shape, a.stride(), a.dtype, a.device, a.data_ptr() % 16, b.shape, b.stride(), b.dtype, b.device,
+            b.data_ptr() % 16, None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
+            out_dtype, epilogue, None if schedule is None else tuple(sorted(schedule.items())))
+
+
+class _Call:
+    """A cached call: output allocation and the launch plan, for inputs matching its signature."""
+
+    __slots__ = ("plan", "m", "k", "out_shape", "out_dtype", "flatten")
+
+    def __init__(self, plan, m, k, out_shape, out_dtype, flatten):
+        self.plan, self.m, self.k, self.out_shape, self.out_dtype = plan, m, k, out_shape, out_dtype
+        self.flatten = flatten
+
+    def __call__(self, a, b, bias):
+        from .launch import output_buffer
+        a2 = a.reshape(self.m, self.k) if self.flatten else a
+        out = output_buffer(self.m, self.plan.n, self.out_dtype, a.device)
+        self.plan(a2, b, out, bias)  # launches on the current stream of the tensors' device
+        if not out.is_contiguous():
+            out = out.contiguous()
+        return out.view(self.out_shape) if self.flatten else out
+
+
 def matmul(a, b, bias=None, out_dtype=None, *, epilogue=None, schedule=None):
     """epilogue(a @ b + bias) with fp32 accumulation, as ``out_dtype`` (default a.dtype)."""
+    try:
+        sig = _signature(a, b, bias, out_dtype, epilogue, schedule)
+        call = _plans.get(sig)
+    except (AttributeError, TypeError):  # not tensors, or an unhashable argument: the checks say why
+        sig = call = None
+    if call is not None:
+        return call(a, b, bias)
     m, n, k, out_dtype = check_inputs(a, b, bias, out_dtype, epilogue, schedule)
     if a.device.type != "cuda":
         _fail(ValueError, "a", "a CUDA tensor", f"a tensor on {a.device}")
@@ -118,17 +156,23 @@ def matmul(a, b, bias=None, out_dtype=None, *, epilogue=None, schedule=None):
     if m == 0 or n == 0:
         return torch.empty(out_shape, dtype=out_dtype, device=a.device)
     a2 = a.reshape(m, k)
+    b2 = b
     if k == 0:  # an empty sum: the kernel still adds the bias and runs the epilogue, on zeros
-        a2, b = a.new_zeros((m, 8)), b.new_zeros((8, n))
-    a2, b2, am, bm = launch.prepare(a2, b)
-    out = launch.output_buffer(m, n, out_dtype, a.device)
+        a2, b2 = a.new_zeros((m, 8)), b.new_zeros((8, n))
+    a3, b3, am, bm = launch.prepare(a2, b2)
     if bias is not None and bias.stride(0) != 1:
         bias = bias.contiguous()
+    out = launch.output_buffer(m, n, out_dtype, a.device)
     with torch.cuda.device(a.device):
-        if schedule is None:
-            launch.run(a2, b2, out, bias, epilogue, am, bm)
-        else:
-            launch.run.fn(a2, b2, out, bias, epilogue, am, bm, **launch.full_schedule(schedule))
+        cfg = launch.full_schedule(schedule) if schedule is not None else \
+            launch.run.best_config(a3, b3, out, bias, epilogue, am, bm).kwargs
+        plan = launch.make_plan(a3, b3, out, bias, epilogue, am, bm, cfg)
+        plan(a3, b3, out, bias)
+    # Remember the plan when a repeat needs no copies: the operands went to the kernel as they are.
+    if sig is not None and k > 0 and a3.data_ptr() == a2.data_ptr() and b3 is b and (bias is None or sig[10][1] == (1,)):
+        if len(_plans) >= MAX_PLANS:
+            _plans.clear()
+        _plans[sig] = _Call(plan, m, k, out_shape, out_dtype, a.dim() != 2 or a2.data_ptr() != a.data_ptr())
     if not out.is_contiguous():
         out = out.contiguous()
     return out.view(out_shape)

@@ -153,16 +153,26 @@ def prepare(a: torch.Tensor, b: torch.Tensor):
     return a, b, am, bm
 
 
+def _row_elems(n: int, dtype) -> int:
+    """A row of ``n`` elements rounded up to 16 bytes (TMA strides, paired stores)."""
+    per = 16 // dtype.itemsize
+    return -(-n // per) * per
+
+
 def output_buffer(m, n, dtype, device) -> torch.Tensor:
     """(M, N) output whose row stride is a multiple of 16 bytes (a view into padding if N needs it)."""
-    per = 16 // torch.empty((), dtype=dtype).element_size()
-    ldc = -(-n // per) * per
+    ldc = _row_elems(n, dtype)
     buf = torch.empty((m, ldc), dtype=dtype, device=device)
     return buf if ldc == n else buf[:, :n]
 
 
+def workspace(splits, m, n, device) -> torch.Tensor:
+    """(S, M, ldw) f32 partial sums, rows of 16-byte multiples."""
+    return torch.empty((splits, m, _row_elems(n, torch.float32)), dtype=torch.float32, device=device)
+
+
 def _tensor_map(t: torch.Tensor, dims, strides_bytes, box) -> TensorMap:
-    key = (t.data_ptr(), tuple(dims), tuple(strides_bytes), tuple(box), t.dtype, t.device.index)
+    key = (t.data_ptr(), dims, strides_bytes, box, t.dtype, t.device.index)
     tm = _maps.get(key)
     if tm is None:
         if len(_maps) > 256:
@@ -173,56 +183,7 @@ def _tensor_map(t: torch.Tensor, dims, strides_bytes, box) -> TensorMap:
 
 
 def _spec(t: torch.Tensor, dims, strides_bytes, box) -> TensorMapSpec:
-    return TensorMapSpec(t, tuple(dims), tuple(strides_bytes), tuple(box), MAP_DTYPE[t.dtype], 128)
-
-
-def operand_maps(a, b, am, bm, block_m, block_n, spec=False):
-    """Tensor maps of A and B with the boxes the kernel loads (``spec``: unencoded, for the emulator)."""
-    m, k = a.shape
-    n = b.shape[1]
-    es = a.element_size()
-    make = _spec if spec else _tensor_map
-    if am == "k":
-        ma = make(a, (k, m), (_lead(a, 1) * es,), (BLOCK_K, block_m))
-    else:
-        ma = make(a, (m, k), (_lead(a, 0) * es,), (CHUNK_ROWS, BLOCK_K))
-    if bm == "n":
-        mb = make(b, (n, k), (_lead(b, 1) * es,), (CHUNK_ROWS, BLOCK_K))
-    else:
-        mb = make(b, (k, n), (_lead(b, 0) * es,), (BLOCK_K, block_n))
-    return ma, mb
-
-
-def kernel_args(a, b, am, bm, out, bias, epilogue, cfg, spec=False):
-    """(positional arguments, constexprs) of one launch of ``gemm_sm90``.
-
-    ``out`` is (M, N) with a row stride of 16-byte multiples or, with SPLIT_K = S > 1, the f32
-    workspace (S, M, ldw) of partial sums.
-    """
-    m, k = a.shape
-    n = b.shape[1]
-    splits = cfg.get("SPLIT_K", 1)
-    make = _spec if spec else _tensor_map
-    ma, mb = operand_maps(a, b, am, bm, cfg["BLOCK_M"], cfg["BLOCK_N"], spec)
-    ld = out.stride(-2)
-    mc = ma  # a placeholder: the output map is used only by STORE="tma"
-    if cfg["STORE"] == "tma":
-        plan = Plan(cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["STAGES"], cfg["SCHEDULE"], MAP_DTYPE[out.dtype],
-                    cfg["STORE"])
-        es = out.element_size()
-        if splits > 1:  # (N, M, S): the TMA clips each split's rows at M
-            mc = make(out, (n, m, splits), (ld * es, m * ld * es), (plan.epi_cols, plan.wm, 1))
-        else:
-            mc = make(out, (n, m), (ld * es,), (plan.epi_cols, plan.wm))
-    # The kernel writes column pairs, so with an odd N the last pair reaches one column into the
-    # row padding: hand it whole rows of ld elements.
-    rows = out.as_strided((splits * m, ld), (ld, 1))
-    bias_t = bias if bias is not None else rows  # a placeholder pointer the kernel never reads
-    args = (ma, mb, mc, rows.view(torch.uint8), bias_t.view(torch.uint8), m, n, k, ld)
-    cx = dict(DTYPE=TY_DTYPE[a.dtype], OUT_DTYPE=TY_DTYPE[out.dtype], A_MAJOR=am, B_MAJOR=bm,
-              HAS_BIAS=bias is not None, BIAS_DTYPE=TY_DTYPE[bias.dtype] if bias is not None else ty.f32,
-              EPILOGUE=epilogue, **cfg)
-    return args, cx
+    return TensorMapSpec(t, dims, strides_bytes, box, MAP_DTYPE[t.dtype], 128)
 
 
 def split_of(m, n, k, cfg, sms) -> int:
@@ -237,44 +198,108 @@ def split_of(m, n, k, cfg, sms) -> int:
     return max(1, min(8, sms // t, k_blocks // 4))
 
 
-def grid_of(m, n, cfg, device_index, splits=1) -> tuple:
-    return (max(1, min(tiles(m, n, cfg) * splits, sm_count(device_index))),)
+class LaunchPlan:
+    """Everything about a launch that depends only on shapes, strides, dtypes and the schedule:
+    tensor-map geometry, constexprs, grids and (once needed) the compiled kernels' launchers. A
+    call then only looks up tensor maps for the tensors' addresses and launches.
+
+    ``a`` (M, K) and ``b`` (K, N) are TMA-ready (``prepare``); the output is an ``output_buffer``.
+    With SPLIT_K = S > 1 the GEMM writes f32 partial sums to a ``workspace`` and ``splitk_reduce``
+    adds them (then bias, epilogue, rounding).
+    """
+
+    def __init__(self, a, b, am, bm, out_dtype, bias, epilogue, cfg, sms):
+        m, k = a.shape
+        n = b.shape[1]
+        self.m, self.n, self.k = m, n, k
+        self.splits = split_of(m, n, k, cfg, sms)
+        cfg = dict(cfg, SPLIT_K=self.splits)
+        es = a.element_size()
+        bm_, bn_ = cfg["BLOCK_M"], cfg["BLOCK_N"]
+        if am == "k":
+            self.ga = ((k, m), (_lead(a, 1) * es,), (BLOCK_K, bm_))
+        else:
+            self.ga = ((m, k), (_lead(a, 0) * es,), (CHUNK_ROWS, BLOCK_K))
+        if bm == "n":
+            self.gb = ((n, k), (_lead(b, 1) * es,), (CHUNK_ROWS, BLOCK_K))
+        else:
+            self.gb = ((k, n), (_lead(b, 0) * es,), (BLOCK_K, bn_))
+        gemm_out = out_dtype if self.splits == 1 else torch.float32
+        self.ld = _row_elems(n, gemm_out)  # row stride of what the GEMM writes (C or the workspace)
+        self.ldc = _row_elems(n, out_dtype)
+        self.gc = None
+        if cfg["STORE"] == "tma":
+            plan = Plan(bm_, bn_, cfg["STAGES"], cfg["SCHEDULE"], MAP_DTYPE[gemm_out], cfg["STORE"])
+            ob = gemm_out.itemsize
+            if self.splits > 1:  # (N, M, S): the TMA clips each split's rows at M
+                self.gc = ((n, m, self.splits), (self.ld * ob, m * self.ld * ob), (plan.epi_cols, plan.wm, 1))
+            else:
+                self.gc = ((n, m), (self.ld * ob,), (plan.epi_cols, plan.wm))
+        split_out = self.splits > 1
+        self.cx = dict(DTYPE=TY_DTYPE[a.dtype], OUT_DTYPE=TY_DTYPE[gemm_out], A_MAJOR=am, B_MAJOR=bm,
+                       HAS_BIAS=bias is not None and not split_out,
+                       BIAS_DTYPE=TY_DTYPE[bias.dtype] if bias is not None and not split_out else ty.f32,
+                       EPILOGUE=None if split_out else epilogue, **cfg)
+        self.rcx = dict(SPLITS=self.splits, OUT_DTYPE=TY_DTYPE[out_dtype], HAS_BIAS=bias is not None,
+                        BIAS_DTYPE=TY_DTYPE[bias.dtype] if bias is not None else ty.f32, EPILOGUE=epilogue)
+        self.grid = (max(1, min(tiles(m, n, cfg) * self.splits, sms)),)
+        self.reduce_grid = (splitk_blocks(m, n),)
+        self._gemm = self._reduce = None
+
+    def gemm_args(self, a, b, target, bias, spec=False) -> tuple:
+        """``gemm_sm90``'s arguments writing into ``target`` (the output, or the workspace)."""
+        make = _spec if spec else _tensor_map
+        ma, mb = make(a, *self.ga), make(b, *self.gb)
+        mc = make(target, *self.gc) if self.gc is not None else ma  # the map is a placeholder for "direct"
+        # The kernel writes column pairs, so with an odd N the last pair reaches one column into the
+        # row padding: hand it whole rows of ld elements.
+        rows = target.as_strided((self.splits * self.m, self.ld), (self.ld, 1)).view(torch.uint8)
+        b_ptr = bias.view(torch.uint8) if bias is not None and self.splits == 1 else rows
+        return (ma, mb, mc, rows, b_ptr, self.m, self.n, self.k, self.ld)
+
+    def reduce_args(self, ws, out, bias) -> tuple:
+        rows = out.as_strided((self.m, self.ldc), (self.ldc, 1)).view(torch.uint8)
+        b_ptr = bias.view(torch.uint8) if bias is not None else rows
+        return (ws, rows, b_ptr, self.m, self.n, self.ld, self.ldc)
+
+    def __call__(self, a, b, out, bias):
+        if self._gemm is None:
+            self._gemm = gemm_sm90.compile(**self.cx).launcher()
+            if self.splits > 1:
+                self._reduce = splitk_reduce.compile(**self.rcx).launcher()
+        if self.splits == 1:
+            self._gemm.launch(self.grid, self.gemm_args(a, b, out, bias))
+            return
+        ws = workspace(self.splits, self.m, self.n, a.device)
+        self._gemm.launch(self.grid, self.gemm_args(a, b, ws, None))
+        self._reduce.launch(self.reduce_grid, self.reduce_args(ws, out, bias))
+
+
+def kernel_args(a, b, am, bm, out, bias, epilogue, cfg, spec=False):
+    """(arguments, constexprs) of ``gemm_sm90`` writing into ``out`` (an ``output_buffer``, or with
+    an integer SPLIT_K > 1 in ``cfg`` a ``workspace`` and no bias or epilogue): the emulator's way in."""
+    splits = cfg.get("SPLIT_K", 1)
+    out_dtype = out.dtype
+    p = LaunchPlan(a, b, am, bm, out_dtype, bias, epilogue, cfg, sms=1 << 20)
+    assert p.splits == splits or splits == "auto"
+    return p.gemm_args(a, b, out, bias, spec), p.cx
 
 
 def splitk_args(ws, out, bias, epilogue, m, n):
-    """(positional arguments, constexprs) of the split-K reduction into ``out``."""
-    rows = out.as_strided((m, out.stride(0)), (out.stride(0), 1))
-    bias_t = bias if bias is not None else rows
-    args = (ws, rows.view(torch.uint8), bias_t.view(torch.uint8), m, n, ws.stride(1), out.stride(0))
+    """(arguments, constexprs) of the split-K reduction of workspace ``ws`` into ``out``."""
+    rows = out.as_strided((m, out.stride(0)), (out.stride(0), 1)).view(torch.uint8)
+    b_ptr = bias.view(torch.uint8) if bias is not None else rows
     cx = dict(SPLITS=ws.shape[0], OUT_DTYPE=TY_DTYPE[out.dtype], HAS_BIAS=bias is not None,
               BIAS_DTYPE=TY_DTYPE[bias.dtype] if bias is not None else ty.f32, EPILOGUE=epilogue)
-    return args, cx
+    return (ws, rows, b_ptr, m, n, ws.stride(1), out.stride(0)), cx
 
 
-def workspace(splits, m, n, device) -> torch.Tensor:
-    """(S, M, ldw) f32 partial sums, rows of 16-byte multiples."""
-    return torch.empty((splits, m, -(-n // 4) * 4), dtype=torch.float32, device=device)
-
-
-def _launch(a, b, out, bias, epilogue, am, bm, **cfg):
-    m, k = a.shape
-    n = b.shape[1]
-    dev = a.device.index
-    splits = split_of(m, n, k, cfg, sm_count(dev))
-    cfg = dict(cfg, SPLIT_K=splits)
-    if splits == 1:
-        args, cx = kernel_args(a, b, am, bm, out, bias, epilogue, cfg)
-        gemm_sm90[grid_of(m, n, cfg, dev)](*args, **cx)
-        return
-    ws = workspace(splits, m, n, a.device)
-    args, cx = kernel_args(a, b, am, bm, ws, None, None, cfg)
-    gemm_sm90[grid_of(m, n, cfg, dev, splits)](*args, **cx)
-    args, cx = splitk_args(ws, out, bias, epilogue, m, n)
-    splitk_reduce[(splitk_blocks(m, n),)](*args, **cx)
+def make_plan(a, b, out, bias, epilogue, am, bm, cfg) -> LaunchPlan:
+    return LaunchPlan(a, b, am, bm, out.dtype, bias, epilogue, cfg, sm_count(a.device.index))
 
 
 @ty.autotune(configs=CONFIGS, key=["a", "b", "out", "bias", "epilogue"], prune=prune,
              timer=functools.partial(median_ms, warmup_ms=25, rep_ms=100), name="tylopy_kernels.gemm")
 def run(a, b, out, bias, epilogue, am, bm, **cfg):
     """C = epilogue(A B + bias) into ``out`` with the autotuned schedule (or ``cfg`` when given)."""
-    _launch(a, b, out, bias, epilogue, am, bm, **cfg)
+    make_plan(a, b, out, bias, epilogue, am, bm, cfg)(a, b, out, bias)
