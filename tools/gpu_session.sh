@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: install, GPU tests, smoke checks, benchmarks. Logs and JSON land in $OUT.
-# Usage: bash tools/gpu_session.sh [tests|primitives|checks|sanitize|smoke|bench|bench_streaming|softmax|all ...]
+# Usage: bash tools/gpu_session.sh [tests|primitives|checks|sanitize|smoke|bench|bench_streaming|softmax|gemm|gemm_bench|gemm_bench_again|gemm_sweep|all ...]
 set -u
 OUT=${OUT:-/tmp/tylopy-out}
 mkdir -p "$OUT"
@@ -38,6 +38,25 @@ fi
 if want bench_streaming; then
   timeout 300 python3 tools/bench_streaming_attention.py --output "$OUT/streaming_attention.json" 2>&1 \
     | tee "$OUT/bench-streaming.log" | tail -40
+fi
+if [[ " $steps " == *" gemm "* ]]; then  # the GEMM's GPU tests (not in all)
+  timeout 560 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout=300 --timeout-method=thread \
+    tests/test_gemm_gpu.py 2>&1 | tee "$OUT/pytest-gemm.log" | tail -25
+fi
+# gemm_bench tunes (first process); gemm_bench_again, run later on the same machine (same
+# TYLOPY_CACHE_DIR), should time no candidate: it reads the stored choices.
+for run in gemm_bench gemm_bench_again; do
+  if [[ " $steps " == *" $run "* ]]; then
+    TYLOPY_AUTOTUNE_VERBOSE=1 timeout 560 tylopy bench gemm --output "$OUT/$run.json" --plot "$OUT/$run.png" \
+      > "$OUT/$run.log" 2>&1
+    echo "$run: $(grep -c 'tylopy.autotune.* ms$' "$OUT/$run.log") candidates timed," \
+         "$(grep -c 'stored in' "$OUT/$run.log") choices read or stored"
+    grep '^|' "$OUT/$run.log" | tail -90
+  fi
+done
+if [[ " $steps " == *" gemm_sweep "* ]]; then  # every schedule on a few shapes, to pick defaults
+  timeout 560 tylopy bench gemm --sweep --output "$OUT/gemm-sweep.json" 2>&1 | tee "$OUT/bench-gemm-sweep.log" \
+    | grep -E '^(##|best)'
 fi
 if want softmax; then
   timeout 200 python3 tools/bench_softmax.py --output "$OUT/softmax.json" 2>&1 | tee "$OUT/bench-softmax.log" | tail -20
