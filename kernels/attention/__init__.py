@@ -80,8 +80,9 @@ def check_inputs(query, key, value, attn_mask, is_causal, scale):
         scale = 1.0 / math.sqrt(D)
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
         _fail(TypeError, "scale", "a float or None", type(scale).__name__)
-    elif not math.isfinite(scale):
-        _fail(ValueError, "scale", "a finite number", scale)
+    elif not (abs(scale) <= 1.7976931348623157e308 if isinstance(scale, int) else math.isfinite(scale)):
+        shown = scale if len(str(scale)) < 40 else f"an int of {len(str(abs(scale)))} digits"
+        _fail(ValueError, "scale", "a finite number", shown)  # (an int beyond the float range too)
     return B, H, n_q, n_k, D, float(scale)
 
 

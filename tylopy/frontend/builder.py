@@ -71,20 +71,49 @@ def code_location(code, lasti: int, lineno: int) -> SourceLoc:
 
 
 def _function_name(code) -> str:
-    name = code.co_name  # the rewritten bodies of if/for/while are nested functions of the kernel
+    """The user's name for a frame's function: the rewritten kernel is ``__ty_fn_<n>_<name>`` and the
+    bodies of its if/for/while are functions nested in it."""
+    name = code.co_name
     if not name.startswith("__ty_"):
         return name
-    parts = [p for p in code.co_qualname.split(".<locals>.") if not p.startswith("__ty_")]
-    return parts[-1] if parts else name
+    for part in reversed(code.co_qualname.split(".<locals>.")):
+        if part.startswith("__ty_fn_"):
+            return part.split("_", 5)[-1]
+        if not part.startswith("__ty_"):
+            return part
+    return name
+
+
+_skip_file: dict[str, bool] = {}  # file name -> is it tylopy's own code (or a generated "<...>" file)?
+_loc_cache: dict[tuple[int, int], tuple[Any, SourceLoc]] = {}  # (id(code), lasti) -> (code, location)
+
+
+def _skipped(fname: str) -> bool:
+    skip = _skip_file.get(fname)
+    if skip is None:
+        skip = _skip_file[fname] = _is_tylopy_file(fname) or (
+            fname.startswith("<") and not fname.startswith(("<stdin", "<ipython")))
+    return skip
 
 
 def user_location(frame=None) -> SourceLoc | None:
-    """The innermost stack frame that is not tylopy's own code (the kernel line being traced)."""
+    """The innermost stack frame that is not tylopy's own code (the kernel line being traced).
+
+    Called for every op a trace builds, so file classifications and locations are memoized.
+    """
     frame = frame or sys._getframe(1)
     while frame is not None:
-        fname = frame.f_code.co_filename
-        if not _is_tylopy_file(fname) and (not fname.startswith("<") or fname.startswith(("<stdin", "<ipython"))):
-            return frame_location(frame)
+        code = frame.f_code
+        if not _skipped(code.co_filename):
+            key = (id(code), frame.f_lasti)
+            hit = _loc_cache.get(key)
+            if hit is not None and hit[0] is code:
+                return hit[1]
+            if len(_loc_cache) > 200_000:
+                _loc_cache.clear()
+            loc = code_location(code, frame.f_lasti, frame.f_lineno)
+            _loc_cache[key] = (code, loc)
+            return loc
         frame = frame.f_back
     return None
 
@@ -118,7 +147,7 @@ class Builder:
         self.wait_sites: list = []
         self.state: dict[str, Any] = {}
         self.op_count = 0
-        self.unrolling: list = []  # the source locations of the compile-time loops being unrolled now
+        self.unrolling: list = []  # (source location, trip count) of the compile-time loops being unrolled now
         self._constants: dict[int, Any] = {}
         self._token = None
 
@@ -161,8 +190,8 @@ class Builder:
 
     def _too_many_ops(self):
         hint = "make the loop a run-time loop: ty.range(n, unroll=False), or give it a run-time bound"
-        if self.unrolling and self.unrolling[0] is not None:
-            loop = self.unrolling[0]
+        if self.unrolling and self.unrolling[0][0] is not None:
+            loop = self.unrolling[0][0]
             raise KernelSourceError(f"the kernel's trace passed {MAX_OPS} ops while unrolling the compile-time loop "
                                     f"at {loop} (nested unrolled loops multiply)", loop, hint)
         self.error(f"the kernel's trace passed {MAX_OPS} ops: a compile-time loop unrolls too far", hint=hint)

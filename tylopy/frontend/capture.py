@@ -273,6 +273,10 @@ def fingerprint(value, path: str, kernel: str = "", _seen: frozenset = frozenset
     target = getattr(value, "fn", None)
     if isinstance(target, types.FunctionType) and type(value).__module__.startswith("tylopy"):
         value = target  # @ty.func / @ty.kernel: the function they wrap
+    if isinstance(value, (staticmethod, classmethod)):
+        return f"{type(value).__name__}({fp(value.__func__, path)})"
+    if isinstance(value, property):
+        return f"property({fp((value.fget, value.fset, value.fdel), path)})"
     if isinstance(value, functools.partial):
         return f"partial({fp(value.func, path)}, {fp(value.args, path)}, {fp(value.keywords, path)})"
     if isinstance(value, (types.FunctionType, types.MethodType)):
@@ -455,6 +459,8 @@ class _GuardBuilder:
         target = getattr(value, "fn", None)
         if isinstance(target, types.FunctionType) and type(value).__module__.startswith("tylopy"):
             value = target
+        if isinstance(value, (staticmethod, classmethod)):
+            value = value.__func__
         if id(value) in self.seen or depth > 8:
             return
         if isinstance(value, types.FunctionType) and _library_function(value) is None:
@@ -550,7 +556,8 @@ def _fingerprint_or_none(value):
 def _immutable(value) -> bool:
     """Is the identity of ``value`` enough to know its fingerprint did not change?"""
     if isinstance(value, _SIMPLE) or isinstance(value, (types.ModuleType, types.FunctionType, type, enum.Enum,
-                                                       types.BuiltinFunctionType)):
+                                                       types.BuiltinFunctionType, staticmethod, classmethod,
+                                                       property)):
         return True
     if isinstance(value, (tuple, frozenset)):
         return all(_immutable(x) for x in value)

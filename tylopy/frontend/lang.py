@@ -394,8 +394,65 @@ def inline_ptx(template: str, inputs: Sequence = (), constraints: str = "", resu
     Operands are ``$0``, ``$1``... in the template. Returns a value, a tuple, or None.
     """
     vals = tuple(as_value(x) for x in inputs)
+    _check_asm(template, constraints, vals, tuple(results), inputs)
     res = emit("asm", vals, template=template, constraints=constraints,
                                  results=tuple(results), side_effect=side_effect, convergent=convergent)
     if not res:
         return None
     return res[0] if len(res) == 1 else res
+
+
+# The NVPTX inline-assembly constraint letters tylopy passes to LLVM, and the types each takes.
+# Anything else (or a type that does not match) would abort the process inside LLVM.
+_ASM_CONSTRAINTS = {"h": (16,), "r": (32,), "l": (64,), "f": ("f32",), "d": ("f64",), "n": ("imm",)}
+
+
+def _asm_fits(letter: str, t) -> bool:
+    if isinstance(t, PointerType):
+        return letter == "l" and t.space != "shared" or letter == "r" and t.space == "shared"
+    if not isinstance(t, ScalarType) or t.is_bool:
+        return False
+    if letter in "fd":
+        return t.name == _ASM_CONSTRAINTS[letter][0]
+    return not t.is_float and t.bits == _ASM_CONSTRAINTS[letter][0] or letter == "h" and t.bits == 16
+
+
+def _check_asm(template: str, constraints: str, vals, results, raw_inputs):
+    """Reject what LLVM would abort on: unknown letters, counts or types that do not match, $N out of range."""
+    import re
+    bld = current_builder()
+    if not isinstance(template, str) or not isinstance(constraints, str):
+        bld.error("inline_ptx expects a template string and a constraint string")
+    parts = [c.strip() for c in constraints.split(",")] if constraints.strip() else []
+    outs = [c for c in parts if c.startswith("=")]
+    clobbers = [c for c in parts if c.startswith("~")]
+    ins = [c for c in parts if not c.startswith(("=", "~"))]
+    if parts != outs + ins + clobbers:
+        bld.error(f"inline_ptx constraints expect outputs (=r...) first, then inputs, then clobbers (~{{memory}}), "
+                  f"but got {constraints!r}")
+    for c in clobbers:
+        if not re.fullmatch(r"~\{[a-z]+\}", c):
+            bld.error(f"inline_ptx clobber expects ~{{memory}}, but got {c!r}")
+    if len(outs) != len(results):
+        bld.error(f"inline_ptx has {len(results)} result type(s) but {len(outs)} output constraint(s) in "
+                  f"{constraints!r}", hint="give one =letter per result type, in order")
+    if len(ins) != len(vals):
+        bld.error(f"inline_ptx has {len(vals)} input(s) but {len(ins)} input constraint(s) in {constraints!r}")
+    for what, cs, types in (("output", [c[1:] for c in outs], results), ("input", ins, [v.type for v in vals])):
+        for i, (c, t) in enumerate(zip(cs, types)):
+            if c not in _ASM_CONSTRAINTS:
+                bld.error(f"inline_ptx {what} {i} has the constraint {c!r}; tylopy supports "
+                          f"{', '.join(sorted(_ASM_CONSTRAINTS))} (h: 16-bit, r: 32-bit, l: 64-bit, f: f32, "
+                          "d: f64, n: an integer constant)")
+            if c == "n":
+                if what == "output" or isinstance(raw_inputs[i], RuntimeValue) or not isinstance(raw_inputs[i], int):
+                    bld.error(f"inline_ptx {what} {i}: the 'n' constraint expects a Python int constant")
+            elif not _asm_fits(c, t):
+                bld.error(f"inline_ptx {what} {i}: constraint {c!r} does not take a {t} value")
+    count = len(outs) + len(ins)
+    for m in re.finditer(r"\$(\d+)", template):
+        if int(m.group(1)) >= count:
+            bld.error(f"inline_ptx template uses ${m.group(1)}, but there are only {count} operands "
+                      f"($0..${count - 1})" if count else f"inline_ptx template uses ${m.group(1)}, but there are "
+                      "no operands")
+

@@ -31,6 +31,7 @@ from . import capture, jumps
 
 _counter = itertools.count()
 RT = "__ty"  # the name under which the rewritten code sees tylopy.tracing
+TRACED_PREFIX = "__ty_fn_"  # the rewritten function is __ty_fn_<n>_<original name>
 
 
 def _generated(name: str) -> bool:
@@ -224,7 +225,7 @@ def source_of(fn) -> tuple[str, str]:
     if getattr(fn, "__wrapped__", None) is not None:
         inner = inspect.unwrap(fn)
         code = getattr(inner, "__code__", None)
-        loc = SourceLoc(code.co_filename, code.co_firstlineno, 0, inner.__name__) if code else None
+        loc = _def_line(inner) if code else None
         raise KernelSourceError(
             f"{fn.__qualname__!r} is a wrapper made by another decorator (it has __wrapped__); tylopy traces the "
             "source of the function it is given, so the wrapper's behaviour would be lost", loc,
@@ -240,6 +241,20 @@ def source_of(fn) -> tuple[str, str]:
             hint="define kernels and @ty.func helpers in a .py file and import or run it (not in a REPL, "
                  "`python -` or exec of a string)") from None
     return "".join(lines), filename
+
+
+def _def_line(fn) -> SourceLoc:
+    """The ``def`` line of ``fn`` (its code's first line is that of its first decorator)."""
+    code = fn.__code__
+    try:
+        lines, start = inspect.getsourcelines(fn)
+        for i, line in enumerate(lines):
+            if line.lstrip().startswith(("def ", "async def ")):
+                col = len(line) - len(line.lstrip())
+                return SourceLoc(code.co_filename, start + i, col, fn.__name__, col + 3)
+    except (OSError, TypeError):
+        pass
+    return SourceLoc(code.co_filename, code.co_firstlineno, 0, fn.__name__)
 
 
 def _parse(fn, src: str, filename: str) -> ast.FunctionDef:
@@ -309,6 +324,9 @@ def rewrite_function(fn, record_closure: bool = False) -> Traceable:
         a.annotation = None
     jumps.lower_function(fdef, filename)
     fdef = _Rewriter().visit(fdef)
+    # The traced function must not bind its own name in the factory: a recursive call (or one
+    # through a closure variable of that name) has to reach the @ty.func wrapper, as in the original.
+    fdef.name = f"{TRACED_PREFIX}{next(_counter)}_{fn.__name__}"
     freevars = fn.__code__.co_freevars
     factory_args = ast.arguments(posonlyargs=[], args=[ast.arg(arg=RT)] + [ast.arg(arg=v) for v in freevars],
                                  vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[])

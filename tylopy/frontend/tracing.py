@@ -26,6 +26,9 @@ from .pytree import (NORET, Undefined, copy_tree, display, flatten, is_container
 # A compile-time loop that unrolls more iterations than this at trace time is almost surely
 # meant to run at run time (unrolled code also grows LLVM's compile time faster than linearly).
 MAX_UNROLL = 8192
+# Nested compile-time loops multiply: their product is checked when an inner loop starts, before
+# it unrolls, so a runaway nest fails in milliseconds instead of after minutes of tracing.
+MAX_UNROLL_TOTAL = 65536
 _RV = "__tyf_rv"
 
 
@@ -163,11 +166,14 @@ class DynamicRange:
         self.start, self.stop, self.step = start, stop, step
 
     def values(self):
-        like = next((x.type for x in (self.start, self.stop, self.step) if isinstance(x, RuntimeValue)), i32)
-        vals = tuple(as_value(x, like) for x in (self.start, self.stop, self.step))
-        for name, v in zip(("start", "stop", "step"), vals):
-            if not isinstance(v.type, ScalarType) or not v.type.is_int or v.type.is_bool:
-                current_builder().error(f"range {name} expects an integer, but got a {v.type} value")
+        given = (("start", self.start), ("stop", self.stop), ("step", self.step))
+        for name, x in given:
+            if isinstance(x, RuntimeValue) and (not isinstance(x.type, ScalarType) or not x.type.is_int
+                                                or x.type.is_bool):
+                current_builder().error(f"range {name} expects an integer, but got a {x.type} value",
+                                        hint="convert it with ty.cast(..., ty.i32)")
+        like = next((x.type for _, x in given if isinstance(x, RuntimeValue)), i32)
+        vals = tuple(as_value(x, like) for _, x in given)
         if len({v.type for v in vals}) != 1:
             current_builder().error(f"range expects bounds of one integer type, but got "
                                     f"{', '.join(str(v.type) for v in vals)}",
@@ -275,7 +281,18 @@ def _unrolled(iterable, body, names, values, mutated, stop_idx):
     """A compile-time loop: the body runs once per element, as Python would run it."""
     bld = current_builder()
     vals = tuple(values)
-    bld.unrolling.append(user_location())
+    n = builtins.len(iterable) if isinstance(iterable, (builtins.range, list, tuple)) else 1
+    total = n
+    for _, outer in bld.unrolling:
+        total *= outer
+    loc = user_location()
+    if total > MAX_UNROLL_TOTAL:
+        outer_loc = bld.unrolling[0][0] if bld.unrolling else loc
+        raise KernelSourceError(
+            f"nested compile-time loops would unroll {total} iterations at trace time (limit {MAX_UNROLL_TOTAL}): "
+            f"this loop's {n} times the {total // n} of the loops around it, starting at {outer_loc}", loc,
+            hint="make the outer loop a run-time loop: ty.range(..., unroll=False)")
+    bld.unrolling.append((loc, n))
     try:
         for count, x in enumerate(iterable):
             if count >= MAX_UNROLL:
@@ -383,7 +400,7 @@ def while_(cond_fn, body, names, values, mutated=(), stop=()):
                     bld.error(f"this while loop ran {count} iterations at trace time (limit {MAX_UNROLL}); its "
                               "condition never became false", hint="make the condition a run-time value "
                                                                    "(e.g. compare against a kernel argument)")
-                bld.unrolling.append(loc)
+                bld.unrolling.append((loc, 1))
                 try:
                     vals = tuple(body(*vals))
                 finally:
