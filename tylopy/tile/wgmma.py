@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 from ..errors import KernelSourceError, LayoutError
 from ..frontend.builder import current_builder, user_location
-from ..frontend.proxy import as_value, emit, emit1
-from ..ir.types import ScalarType, bf16, f16, i1, u64
+from ..frontend import lang
+from ..frontend.proxy import RuntimeValue, as_value, emit, emit1
+from ..ir.types import PointerType, ScalarType, b32, bf16, f16, f32, f64, i1, i32, i64, u16, u32, u64
 from .fragment import Fragment
 from .layouts import WARPGROUP, WGMMA_A_RS, Ownership, wgmma_acc
 
@@ -125,20 +126,34 @@ def wgmma_commit():
     _groups()["wgmma_committed"] += 1
 
 
-def wgmma_wait(n: int, *args):
-    """wgmma.wait_group n: at most ``n`` most recent groups stay pending.
+def wgmma_wait(n: int, *args, after=()):
+    """wgmma.wait_group n: wait until at most ``n`` of the most recent commit groups are pending.
 
-    Returns ``args`` (fragments, or lists/tuples of fragments) tied through the wait; those whose
-    group completed become readable, the others stay pending.
+    Returns ``args`` (fragments, or lists/tuples of fragments) tied through the wait: their
+    registers are in/out operands of the wait's asm, so every read of the returned fragments
+    comes after the wait (LLVM cannot move a read above it); those whose group completed
+    become readable, the others stay pending.
+
+    ``after``: values (run-time scalars, pointers, fragments, or lists of them) the wait must
+    come after. They become inputs of the wait's asm, so LLVM computes them before the wait
+    and cannot sink that work below it (or hoist the wait above it). Use it to pin the overlap
+    you intend: ``o = ty.hopper.wgmma_wait(1, o, after=(row_max, p))`` keeps the softmax math
+    that produces ``row_max`` and ``p`` between the wgmma issue and the wait. The wait is a
+    ``volatile`` asm with a memory clobber, so loads, stores, fences and barriers keep their
+    order with it. What happens below PTX is ptxas's: it does not move instructions across
+    ``wgmma.wait_group`` in the kernels checked (docs/primitives.md, "Matrix and asynchronous
+    copies").
     """
-    if not isinstance(n, int) or not 0 <= n <= 7:
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 7:
         raise KernelSourceError(f"wgmma_wait n expects an int in 0..7, but got {n!r}", user_location())
     frags = [f for a in args for f in (a if isinstance(a, (list, tuple)) else [a])]
     for f in frags:
         if not isinstance(f, Fragment):
-            raise KernelSourceError(f"wgmma_wait expects fragments, but got {f!r}", user_location())
+            raise KernelSourceError(f"wgmma_wait expects fragments, but got {f!r}", user_location(),
+                                    hint="pass scalars the wait must follow as after=(...)")
+    pinned = _pinned_values(after)
     done = _groups()["wgmma_committed"] - n
-    outs = emit("wgmma_wait", [v for f in frags for v in f._cols], n=n)
+    outs = emit("wgmma_wait", [v for f in frags for v in f._cols] + pinned, n=n)
     tied, i = [], 0
     for f in frags:
         k = len(f._cols)
@@ -154,6 +169,39 @@ def wgmma_wait(n: int, *args):
             result.append(tied[j])
             j += 1
     return result[0] if len(result) == 1 else tuple(result)
+
+
+def _pinned_values(after) -> list:
+    """``after`` flattened into 32/64-bit register values the wait's asm can take as inputs."""
+    items = list(after) if isinstance(after, (list, tuple)) else [after]
+    out = []
+    for x in items:
+        if isinstance(x, (list, tuple)):
+            out += _pinned_values(x)
+        elif isinstance(x, Fragment):
+            out += [_register(v) for v in x._cols]  # pending or not: only its registers are named
+        elif isinstance(x, RuntimeValue):
+            out.append(_register(x))
+        else:
+            raise KernelSourceError(f"wgmma_wait after= expects run-time values or fragments, but got {x!r}",
+                                    user_location(), hint="compile-time values need no pinning")
+    return out
+
+
+def _register(v: RuntimeValue) -> RuntimeValue:
+    """``v`` as a 32- or 64-bit register value (the widths inline asm constraints take)."""
+    t = v.type
+    if isinstance(t, PointerType):
+        return lang.address(v)
+    if t in (f32, i32, u32, b32, i64, u64):
+        return v
+    if t == f64:
+        return lang.bitcast(v, i64)
+    if t == i1:
+        return lang.select(v, 1, 0)
+    if t.bits == 16:
+        return lang.cast(lang.bitcast(v, u16), u32)
+    return lang.cast(v, i32)
 
 
 def fence_operand(frag: Fragment) -> Fragment:
