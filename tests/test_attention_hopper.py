@@ -5,9 +5,10 @@
   instructions (wgmma, TMA, mbarrier, setmaxnreg, named barriers).
 * ``check_inputs`` / ``tylopy.attention`` reject bad input before touching a GPU, with a
   TypeError or ValueError that names the argument.
-* The references and pass rules of ``attention_reference`` (which the GPU tests and ``tylopy
-  check attention`` use): the oracle against torch in float64, the same-boundary recurrence, and
-  the rules accepting a float32 model of the kernel while rejecting it with one step broken.
+* The references and pass rules of ``kernels/attention/reference.py`` and ``rules.py`` (which
+  the GPU tests and ``tylopy check attention`` use): the oracle against torch in float64, the
+  same-boundary recurrence, and the rules accepting a float32 model of the kernel
+  (``float32_model.py``) while rejecting it with one step broken.
 """
 import itertools
 import math
@@ -19,8 +20,12 @@ import torch
 import tylopy
 import tylopy as ty
 from tylopy_kernels.attention import hopper_launch as launch
-from tylopy_kernels.attention import reference as R
+from tylopy_kernels.attention import cases as C
 from tylopy_kernels.attention import check as check_attention
+from tylopy_kernels.attention import float32_model as F
+from tylopy_kernels.attention import reference as R
+from tylopy_kernels.attention import rules
+from tylopy_kernels.attention import scenarios as S
 from tylopy_kernels.attention import check_inputs
 from tylopy_kernels.attention.hopper import attention_fwd_sm90
 
@@ -37,46 +42,39 @@ def _unique(specs):
 
 
 def _launcher_specializations():
-    """The constexpr sets ``launch_hopper`` compiles, found by running it on CPU tensors with the
-    tensor maps, the SM count and the kernel stubbed out: (specializations, error or None)."""
+    """The constexpr sets ``launch_hopper`` compiles, found by planning launches on CPU tensors
+    (no tensor maps, no GPU): (specializations, error or None)."""
     seen = []
-
-    class Recorder:
-        def __getitem__(self, grid):
-            def record(*args, **cx):
-                seen.append(cx)
-            return record
-
-    names = ("attention_fwd_sm90", "_tensor_map", "_sm_count", "_dummy")
-    saved = {n: getattr(launch, n) for n in names if hasattr(launch, n)}
     try:
-        launch.attention_fwd_sm90 = Recorder()
-        launch._tensor_map = lambda *args, **kwargs: None
-        launch._sm_count = lambda device: 132
-        launch._dummy = lambda device, dtype: torch.zeros(16, dtype=dtype)
-        for dt, n_k, masked, lse, bnhd in itertools.product((torch.bfloat16, torch.float16), (128, 4096),
-                                                            (False, True), (False, True), (False, True)):
-            q = torch.zeros((1, 128, 2, 64) if bnhd else (1, 2, 128, 64), dtype=dt)
-            k = torch.zeros((1, n_k, 2, 64) if bnhd else (1, 2, n_k, 64), dtype=dt)
+        for dt, d, n_k, masked, lse, bnhd, kv_heads in itertools.product(
+                (torch.bfloat16, torch.float16), (64, 128), (128, 4096), (False, True), (False, True), (False, True),
+                (2, 1)):
+            q = torch.zeros((1, 128, 2, d) if bnhd else (1, 2, 128, d), dtype=dt)
+            k = torch.zeros((1, n_k, kv_heads, d) if bnhd else (1, kv_heads, n_k, d), dtype=dt)
             if bnhd:
                 q, k = q.transpose(1, 2), k.transpose(1, 2)
             mask = torch.ones(128, n_k, dtype=torch.bool) if masked else None
-            out = torch.empty(1, 2, 128, 64, dtype=dt)
-            launch.launch_hopper(q, k, k, mask, False, 0.125, out, torch.empty(1, 2, 128) if lse else None)
+            out = torch.empty(1, 2, 128, d, dtype=dt)
+            plan = launch.plan_launch(q, k, k, mask, False, 0.125, out, torch.empty(1, 2, 128) if lse else None,
+                                      make_map=lambda *args: None, sm_count=132)
+            seen.append(plan.constexprs)
     except Exception as e:  # noqa: BLE001 -- reported by test_launcher_specializations_found
         return [], f"{type(e).__name__}: {e}"
-    finally:
-        for n, v in saved.items():
-            setattr(launch, n, v)
     return _unique(seen), None
 
 
 LAUNCHER_SPECS, LAUNCHER_ERROR = _launcher_specializations()
 
 
+DEFAULTS = {"HEAD_DIM": 64, "EXPONENT": "ffma", "RESCALE_THRESHOLD": 8.0, "PV_WAIT": "pinned", "POLY_EXP2": 0,
+            "ORDER": "heads"}
+
+
 def _spec_id(cx):
-    parts = [str(cx.get("DTYPE")), f"N{cx.get('BLOCK_N')}", f"C{cx.get('CONSUMERS')}", f"S{cx.get('STAGES')}"]
-    parts += [name.lower() for name in ("HAS_MASK", "RETURN_LSE", "PERSISTENT") if cx.get(name)]
+    parts = [str(cx.get("DTYPE")), f"D{cx.get('HEAD_DIM', 64)}", f"N{cx.get('BLOCK_N')}", f"C{cx.get('CONSUMERS')}",
+             f"S{cx.get('STAGES')}"]
+    parts += [name.lower() for name in ("HAS_MASK", "RETURN_LSE", "PERSISTENT", "SPLIT_S", "TMA_STORE") if cx.get(name)]
+    parts += [f"{k.lower()}={cx[k]}" for k, v in DEFAULTS.items() if k != "HEAD_DIM" and k in cx and cx[k] != v]
     parts += ["bnhd"] if cx.get("COORD_ORDER", ("n",))[0] != "n" else []
     return "-".join(parts)
 
@@ -93,38 +91,40 @@ def _pick_launcher_specs():
     return out
 
 
-def _launcher_picks(cx) -> bool:
-    """Whether the launcher could run this: with a mask or the persistent loop it overrides the
-    consumer count (MASKED_SCHEDULE, PERSISTENT_SCHEDULE) because other counts spill."""
-    for flag, table in (("HAS_MASK", "MASKED_SCHEDULE"), ("PERSISTENT", "PERSISTENT_SCHEDULE")):
-        forced = getattr(launch, table, {}) or {}
-        if cx.get(flag) and any(cx.get(k) != v for k, v in forced.items() if k in cx):
-            return False
-    return True
+VARIANTS = [(ty.bf16, True, True, True), (ty.f16, False, False, False)]
 
 
 def _grid_specs():
-    """BLOCK_N x CONSUMERS x STAGES, each with the first two flag sets the launcher can pick."""
-    variants = [(ty.bf16, True, True, True), (ty.f16, False, False, False), (ty.bf16, False, True, False),
-                (ty.f16, True, False, False)]
+    """Tile shapes (BLOCK_N x CONSUMERS x STAGES per head dim), each with a loaded and a plain flag set."""
+    shapes = [(64, bn, c, st) for bn, c, st in itertools.product((64, 128), (2, 3), (2, 4))]
+    shapes += [(64, 64, 4, 2), (128, 64, 2, 2), (128, 128, 2, 4), (128, 176, 2, 2), (128, 192, 2, 2), (128, 64, 3, 2)]
     out = []
-    for bn, consumers, stages in itertools.product((64, 128), (2, 3), (2, 4)):
-        picked = []
-        for dt, mask, lse, persistent in variants:
-            cx = dict(DTYPE=dt, BLOCK_N=bn, CONSUMERS=consumers, STAGES=stages, HAS_MASK=mask, RETURN_LSE=lse,
-                      PERSISTENT=persistent, COORD_ORDER=("n", "h", "b"))
-            cx = {k: v for k, v in cx.items() if k in CONSTEXPRS}
-            if _launcher_picks(cx) and len(picked) < 2:
-                picked.append(cx)
-        out += picked
+    for d, bn, consumers, stages in shapes:
+        for dt, mask, lse, persistent in VARIANTS:
+            out.append(dict(DTYPE=dt, HEAD_DIM=d, BLOCK_N=bn, CONSUMERS=consumers, STAGES=stages, HAS_MASK=mask,
+                            RETURN_LSE=lse, PERSISTENT=persistent, COORD_ORDER=("n", "h", "b")))
     return out
 
 
-PTXAS_SPECS = _unique(_pick_launcher_specs() + _grid_specs())
-# 128-key tiles with 3 consumer warpgroups (160 registers a thread) spill with a mask (156-164
-# bytes measured); the launcher therefore runs masks with 2 consumers (MASKED_SCHEDULE).
-KNOWN_SPILL = {k: v for k, v in dict(DTYPE=ty.bf16, BLOCK_N=128, CONSUMERS=3, STAGES=2, HAS_MASK=True,
-                                      RETURN_LSE=True, PERSISTENT=False).items() if k in CONSTEXPRS}
+# Schedule options (docs/performance.md, "v5"), on the default tile shape of each head dim.
+OPTIONS = [dict(SPLIT_S=True), dict(POLY_EXP2=2), dict(POLY_EXP2=8, SPLIT_S=True), dict(EXPONENT="exact"),
+           dict(EXPONENT="fast"), dict(RESCALE_THRESHOLD=None), dict(PV_WAIT="free"),
+           dict(TMA_STORE=True, PERSISTENT=True, ORDER="lpt", RETURN_LSE=True),
+           dict(TMA_STORE=True, HAS_MASK=True)]
+
+
+def _option_specs():
+    out = []
+    for d, consumers in ((64, 3), (128, 2)):
+        for opt in OPTIONS:
+            out.append(dict(dict(DTYPE=ty.bf16, HEAD_DIM=d, BLOCK_N=128, CONSUMERS=consumers, STAGES=2), **opt))
+    return out
+
+
+PTXAS_SPECS = _unique(_pick_launcher_specs() + _grid_specs() + _option_specs())
+# 192 x 128 tiles at D=128 (three consumers at 160 registers a thread) spill: O (64), S (64) and
+# P (32) alone take 160 registers. The launcher uses two consumers at D=128.
+KNOWN_SPILL = dict(DTYPE=ty.bf16, HEAD_DIM=128, BLOCK_N=128, CONSUMERS=3, STAGES=2)
 
 
 def _assemble(cx):
@@ -149,9 +149,9 @@ def test_assembles_without_spills(cx):
     assert report.registers is not None and report.registers <= 255, str(report)
 
 
-@pytest.mark.xfail(strict=True, reason="3 consumers x 128-key tiles with a mask spill at 160 registers; the "
-                                       "launcher avoids it (MASKED_SCHEDULE)")
-def test_three_consumers_with_mask_spill():
+@pytest.mark.xfail(strict=True, reason="D=128 with 3 consumers x 128-key tiles spills at 160 registers; the "
+                                       "launcher uses 2 consumers at D=128")
+def test_three_consumers_at_d128_spill():
     report = _assemble(KNOWN_SPILL).report
     assert report.spills == 0 and report.stack_frame == 0, str(report)
 
@@ -200,10 +200,17 @@ BAD_INPUTS = [
     ("key float16", dict(key=torch.randn(1, 2, 8, 64).half()), TypeError, "key"),
     ("value float64", dict(value=torch.randn(1, 2, 8, 64).double()), TypeError, "value"),
     ("key on meta", dict(key=torch.empty(1, 2, 8, 64, dtype=torch.bfloat16, device="meta")), ValueError, "key"),
-    ("head dim 128", dict(zip(("query", "key", "value"), _qkv(D=128))), ValueError, "head_dim"),
+    ("head dim 96", dict(zip(("query", "key", "value"), _qkv(D=96))), ValueError, "head_dim"),
     ("head dim 48", dict(zip(("query", "key", "value"), _qkv(D=48))), ValueError, "head_dim"),
     ("batch mismatch", dict(key=torch.randn(2, 2, 8, 64).to(torch.bfloat16)), ValueError, "batch"),
     ("heads mismatch", dict(value=torch.randn(1, 3, 8, 64).to(torch.bfloat16)), ValueError, "heads"),
+    ("fewer kv heads without gqa", dict(key=torch.randn(1, 1, 8, 64).to(torch.bfloat16),
+                                        value=torch.randn(1, 1, 8, 64).to(torch.bfloat16)), ValueError, "heads"),
+    ("gqa heads not dividing", dict(query=torch.randn(1, 3, 8, 64).to(torch.bfloat16), enable_gqa=True), ValueError,
+     "heads"),
+    ("gqa k/v heads differ", dict(key=torch.randn(1, 1, 8, 64).to(torch.bfloat16), enable_gqa=True), ValueError,
+     "heads"),
+    ("enable_gqa int", dict(enable_gqa=1), TypeError, "enable_gqa"),
     ("key head dim", dict(key=torch.randn(1, 2, 8, 32).to(torch.bfloat16)), ValueError, "head_dim"),
     ("value rows", dict(value=torch.randn(1, 2, 9, 64).to(torch.bfloat16)), ValueError, "value"),
     ("rectangular causal", dict(zip(("query", "key", "value"), _qkv(n_q=8, n_k=9)), is_causal=True), ValueError,
@@ -241,6 +248,14 @@ def test_bad_input_is_rejected_naming_the_argument(change, exc, arg, entry):
     assert "expects" in text and "but got" in text, text
 
 
+def test_grouped_query_heads_pass_the_checks():
+    q = torch.randn(2, 8, 5, 128).to(torch.bfloat16)
+    k = torch.randn(2, 2, 7, 128).to(torch.bfloat16)
+    assert check_inputs(q, k, k, None, False, None, enable_gqa=True) == (2, 8, 5, 7, 128, 128 ** -0.5)
+    one = k[:, :1].expand(2, 8, 7, 128)  # an MQA view with a zero head stride
+    assert check_inputs(q, one, one, None, False, None)[:4] == (2, 8, 5, 7)
+
+
 def test_check_inputs_returns_sizes_and_scale():
     q, k, v = _qkv(B=2, H=3, n_q=5, n_k=7)
     assert check_inputs(q, k, v, None, False, None) == (2, 3, 5, 7, 64, 0.125)
@@ -271,11 +286,11 @@ def test_bnhd_view_passes_the_checks():
 # -- references and pass rules ------------------------------------------------------------------------
 
 def _case_tensors(case):
-    return R.make_inputs(case, "cpu")
+    return C.make_inputs(case, "cpu")
 
 
-ORACLE_CASES = [R.Case("bf16", 2, 3, 37, 53), R.Case("f16", 1, 2, 40, 40, causal=True),
-                R.Case("bf16", 2, 2, 30, 70, mask="keys"), R.Case("f16", 2, 2, 33, 45, mask="heads", scale=0.3)]
+ORACLE_CASES = [C.Case("bf16", 2, 3, 37, 53), C.Case("f16", 1, 2, 40, 40, causal=True),
+                C.Case("bf16", 2, 2, 30, 70, mask="keys"), C.Case("f16", 2, 2, 33, 45, mask="heads", scale=0.3)]
 
 
 @pytest.mark.parametrize("case", ORACLE_CASES, ids=[c.name for c in ORACLE_CASES])
@@ -305,7 +320,8 @@ def test_same_boundary_without_rounding_is_the_oracle(case, block_n):
     """The online recurrence in float64 is exact up to float64 rounding, for any tile size."""
     q, k, v, mask = _case_tensors(case)
     ref = R.oracle(q, k, v, mask, case.causal, case.scale)
-    sb = R.same_boundary(q, k, v, mask, case.causal, case.scale, block_n, p_dtype=torch.float64)
+    unrounded = R.HOPPER.replace(block_n=block_n, p_dtype=torch.float64)
+    sb = R.same_boundary(q, k, v, mask, case.causal, case.scale, unrounded)
     torch.testing.assert_close(sb.out, ref.out, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(sb.lse, ref.lse, rtol=1e-12, atol=1e-12)
 
@@ -318,20 +334,20 @@ def test_same_boundary_rounds_p_of_one_tile_like_the_formula(dtype):
     s = (q.double() @ k.double().transpose(-1, -2)) / 8
     p = torch.exp(s - s.amax(-1, keepdim=True))
     want = (p.float().to(dtype).double() @ v.double()) / p.sum(-1, keepdim=True)
-    sb = R.same_boundary(q, k, v, block_n=64)
+    sb = R.same_boundary(q, k, v, model=R.HOPPER.replace(block_n=64))
     torch.testing.assert_close(sb.out, want, rtol=1e-12, atol=1e-12)
     assert not torch.allclose(sb.out, R.oracle(q, k, v).out, rtol=1e-6, atol=0), "P was not rounded"
 
 
-RULE_CASES = [R.Case("bf16", 2, 3, 129, 203, lse=True), R.Case("f16", 1, 2, 300, 300, causal=True),
-              R.Case("bf16", 2, 2, 150, 333, mask="random", lse=True), R.Case("f16", 1, 2, 256, 256, inputs="large"),
-              R.Case("bf16", 1, 1, 1, 239), R.Case("f16", 2, 2, 200, 200, inputs="uniform", lse=True)]
+RULE_CASES = [C.Case("bf16", 2, 3, 129, 203, lse=True), C.Case("f16", 1, 2, 300, 300, causal=True),
+              C.Case("bf16", 2, 2, 150, 333, mask="random", lse=True), C.Case("f16", 1, 2, 256, 256, inputs="large"),
+              C.Case("bf16", 1, 1, 1, 239), C.Case("f16", 2, 2, 200, 200, inputs="uniform", lse=True)]
 
 
 @pytest.mark.parametrize("block_n", [64, 128])
 @pytest.mark.parametrize("case", RULE_CASES, ids=[c.name for c in RULE_CASES])
 def test_rules_accept_the_float32_model(case, block_n):
-    R.run_case(case, R.fp32_model(block_n), device="cpu", block_n=block_n)
+    S.run_case(case, F.fp32_model(block_n), device="cpu", block_n=block_n)
 
 
 BROKEN = [("P not rounded", dict(round_p_to_input=False), 128, "differ from the same-boundary"),
@@ -341,57 +357,57 @@ BROKEN = [("P not rounded", dict(round_p_to_input=False), 128, "differ from the 
 
 @pytest.mark.parametrize("change,block_n,why", [b[1:] for b in BROKEN], ids=[b[0] for b in BROKEN])
 def test_rules_reject_a_broken_model(change, block_n, why):
-    model = R.fp32_model(**dict(dict(block_n=128), **change))
+    model = F.fp32_model(**dict(dict(block_n=128), **change))
     with pytest.raises(AssertionError, match=why):
-        R.run_case(R.Case("bf16", 2, 3, 300, 333, lse=True), model, device="cpu", block_n=block_n)
+        S.run_case(C.Case("bf16", 2, 3, 300, 333, lse=True), model, device="cpu", block_n=block_n)
 
 
 def test_rules_reject_nan_and_nonzero_empty_rows():
-    case = R.Case("bf16", 1, 2, 40, 70, mask="random", lse=True)
+    case = C.Case("bf16", 1, 2, 40, 70, mask="random", lse=True)
     q, k, v, mask = _case_tensors(case)
-    out, lse = R.fp32_model(128)(q, k, v, attn_mask=mask, return_lse=True)
-    R.check_output(out, lse, q, k, v, mask)
+    out, lse = F.fp32_model(128)(q, k, v, attn_mask=mask, return_lse=True)
+    rules.check_output(out, lse, q, k, v, mask, model=R.HOPPER)
     bad = out.clone()
     bad[0, 1, 5, 3] = float("nan")
     with pytest.raises(AssertionError, match="NaN"):
-        R.check_output(bad, lse, q, k, v, mask)
+        rules.check_output(bad, lse, q, k, v, mask, model=R.HOPPER)
     bad = out.clone()
     bad[0, 0, 0, 0] = 1e-3  # row 0 has no key
     with pytest.raises(AssertionError, match="no key"):
-        R.check_output(bad, lse, q, k, v, mask)
+        rules.check_output(bad, lse, q, k, v, mask, model=R.HOPPER)
     bad_lse = lse.clone()
     bad_lse[0, 0, 0] = 0.0
     with pytest.raises(AssertionError, match="LSE"):
-        R.check_output(out, bad_lse, q, k, v, mask)
+        rules.check_output(out, bad_lse, q, k, v, mask, model=R.HOPPER)
 
 
 def test_scenarios_accept_the_float32_model():
-    model, causal = R.fp32_model(128), R.Case("bf16", 1, 2, 150, 150, causal=True, lse=True)
-    masked = R.Case("f16", 2, 2, 70, 90, mask="transposed", lse=True)
-    R.check_nan_padding(masked, model, "cpu")
-    R.check_future_perturbation(causal, model, (0, 63, 64, 149), "cpu")
-    R.check_repeatable(masked, model, 3, "cpu")
-    R.check_transposed_layout(masked, model, "cpu", 128)
-    R.check_empty(model, device="cpu")
-    R.check_canary(masked, R.model_launch(128), "cpu")
+    model, causal = F.fp32_model(128), C.Case("bf16", 1, 2, 150, 150, causal=True, lse=True)
+    masked = C.Case("f16", 2, 2, 70, 90, mask="transposed", lse=True)
+    S.check_nan_padding(masked, model, "cpu")
+    S.check_future_perturbation(causal, model, (0, 63, 64, 149), "cpu")
+    S.check_repeatable(masked, model, 3, "cpu")
+    S.check_transposed_layout(masked, model, "cpu", 128)
+    S.check_empty(model, device="cpu")
+    S.check_canary(masked, F.model_launch(128), "cpu")
 
 
 def test_scenarios_reject_broken_implementations():
-    model = R.fp32_model(128)
-    causal = R.Case("bf16", 1, 1, 100, 100, causal=True)
+    model = F.fp32_model(128)
+    causal = C.Case("bf16", 1, 1, 100, 100, causal=True)
 
     def leaks_future(q, k, v, attn_mask=None, is_causal=False, scale=None, return_lse=False):
         return model(q, k, v, attn_mask, False, scale, return_lse)
 
     with pytest.raises(AssertionError, match="changed outputs"):
-        R.check_future_perturbation(causal, leaks_future, (10,), "cpu")
+        S.check_future_perturbation(causal, leaks_future, (10,), "cpu")
 
     def writes_past_the_end(q, k, v, attn_mask, is_causal, scale, out, lse):
-        R.model_launch(128)(q, k, v, attn_mask, is_causal, scale, out, lse)
+        F.model_launch(128)(q, k, v, attn_mask, is_causal, scale, out, lse)
         out.as_strided((1,), (1,), out.storage_offset() - 1).fill_(0)
 
     with pytest.raises(AssertionError, match="outside"):
-        R.check_canary(R.Case("bf16", 1, 1, 20, 30), writes_past_the_end, "cpu")
+        S.check_canary(C.Case("bf16", 1, 1, 20, 30), writes_past_the_end, "cpu")
 
     def reads_padding(q, k, v, attn_mask=None, is_causal=False, scale=None, return_lse=False):
         """Reads one key row past n_k where the buffer has one (a NaN row when padded)."""
@@ -402,24 +418,24 @@ def test_scenarios_reject_broken_implementations():
         return model(q, k, v, attn_mask, is_causal, scale, return_lse)
 
     with pytest.raises(AssertionError, match="NaN padding"):
-        R.check_nan_padding(R.Case("bf16", 1, 1, 20, 30), reads_padding, "cpu")
+        S.check_nan_padding(C.Case("bf16", 1, 1, 20, 30), reads_padding, "cpu")
 
 
 def test_recorded_launches_restores_the_kernel():
-    with R.recorded_launches() as seen:
+    with S.recorded_launches() as seen:
         assert launch.attention_fwd_sm90 is not attention_fwd_sm90
     assert launch.attention_fwd_sm90 is attention_fwd_sm90 and seen == []
 
 
 def test_case_inputs_are_reproducible_and_as_described():
-    case = R.Case("bf16", 2, 3, 50, 60, inputs="large", mask="keys")
-    a, b = R.make_inputs(case, "cpu"), R.make_inputs(case, "cpu")
+    case = C.Case("bf16", 2, 3, 50, 60, inputs="large", mask="keys")
+    a, b = C.make_inputs(case, "cpu"), C.make_inputs(case, "cpu")
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     q, k, _, mask = a
     s = (q.double() @ k.double().transpose(-1, -2)) / 8
     assert 2.5e4 < float(s.abs().max()) < 3.5e4
     assert mask.shape == (2, 1, 1, 60) and not bool(mask[0].any()) and bool(mask[1].all())
-    q, k, _, _ = R.make_inputs(R.Case("f16", 1, 1, 4, 4, inputs="large_uniform"), "cpu")
+    q, k, _, _ = C.make_inputs(C.Case("f16", 1, 1, 4, 4, inputs="large_uniform"), "cpu")
     assert bool(((q.double() @ k.double().transpose(-1, -2)) / 8 == 3e4).all())
 
 
@@ -448,9 +464,9 @@ def test_check_without_a_gpu_fails_with_a_reason(capsys):
 def test_former_failures_in_the_model():
     """Constant inputs pass now that the exponent is ex2((s - m) c); scale <= 0 still fails in the
     bare kernel arithmetic, which is why the entry point maps it to a positive scale."""
-    for case in R.CONSTANT_CASES:
-        R.run_case(case, R.fp32_model(128), device="cpu", block_n=128)
-    for case in R.NONPOSITIVE_SCALE_CASES:
+    for case in C.CONSTANT_CASES:
+        S.run_case(case, F.fp32_model(128), device="cpu", block_n=128)
+    for case in C.NONPOSITIVE_SCALE_CASES:
         with pytest.raises(AssertionError):
-            R.run_case(case, R.fp32_model(128), device="cpu", block_n=128)
+            S.run_case(case, F.fp32_model(128), device="cpu", block_n=128)
     assert math.isclose(R.resolve_scale(None, 64), 0.125)

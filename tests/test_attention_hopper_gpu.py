@@ -1,11 +1,11 @@
 """The Hopper attention kernel on an H100/H200: numerics and behaviour.
 
-Every numerics case goes through ``attention_reference.check_output``: no NaN/inf for finite
-inputs; rows with no key exactly 0 with LSE -inf; within 2 x torch's same-dtype error of an
+Every numerics case goes through ``rules.check_output`` (the Hopper kernel's model): no NaN/inf
+for finite inputs; rows with no key exactly 0 with LSE -inf; within 2 x torch's same-dtype error of an
 FP64 oracle (+ 2^-10 max|v|); within one output rounding plus one P-rounding "flip" of a
 same-boundary reference that rounds P per key tile of the launcher's BLOCK_N, and (over >= 256
 rows) differing from that reference rounded in few outputs; LSE against the oracle. The
-docstring of kernels/attention_reference.py derives the tolerances. Beyond numerics: NaN
+docstring of kernels/attention/rules.py derives the tolerances. Beyond numerics: NaN
 padding past N and D changes no bit; the low-level launcher writes every element of a strided
 output view and nothing around it; causal outputs ignore future keys bit-for-bit; 100 runs are
 bit-identical; (B, N, H, D) memory works; empty inputs launch nothing; a CUDA graph and a side
@@ -30,7 +30,10 @@ import torch
 
 from conftest import requires_sm90
 from tylopy_kernels.attention import hopper_launch as launch
-from tylopy_kernels.attention import reference as R
+from tylopy_kernels.attention import cases as C
+from tylopy_kernels.attention import rules
+from tylopy_kernels.attention import scenarios as S
+from tylopy_kernels.attention.reference import HOPPER
 from tylopy_kernels.attention import attention
 
 try:
@@ -41,7 +44,7 @@ except ImportError:  # CPU CI: the marker would be unknown there
 
 pytestmark = [pytest.mark.gpu, requires_sm90, *_TIMEOUT]
 
-Case = R.Case
+Case = C.Case
 
 
 def _ids(cases):
@@ -49,14 +52,14 @@ def _ids(cases):
 
 
 def _run(case):
-    msg = R.run_case(case, attention)  # raises unless the Hopper kernel ran (recorded launch)
+    msg = S.run_case(case, attention)  # raises unless the Hopper kernel ran (recorded launch)
     torch.cuda.synchronize()
     return msg
 
 
 # -- numerics --------------------------------------------------------------------------------------
 
-SHAPES = R.shape_cases()
+SHAPES = C.shape_cases()
 
 
 @pytest.mark.parametrize("case", SHAPES, ids=_ids(SHAPES))
@@ -64,7 +67,7 @@ def test_shapes(case):
     _run(case)
 
 
-SPECIAL = R.special_cases()
+SPECIAL = C.special_cases()
 
 
 @pytest.mark.parametrize("case", SPECIAL, ids=_ids(SPECIAL))
@@ -73,12 +76,12 @@ def test_special_inputs(case):
     _run(case)
 
 
-@pytest.mark.parametrize("case", R.CONSTANT_CASES, ids=_ids(R.CONSTANT_CASES))
+@pytest.mark.parametrize("case", C.CONSTANT_CASES, ids=_ids(C.CONSTANT_CASES))
 def test_constant_inputs(case):
     _run(case)
 
 
-@pytest.mark.parametrize("case", R.NONPOSITIVE_SCALE_CASES, ids=_ids(R.NONPOSITIVE_SCALE_CASES))
+@pytest.mark.parametrize("case", C.NONPOSITIVE_SCALE_CASES, ids=_ids(C.NONPOSITIVE_SCALE_CASES))
 def test_nonpositive_scale(case):
     _run(case)
 
@@ -90,16 +93,16 @@ def test_fully_masked_rows(dtype):
     mask = torch.rand(150, 150, generator=g, device="cuda") > 0.5
     dead = [0, 5, 63, 64, 77, 127, 128, 149]
     mask[dead] = False
-    with R.recorded_launches() as launches:
+    with S.recorded_launches() as launches:
         out, lse = attention(q, k, v, attn_mask=mask, return_lse=True)
     assert bool((out[:, :, dead] == 0).all()) and bool((lse[:, :, dead] == float("-inf")).all())
-    R.check_output(out, lse, q, k, v, mask, block_n=launches[-1]["BLOCK_N"])
+    rules.check_output(out, lse, q, k, v, mask, model=HOPPER.replace(block_n=launches[-1]["BLOCK_N"], lse=True))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
 def test_empty_inputs_launch_nothing(dtype):
-    with R.recorded_launches() as launches:
-        R.check_empty(attention, dtype)
+    with S.recorded_launches() as launches:
+        S.check_empty(attention, dtype)
     torch.cuda.synchronize()
     assert not launches
 
@@ -112,7 +115,7 @@ PADDING = [Case("bf16", 2, 3, 113, 203, mask="random", lse=True), Case("f16", 1,
 
 @pytest.mark.parametrize("case", PADDING, ids=_ids(PADDING))
 def test_nan_padding_changes_nothing(case):
-    R.check_nan_padding(case, attention)
+    S.check_nan_padding(case, attention)
 
 
 CANARY = [Case("bf16", 1, 2, 300, 300, causal=True, lse=True), Case("f16", 2, 3, 113, 203, mask="transposed", lse=True),
@@ -121,7 +124,7 @@ CANARY = [Case("bf16", 1, 2, 300, 300, causal=True, lse=True), Case("f16", 2, 3,
 
 @pytest.mark.parametrize("case", CANARY, ids=_ids(CANARY))
 def test_every_output_written_and_nothing_else(case):
-    R.check_canary(case, launch.launch_hopper)
+    S.check_canary(case, launch.launch_hopper)
 
 
 LAYOUTS = [Case("bf16", 2, 3, 113, 203, lse=True), Case("f16", 2, 4, 300, 300, causal=True),
@@ -130,7 +133,7 @@ LAYOUTS = [Case("bf16", 2, 3, 113, 203, lse=True), Case("f16", 2, 4, 300, 300, c
 
 @pytest.mark.parametrize("case", LAYOUTS, ids=_ids(LAYOUTS))
 def test_bnhd_memory_viewed_as_bhnd(case):
-    R.check_transposed_layout(case, attention)
+    S.check_transposed_layout(case, attention)
 
 
 # -- causality, repeatability, streams, graphs ------------------------------------------------------------
@@ -141,7 +144,7 @@ FUTURE = [(Case("bf16", 1, 2, 300, 300, causal=True, lse=True), (0, 1, 63, 64, 1
 
 @pytest.mark.parametrize("case,cuts", FUTURE, ids=_ids([c for c, _ in FUTURE]))
 def test_causal_ignores_future_keys(case, cuts):
-    R.check_future_perturbation(case, attention, cuts)
+    S.check_future_perturbation(case, attention, cuts)
 
 
 REPEAT = [Case("bf16", 2, 3, 1023, 1024), Case("f16", 1, 2, 2048, 2048, causal=True, lse=True),
@@ -150,17 +153,17 @@ REPEAT = [Case("bf16", 2, 3, 1023, 1024), Case("f16", 1, 2, 2048, 2048, causal=T
 
 @pytest.mark.parametrize("case", REPEAT, ids=_ids(REPEAT))
 def test_100_runs_bit_identical(case):
-    R.check_repeatable(case, attention, runs=100)
+    S.check_repeatable(case, attention, runs=100)
 
 
 def test_cuda_graph_capture_and_replay():
-    R.check_cuda_graph(Case("bf16", 2, 3, 300, 300, causal=True, lse=True), attention)
-    R.check_cuda_graph(Case("f16", 1, 2, 200, 333, mask="keys"), attention)
+    S.check_cuda_graph(Case("bf16", 2, 3, 300, 300, causal=True, lse=True), attention)
+    S.check_cuda_graph(Case("f16", 1, 2, 200, 333, mask="keys"), attention)
 
 
 def test_runs_on_the_current_stream():
-    R.check_side_stream(Case("bf16", 2, 3, 1023, 1024, lse=True), attention)
-    R.check_side_stream(Case("f16", 1, 2, 300, 257, mask="random"), attention)
+    S.check_side_stream(Case("bf16", 2, 3, 1023, 1024, lse=True), attention)
+    S.check_side_stream(Case("f16", 1, 2, 300, 257, mask="random"), attention)
 
 
 # -- other tile schedules -----------------------------------------------------------------------------
@@ -181,4 +184,4 @@ def test_other_schedules(case, override, monkeypatch):
     msg = _run(case)
     if "BLOCK_N" in override:
         assert f"BLOCK_N={override['BLOCK_N']}" in msg, msg
-    R.check_repeatable(case, attention, runs=5)
+    S.check_repeatable(case, attention, runs=5)

@@ -7,7 +7,8 @@
 * the ldmatrix addressing against the mma.sync B-operand table of the PTX ISA, and the swizzle's
   bank-conflict freedom;
 * input checks (no GPU is touched before them) and the arch choice;
-* when the CPU emulator is there: small launches checked against the checker's references.
+* when the CPU emulator is there: small launches checked against the shared references and pass
+  rules (``kernels/attention/reference.py``, ``rules.py``) with the portable kernel's model.
 """
 import math
 
@@ -16,7 +17,10 @@ import pytest
 import torch
 
 import tylopy as ty
-from tylopy_kernels.attention import check_portable as checker
+from tylopy_kernels.attention import cases
+from tylopy_kernels.attention import reference as R
+from tylopy_kernels.attention import rules
+from tylopy_kernels.attention import scenarios
 from tylopy_kernels.attention import portable as sa
 
 DTYPES = (ty.bf16, ty.f16)
@@ -269,13 +273,13 @@ def test_checks_dispatch(capsys):
 
 
 def test_checker_cases_cover_the_issue():
-    names = " ".join(c.name for c in checker.CASES)
+    names = " ".join(c.name for c in cases.PORTABLE_CASES)
     for n in (1, 2, 15, 17, 63, 65, 2047, 2048, 4096, 5000):
         assert f"N{n}-" in names
     for text in ("BN32", "BN64", "D16", "D32", "D64", "bf16", "f16", "causal", "uniform", "large", "mask",
                  "future", "seed", "poison", "rect", "bnhd"):
         assert text in names, text
-    assert len({c.name for c in checker.CASES}) == len(checker.CASES)
+    assert len({c.name for c in cases.PORTABLE_CASES}) == len(cases.PORTABLE_CASES)
 
 
 # -- emulated launches (the ld/st copy path), checked like the GPU checker checks -------------------------
@@ -289,12 +293,12 @@ def test_emulated_kernel_matches_the_references(name):
     emulate = pytest.importorskip("tylopy.emulate")
     if not hasattr(emulate, "emulate_kernel"):
         pytest.skip("tylopy.emulate has no emulate_kernel")
-    case = next(c for c in checker.CASES if c.name == name)
+    case = next(c for c in cases.PORTABLE_CASES if c.name == name)
     if case.kind == "seed":
-        q, k, v, mask, scale = checker.seed_example_inputs(case.D, case.dtype, case.block_n, True, "cpu")
+        q, k, v, mask, scale = cases.seed_example_inputs(case.head_dim, case.dtype, case.block_n, True, "cpu")
     else:
-        q, k, v, mask = checker.make_inputs(case, "cpu")
-        scale = checker._scale(case)
+        q, k, v, mask = cases.make_inputs(case, "cpu")
+        scale = case.resolved_scale
     B, H, n_q, D = q.shape
     n_k = k.shape[2]
     out = torch.full(q.shape, float("nan"), dtype=q.dtype)
@@ -315,10 +319,8 @@ def test_emulated_kernel_matches_the_references(name):
     if case.kind == "seed":
         assert (out.double() - 6.0).abs().max().item() < 1e-2
         return
-    sb = checker.reference_same_boundary(q, k, v, scale, case.block_n, case.causal, mask)
-    excess, err = checker.compare_same_boundary(out, sb)
-    assert excess <= 0, f"same-boundary error {err:.3e} exceeds the tolerance by {excess:.3e}"
-    ref64, lse64 = checker.reference_fp64(q, k, v, scale, case.causal, mask)
-    assert checker.compare_lse(lse, lse64, sb.score_abs) <= 0
-    half_ulp = checker.OUT_HALF_ULP[case.dtype]
-    assert (out.double() - ref64).abs().max().item() <= 8 * half_ulp * max(1.0, ref64.abs().max().item())
+    model = scenarios.portable_model(case).replace(lse=True)
+    rules.check_output(out, lse, q, k, v, mask, case.causal, scale, model, stats=False)
+    ref = R.oracle(q, k, v, mask, case.causal, scale)
+    half_ulp = R.UNIT_ROUNDOFF[q.dtype]
+    assert (out.double() - ref.out).abs().max().item() <= 8 * half_ulp * max(1.0, ref.out.abs().max().item())

@@ -6,15 +6,16 @@ import math
 import pytest
 import torch
 
-from tylopy_kernels.attention import check_portable as checker
+from tylopy_kernels.attention import cases
+from tylopy_kernels.attention import scenarios
 from tylopy_kernels.attention import portable as sa
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("case", checker.CASES, ids=[c.name for c in checker.CASES])
+@pytest.mark.parametrize("case", cases.PORTABLE_CASES, ids=[c.name for c in cases.PORTABLE_CASES])
 def test_checker_case(case):
-    ok, msg = checker.run_case(case)
+    ok, msg = scenarios.run_portable_case(case)
     assert ok, msg
 
 
@@ -22,12 +23,12 @@ def test_checker_case(case):
 @pytest.mark.parametrize("block_n", sa.BLOCK_NS)
 def test_seed_example_gives_6(head_dim, block_n):
     """Scores q.k * scale = [0, 0, log 2] and values [1, 3, 10]: every output is 6 (7 = a not rescaled)."""
-    q, k, v, mask, scale = checker.seed_example_inputs(head_dim, "bfloat16", block_n, False)
+    q, k, v, mask, scale = cases.seed_example_inputs(head_dim, "bfloat16", block_n, False)
     out = sa.streaming_attention(q, k, v, scale=scale, block_n=block_n)
     assert out.shape == (1, 1, 3, head_dim)
     torch.testing.assert_close(out.double(), torch.full_like(out.double(), 6.0), rtol=0, atol=1e-2)
     # the same numbers with the third key in the next tile: the maximum grows from 0 to log 2
-    q, k, v, mask, scale = checker.seed_example_inputs(head_dim, "bfloat16", block_n, True)
+    q, k, v, mask, scale = cases.seed_example_inputs(head_dim, "bfloat16", block_n, True)
     out = sa.streaming_attention(q, k, v, attn_mask=mask, scale=scale, block_n=block_n)
     torch.testing.assert_close(out.double(), torch.full_like(out.double(), 6.0), rtol=0, atol=1e-2)
 
@@ -36,14 +37,14 @@ def test_seed_example_gives_6(head_dim, block_n):
                                   "mask-qk-D64-lse", "ragged-rect-100x300-D32", "warps8-N300-D16-f16-causal"])
 def test_cp_async_path_matches_the_ld_st_path_bit_for_bit(name):
     """The emulator checks the ld/st copy path on the CPU; cp.async must put the same bytes in shared memory."""
-    case = next(c for c in checker.CASES if c.name == name)
-    q, k, v, mask = checker.make_inputs(case)
+    case = next(c for c in cases.PORTABLE_CASES if c.name == name)
+    q, k, v, mask = cases.make_inputs(case)
     outs = []
     for async_copy in (True, False):
         out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)
         lse = torch.full(q.shape[:3], float("nan"), device=q.device)
-        sa.launch_streaming(q, k, v, mask, case.causal, 1.0 / math.sqrt(case.D), out, lse, case.block_n, case.warps,
-                            async_copy=async_copy)
+        sa.launch_streaming(q, k, v, mask, case.causal, 1.0 / math.sqrt(case.head_dim), out, lse, case.block_n,
+                            case.warps, async_copy=async_copy)
         outs.append((out, lse))
     assert torch.equal(outs[0][0], outs[1][0])
     assert torch.equal(outs[0][1], outs[1][1])
