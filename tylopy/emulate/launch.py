@@ -42,6 +42,7 @@ class EmulationReport:
     warps_per_cta: int
     seconds: float
     notes: list = field(default_factory=list)
+    prints: list = field(default_factory=list)  # the texts ty.printf printed, in execution order
 
     def __str__(self):
         s = (f"emulated {self.kernel}: {len(self.ctas)} CTA(s) of grid {self.grid}, {self.warps_per_cta} warps each, "
@@ -222,4 +223,5 @@ def emulate_kernel(kernel, args, grid, **kwargs) -> EmulationReport:
             launch.cta_coords.append(coord)
             CTA(launch, coord, len(launch.cta_coords) - 1).run()
     nwarps = -(-prog.kir.launch.max_threads // 32)
-    return EmulationReport(kname, grid3, ctas, nwarps, time.perf_counter() - t0, launch.notes)
+    return EmulationReport(kname, grid3, ctas, nwarps, time.perf_counter() - t0, launch.notes,
+                           getattr(launch, "prints", []))
