@@ -254,3 +254,32 @@ def test_tma_store_misuse_is_an_error_at_the_user_line(case, words):
     with pytest.raises(KernelSourceError, match=words) as e:
         tma_misuse.compile(CASE=case)
     assert e.value.loc.lineno == line_of(HERE, f"tma {case}")
+
+
+# -- the portable attention: its cp.async path is the one emulated -----------------------------------------
+
+@pytest.mark.parametrize("causal", [0, 1])
+def test_portable_attention_cp_async_path_equals_its_ld_st_path(causal, emulated):
+    """Two k-tiles past the first ring turn, the last one ragged: the cp.async pipeline (the GPU's
+    path) and the plain ld/st pipeline give the same bits in the emulator."""
+    import math
+    import tylopy as ty
+    from tylopy_kernels.attention import portable
+    n, d = 150, 32
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 1, n, d, generator=gen).to(torch.bfloat16) for _ in range(3))
+    results = []
+    for async_copy in (True, False):
+        out, lse = torch.full_like(q, float("nan")), torch.full((1, 1, n), float("nan"))
+        portable.streaming_attention_fwd.emulate(
+            q.view(torch.int16), k.view(torch.int16), v.view(torch.int16), out.view(torch.int16), lse,
+            torch.zeros(16, dtype=torch.uint8), n, n, 1, 1 / math.sqrt(d), causal,
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], 0, 0, 0, 0,
+            grid=(-(-n // 32), 1, 1), DTYPE=ty.bf16, HEAD_DIM=d, BLOCK_N=32, WARPS=2, HAS_MASK=False,
+            RETURN_LSE=True, ASYNC_COPY=async_copy)
+        results.append((out, lse))
+    (o1, l1), (o2, l2) = results
+    assert torch.equal(o1.view(torch.int16), o2.view(torch.int16)) and torch.equal(l1, l2)
+    want = torch.softmax((q.double() @ k.double().transpose(-1, -2)) / math.sqrt(d)
+                         + (torch.full((n, n), -math.inf).triu(1) if causal else 0), dim=-1) @ v.double()
+    assert float((o1.double() - want).abs().max()) < 2e-2
