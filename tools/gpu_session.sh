@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: install, GPU tests, smoke checks, benchmarks. Logs and JSON land in $OUT.
-# Usage: bash tools/gpu_session.sh [tests|primitives|checks|sanitize|smoke|bench|bench_streaming|softmax|gemm|gemm_bench|gemm_bench_again|gemm_sweep|all ...]
+# Usage: bash tools/gpu_session.sh [tests|primitives|matrix|checks|sanitize|smoke|bench|bench_streaming|softmax|gemm|gemm_bench|gemm_bench_again|gemm_sweep|all ...]
 set -u
 OUT=${OUT:-/tmp/tylopy-out}
 mkdir -p "$OUT"
@@ -17,6 +17,11 @@ fi
 if [[ " $steps " == *" primitives "* ]]; then  # warp, atomic and debug primitives and their examples (not in all)
   timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_primitives_gpu.py tests/test_examples_reduce.py \
     2>&1 | tee "$OUT/pytest-primitives.log" | tail -25
+fi
+if [[ " $steps " == *" matrix "* ]]; then  # matrix/async-copy/rounding primitives and the mma.sync GEMM (not in all)
+  timeout 500 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_primitives_matrix_gpu.py \
+    tests/test_primitives_rounding.py tests/test_examples_gemm.py tests/test_streaming_attention_gpu.py \
+    2>&1 | tee "$OUT/pytest-matrix.log" | tail -25
 fi
 if want checks; then
   timeout 300 tylopy check attention 2>&1 | tee "$OUT/check-attention.log" | tail -3
