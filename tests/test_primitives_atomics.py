@@ -455,3 +455,16 @@ def test_bad_sem_scope_and_packed_arguments_name_the_argument():
     for which, text in enumerate(texts):
         with pytest.raises(ty.KernelSourceError, match=text.replace("(", "\\(").replace("+", "\\+")):
             bad.trace(WHICH=which)
+
+
+@pytest.mark.parametrize("case,other", [("unordered", "plain_store"), ("read", "unordered_read")])
+def test_races_are_caught_in_every_schedule(case, other):
+    for seed in range(6):  # random warp orders: the atomic's check or the plain access's check fires
+        with pytest.raises(ProtocolError) as e:
+            shared_race.emulate(np.zeros(64, np.uint32), grid=1, CASE=case, seed=seed)
+        msg = str(e.value)
+        assert f":{line_of(HERE, 'racing_atomic')} " in msg and f":{line_of(HERE, other)} " in msg, (seed, msg)
+    for seed in range(3):
+        out = np.zeros(64, np.uint32)
+        shared_race.emulate(out, grid=1, CASE="both", seed=seed)
+        assert (out == 5 + 64).all()
