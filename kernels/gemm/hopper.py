@@ -439,7 +439,7 @@ def gemm_sm90(
     DTYPE: ty.constexpr = ty.bf16, OUT_DTYPE: ty.constexpr = ty.bf16, A_MAJOR: ty.constexpr = "k",
     B_MAJOR: ty.constexpr = "n", BLOCK_M: ty.constexpr = 128, BLOCK_N: ty.constexpr = 256,
     STAGES: ty.constexpr = 4, SCHEDULE: ty.constexpr = "cooperative", GROUP_M: ty.constexpr = 8,
-    STORE: ty.constexpr = "direct", HAS_BIAS: ty.constexpr = False, BIAS_DTYPE: ty.constexpr = ty.f32,
+    STORE: ty.constexpr = "tma", HAS_BIAS: ty.constexpr = False, BIAS_DTYPE: ty.constexpr = ty.f32,
     EPILOGUE: ty.constexpr = None, REGISTERS: ty.constexpr = REGISTERS, SPLIT_K: ty.constexpr = 1,
 ):
     """C[m, n] = EPILOGUE(sum_k A[m, k] B[k, n] + bias[n]); one persistent CTA loops over tiles.
