@@ -490,7 +490,7 @@ def attention_bwd_sm90(
     mb_stride_b: ty.i64, mb_stride_h: ty.i64, mb_stride_row: ty.i64,
     DTYPE: ty.constexpr = ty.bf16, HEAD_DIM: ty.constexpr = 64, BLOCK_M: ty.constexpr = 128,
     STAGES: ty.constexpr = 2, HAS_MASK: ty.constexpr = False, DQ: ty.constexpr = "tma",
-    DQ_ORDER: ty.constexpr = "early", DK_SMEM: ty.constexpr = True,
+    DQ_ORDER: ty.constexpr = "early", DK_SMEM: ty.constexpr = False,
     Q_ORDER: ty.constexpr = ("n", "h", "b"), KV_ORDER: ty.constexpr = ("n", "h", "b"),
 ):
     """Grid (key blocks of 128, key/value heads, batch). ``n_heads`` counts query heads, ``group``

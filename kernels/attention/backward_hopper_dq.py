@@ -173,7 +173,7 @@ def consumer(smem, lay, prob, wg, dtype, head_dim, stages, has_mask, lse_log2, d
     store_rows(dq * prob.scale, dq_out, row0, prob.n_q, out_base, dq_strides[2], 0, dtype)
 
 
-def _smem_bytes(HEAD_DIM=64, BLOCK_N=128, STAGES=2, **_):
+def smem_bytes(HEAD_DIM=64, BLOCK_N=128, STAGES=2, **_):
     return Smem(HEAD_DIM, BLOCK_N, STAGES).total
 
 

@@ -33,9 +33,11 @@ from .backward_hopper import BLOCK_N, SUPPORTED, attention_bwd_sm90
 from .backward_hopper_aux import attention_bwd_dq_convert, attention_bwd_pack_mask, attention_bwd_preprocess
 from .backward_hopper_dq import BLOCK_M as DQ_BLOCK_M
 from .backward_hopper_dq import attention_bwd_dq_sm90
+from .backward_hopper_dq import smem_bytes as dq_smem_bytes
 from .common import mask_and_lse_args, placeholder
 
 HEAD_DIMS = (64, 128)
+MAX_SMEM = 232448             # dynamic shared memory a block may opt into on an H100/H200
 # Per head dim: the dK/dV kernel's query tile (BLOCK_M is tied to the head dim, see SUPPORTED)
 # and ring depth, and the deterministic dQ kernel's key tile and ring depth. Schedule choices only;
 # ``schedule=`` overrides any of them (bench_backward.py --sweep measures them).
@@ -48,6 +50,22 @@ SCHEDULE = {
 # With a user mask the consumers also hold its bits: dQ = dS K waits until dV and dK completed
 # (DQ_ORDER "serial"), which keeps them within 240 registers (other orders spill).
 MASKED_SCHEDULE = {"DQ_ORDER": "serial", "DK_SMEM": False}
+# The schedules ``bench_backward.py --sweep`` measures (no mask): every combination that ptxas
+# assembles without spills and that fits in shared memory (tests check both). Head dim 128 with
+# atomics spills (the accumulator's addressing needs registers the consumers lack), as do a few
+# early/late orders with dK read from shared memory; three stages with the TMA reduce need more
+# shared memory than an SM has at head dim 64.
+SWEEP = {
+    64: [dict(STAGES=st, DQ=dq, DQ_ORDER=order, DK_SMEM=dk)
+         for st, dq in ((2, "tma"), (2, "atomic"), (3, "atomic"))
+         for order in ("early", "late", "serial") for dk in (False, True)
+         if not (dq == "atomic" and order == "early" and dk)],
+    128: [dict(STAGES=st, DQ="tma", DQ_ORDER=order, DK_SMEM=dk)
+          for st in (2, 3) for order in ("early", "late", "serial") for dk in (False, True) if st == 3 or not dk],
+}
+# The deterministic dQ kernel's key tile and ring depth, where they fit in shared memory.
+DQ_SWEEP = {d: [dict(DQ_BLOCK_N=bn, DQ_STAGES=st) for bn in (64, 128) for st in (2, 3)
+                if dq_smem_bytes(HEAD_DIM=d, BLOCK_N=bn, STAGES=st) <= MAX_SMEM] for d in HEAD_DIMS}
 PAD = 128                     # L/delta rows are padded to a multiple of every query tile
 _DIMS = {"b": 0, "h": 1, "n": 2}
 _U32 = getattr(torch, "uint32", torch.int32)
