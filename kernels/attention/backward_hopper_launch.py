@@ -171,7 +171,8 @@ def _packed_mask(steps, mask_t, ms, B, H, n_q, n_k, n_pad, keys_on_rows, dev):
     rows, words = (k_pad, n_pad // 32) if keys_on_rows else (n_pad, k_pad // 32)
     planes_b = B if ms[0] != 0 else 1
     planes_h = H if ms[1] != 0 else 1
-    bits = torch.empty(planes_b * planes_h * rows * words, dtype=_U32, device=dev)
+    # int32 storage viewed as uint32: torch's uint32 lacks most kernels (fills) on some builds.
+    bits = torch.empty(planes_b * planes_h * rows * words, dtype=torch.int32, device=dev).view(_U32)
     steps.append(Step(attention_bwd_pack_mask, (-(-rows * words // 128), planes_h, planes_b),
                       (mask_t, bits, n_q, n_k, rows, words, *ms), dict(KEYS_ON_ROWS=keys_on_rows)))
     plane = rows * words
@@ -209,7 +210,7 @@ def plan_backward_hopper(q, k, v, out, dout, lse, dq, dk, dv, *, is_causal, scal
     steps = [Step(attention_bwd_preprocess, (n_pad // (128 // (D // 8)), H, B),
                   (out.view(i16), dout.view(i16), lse, delta, lse_log2, n_q, H, n_pad, *out.stride()[:3],
                    *dout.stride()[:3], *lse.stride()), dict(DTYPE=dtype, HEAD_DIM=D))]
-    no_bits = (placeholder(dev, _U32), (0, 0, 0))
+    no_bits = (placeholder(dev, torch.int32).view(_U32), (0, 0, 0))
     if masked:
         mask_t, ms, _ = mask_and_lse_args(attn_mask, None, B, H, n_q, n_k, dev)
         kv_bits = _packed_mask(steps, mask_t, ms, B, H, n_q, n_k, n_pad, True, dev)
