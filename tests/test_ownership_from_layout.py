@@ -46,3 +46,8 @@ def test_tiled_accumulator_over_warps_counts_its_warps():
     layout = ty.tiled_mma_c(1, 2, warps_m=2, warps_n=2)
     own = layout.ownership
     assert own.row_lanes == (1, 2) and own.row_warps == 2 and own.col_warps == 2
+
+
+def test_operand_b_layout_has_an_ownership():
+    own = ty.MMA_SYNC_B.ownership
+    assert own.row_lanes == (4, 8, 16) and own.col_lanes == (1, 2)

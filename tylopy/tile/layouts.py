@@ -51,8 +51,8 @@ class Ownership:
     row_length: int | None = None
 
     def __post_init__(self):
-        if self.kind not in ("local", "quad", "warp", "warpgroup", "reduced"):
-            raise LayoutError(f"Ownership kind expects local, quad, warp, warpgroup or reduced, but got {self.kind!r}")
+        if self.kind not in ("local", "quad", "warp", "warpgroup", "lanes", "reduced"):
+            raise LayoutError(f"Ownership kind expects local, quad, warp, warpgroup, lanes or reduced, but got {self.kind!r}")
         for m in self.row_lanes + self.col_lanes:
             if m not in (1, 2, 4, 8, 16):
                 raise LayoutError(f"Ownership lane masks expect powers of two below 32, but got {m}")
