@@ -55,7 +55,10 @@ def test_cache_dir_that_is_a_file(capsys, tmp_path, monkeypatch):
     blocker.write_text("x")
     monkeypatch.setenv("TYLOPY_CACHE_DIR", str(blocker))
     monkeypatch.delenv("TYLOPY_CACHE", raising=False)
-    for argv in (("dump", VECTOR_ADD), ("cache", "path"), ("cache", "explain", VECTOR_ADD)):
+    never_compiled = tmp_path / "cli_cache_victim.py"  # (a kernel compiled earlier in this process is in memory)
+    never_compiled.write_text("import tylopy as ty\n\n\n@ty.kernel(threads=32)\ndef victim(x: ty.ptr(ty.f32)):\n"
+                              "    x[0] = 2.0\n")
+    for argv in (("dump", str(never_compiled)), ("cache", "path"), ("cache", "explain", VECTOR_ADD)):
         line = one_line_error(capsys, *argv)
         assert str(blocker) in line and "TYLOPY_CACHE_DIR" in line, line
     with pytest.raises(cache.CacheUnavailable) as info:
@@ -68,7 +71,7 @@ def test_cache_dir_that_cannot_be_created(capsys, tmp_path, monkeypatch):
     blocker.write_text("x")
     monkeypatch.setenv("TYLOPY_CACHE_DIR", str(blocker / "sub"))
     monkeypatch.delenv("TYLOPY_CACHE", raising=False)
-    line = one_line_error(capsys, "dump", VECTOR_ADD)
+    line = one_line_error(capsys, "cache", "explain", VECTOR_ADD)
     assert "cannot be created" in line
 
 

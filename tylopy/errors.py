@@ -121,5 +121,9 @@ class LaunchValueError(TylopyError, ValueError):
     """A launch argument has a wrong value (device, size, shape); the message names the parameter."""
 
 
+class ArchMismatchError(TylopyError):
+    """A kernel's compiled target cannot run on the device it is launched on; the message says why."""
+
+
 class MbarrierTimeoutError(TylopyError):
     """A bounded mbarrier wait (debug mode) ran out; names the barrier, stage and phase."""

@@ -17,26 +17,27 @@ import functools
 import inspect
 import os
 import re
-import sys
-import textwrap
 import time
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..codegen.targets import SUPPORTED_ARCHS
-from ..errors import (CompileError, IRVerificationError, KernelSourceError, LaunchTypeError, LayoutError, ResourceLimitError,
-                      SourceLoc, TylopyError)
+from ..errors import (CompileError, IRVerificationError, KernelSourceError, LaunchTypeError, LayoutError,
+                      ResourceLimitError, TylopyError)
 from ..ir.printer import format_ir
 from ..ir.types import PointerType, ScalarType, TensorMapType, Type
 from ..ir.values import KernelIR, LaunchBounds, Param
 from ..ir.verify import verify
 from . import capture, tracing
-from .builder import Builder, _is_tylopy_file, code_location, user_location
+from .builder import Builder, user_location
+from .diagnostics import (constexpr_note, def_loc, innermost_user_frame, locate, lowering_error, param_loc, relocated,
+                          trace_error, verification_error, with_ptx_source_line)
 from .lang import NoAliasPointer, _Constexpr
 from .options import CompileOptions, environment_snapshot, from_environment
 from .proxy import RuntimeValue
 from .rewrite import rewrite_function, source_of
+from .tensor import TensorArg, TensorSpec, argument_dtype, dtype_of, expand_tensor_args
 
 __version__ = "0.2.0"
 DEFAULT_ARCH = "sm_90a"
@@ -46,39 +47,12 @@ MAX_FUNC_DEPTH = 64
 MAX_SPECIALIZATIONS_PER_KEY = 8  # in-memory entries per base key (one per set of read values)
 
 
-def _locate(fn: Callable, match: Callable[[ast.AST], bool]) -> SourceLoc:
-    """The position of the first node in ``fn``'s source that ``match`` accepts (else its ``def``)."""
-    code = getattr(fn, "__code__", None)
-    filename = code.co_filename if code else "?"
-    line = code.co_firstlineno if code else 0
-    try:
-        src, filename = source_of(fn)
-        dedented = textwrap.dedent(src)
-        indent = len(src.splitlines()[0]) - len(dedented.splitlines()[0])
-        fdef = ast.parse(dedented).body[0]
-        node = next((n for n in ast.walk(fdef) if match(n)), fdef)
-        lineno = line + node.lineno - 1
-        single = getattr(node, "end_lineno", None) == node.lineno
-        end = node.end_col_offset + indent if single else node.col_offset + indent + 3
-        return SourceLoc(filename, lineno, node.col_offset + indent, fn.__name__, end)
-    except (KernelSourceError, SyntaxError, IndexError, AttributeError):
-        return SourceLoc(filename, line, 0, getattr(fn, "__name__", ""))
-
-
-def _param_loc(fn: Callable, name: str) -> SourceLoc:
-    return _locate(fn, lambda n: isinstance(n, ast.arg) and n.arg == name)
-
-
-def _def_loc(fn: Callable) -> SourceLoc:
-    return _locate(fn, lambda n: False)
-
-
 def _param_kind(fn: Callable, name: str, ann) -> Any:
-    if isinstance(ann, (_Constexpr, ScalarType, PointerType, TensorMapType, NoAliasPointer)):
+    if isinstance(ann, (_Constexpr, ScalarType, PointerType, TensorMapType, NoAliasPointer, TensorSpec)):
         return ann
     raise KernelSourceError(
-        f"kernel parameter {name!r} expects an annotation such as ty.ptr(ty.f32), ty.i32, ty.f32, "
-        f"ty.tensormap or ty.constexpr, but got {ann!r}", _param_loc(fn, name))
+        f"kernel parameter {name!r} expects an annotation such as ty.ptr(ty.f32), ty.tensor(ty.f32, 2), ty.i32, "
+        f"ty.f32, ty.tensormap or ty.constexpr, but got {ann!r}", param_loc(fn, name))
 
 
 class func:
@@ -173,10 +147,10 @@ class Kernel:
         if not isinstance(self.name, str) or not _SYMBOL.match(self.name):
             raise KernelSourceError(
                 f"kernel name expects letters, digits and underscores, not starting with a digit (a PTX "
-                f"symbol), but got {self.name!r}", _def_loc(fn), hint="pass name='my_kernel' to @ty.kernel")
+                f"symbol), but got {self.name!r}", def_loc(fn), hint="pass name='my_kernel' to @ty.kernel")
         if arch not in SUPPORTED_ARCHS:
             raise KernelSourceError(f"arch expects one of {', '.join(SUPPORTED_ARCHS)}, but got {arch!r}",
-                                    _def_loc(fn))
+                                    def_loc(fn))
         self.threads = threads
         self.arch = arch
         self.min_blocks_per_sm = min_blocks_per_sm
@@ -187,16 +161,19 @@ class Kernel:
         for p in inspect.signature(fn).parameters.values():
             if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
                 raise KernelSourceError(f"kernel {self.name!r}: parameter {p.name!r} expects a plain positional "
-                                        f"parameter, but it is {p.kind.description}", _param_loc(fn, p.name),
+                                        f"parameter, but it is {p.kind.description}", param_loc(fn, p.name),
                                         hint="kernel parameters are passed by position at launch; constexprs "
                                              "are ordinary parameters annotated ty.constexpr")
             if p.name.startswith("__ty"):
                 raise KernelSourceError(f"kernel {self.name!r}: parameter names starting with '__ty' are reserved "
-                                        f"for tylopy's rewritten code, but got {p.name!r}", _param_loc(fn, p.name))
+                                        f"for tylopy's rewritten code, but got {p.name!r}", param_loc(fn, p.name))
             if p.annotation is inspect.Parameter.empty:
                 raise KernelSourceError(f"kernel {self.name!r}: parameter {p.name!r} needs a type annotation "
-                                        "(ty.ptr(ty.f32), ty.i32, ty.constexpr, ...)", _param_loc(fn, p.name))
+                                        "(ty.ptr(ty.f32), ty.i32, ty.constexpr, ...)", param_loc(fn, p.name))
             self.signature.append((p.name, _param_kind(fn, p.name, p.annotation), p.default))
+        runtime = [(n, k) for n, k, _ in self.signature if not isinstance(k, _Constexpr)]
+        # (position among the launch arguments, name) of the tensors whose dtype the argument decides
+        self._open_tensors = tuple((i, n) for i, (n, k) in enumerate(runtime) if isinstance(k, TensorSpec) and k.open)
         self.source_file = inspect.getsourcefile(fn) or fn.__code__.co_filename
         self._traceable = None
         self._compiled: dict[str, list[CompiledKernel]] = {}
@@ -223,12 +200,19 @@ class Kernel:
     # -- specialization ---------------------------------------------------------------------
     @property
     def runtime_params(self):
+        """The launch arguments: (name, type); a tensor's type is its ``TensorSpec``."""
         return [(n, k.type if isinstance(k, NoAliasPointer) else k) for n, k, _ in self.signature
                 if not isinstance(k, _Constexpr)]
 
+    def runtime_params_for(self, cx: dict):
+        """The launch arguments of one specialization (open tensor dtypes filled in from ``cx``)."""
+        return tuple((n, k.with_dtype(cx[n]) if isinstance(k, TensorSpec) and k.open else k)
+                     for n, k in self.runtime_params)
+
     @property
     def constexpr_names(self):
-        return [n for n, k, _ in self.signature if isinstance(k, _Constexpr)]
+        """The compile-time parameters, and the tensors whose dtype is chosen per specialization."""
+        return [n for n, k, _ in self.signature if isinstance(k, _Constexpr) or isinstance(k, TensorSpec) and k.open]
 
     def options(self) -> CompileOptions:
         """The compile options of a compile started now (the environment is read here)."""
@@ -237,6 +221,9 @@ class Kernel:
     def _constexprs(self, given: dict) -> dict:
         out = {}
         for n, k, default in self.signature:
+            if isinstance(k, TensorSpec) and k.open:
+                out[n] = self._tensor_dtype(n, given)
+                continue
             if not isinstance(k, _Constexpr):
                 continue
             if n in given:
@@ -245,14 +232,27 @@ class Kernel:
                 out[n] = default
             else:
                 raise LaunchTypeError(f"kernel {self.name!r}: compile-time parameter {n!r} needs a value "
-                                      f"(pass {n}=... at launch or compile); declared at {_param_loc(self.fn, n)}")
+                                      f"(pass {n}=... at launch or compile); declared at {param_loc(self.fn, n)}")
         unknown = set(given) - set(out)
         if unknown:
             raise LaunchTypeError(f"kernel {self.name!r} has no compile-time parameter {sorted(unknown)[0]!r}; "
-                                  f"its constexprs are {self.constexpr_names} (kernel defined at {_def_loc(self.fn)})")
+                                  f"its constexprs are {self.constexpr_names} (kernel defined at {def_loc(self.fn)})")
         return out
 
+    def _tensor_dtype(self, n: str, given: dict) -> ScalarType:
+        if n not in given:
+            raise LaunchTypeError(f"kernel {self.name!r}: tensor parameter {n!r} takes its dtype from the argument; "
+                                  f"to compile without arguments pass {n}=ty.f32 (or another dtype)")
+        t = dtype_of(given[n])
+        if t is None or t.is_bool or t.kind == "bits":
+            raise LaunchTypeError(f"kernel {self.name!r}: tensor parameter {n!r} expects a dtype such as ty.f32 or "
+                                  f"torch.bfloat16, but got {given[n]!r}")
+        return t
+
     def _launch_bounds(self, constexprs: dict) -> LaunchBounds:
+        open_names = {n for _, n in self._open_tensors}  # (tensor dtypes are not the user's functions' inputs)
+        constexprs = {n: v for n, v in constexprs.items() if n not in open_names}
+
         def resolve(what, x):
             try:
                 return x(**constexprs) if callable(x) else x
@@ -260,7 +260,7 @@ class Kernel:
                 raise
             except Exception as e:  # noqa: BLE001 - the user's function: report it at the kernel
                 raise trace_error(e, f"kernel {self.name!r}: computing {what} from the constexprs raised "
-                                     f"{type(e).__name__}: {e}", _def_loc(self.fn)) from None
+                                     f"{type(e).__name__}: {e}", def_loc(self.fn)) from None
         threads = resolve("threads", self.threads)
         if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 1024:
             raise ResourceLimitError(f"kernel {self.name!r}: threads per block expects 1..1024, but got {threads!r}")
@@ -285,6 +285,9 @@ class Kernel:
             if isinstance(k, _Constexpr):
                 args.append(cx[n])
                 continue
+            if isinstance(k, TensorSpec):
+                args.append(self._tensor_param(bld, n, k.with_dtype(cx[n]) if k.open else k, options, params))
+                continue
             noalias = isinstance(k, NoAliasPointer) or (options.noalias == "all" and isinstance(k, PointerType))
             t = k.type if isinstance(k, NoAliasPointer) else k
             v = bld.new_value(t, n)
@@ -297,21 +300,21 @@ class Kernel:
             except KernelSourceError as e:
                 if e.loc is not None:
                     raise
-                raise _relocated(e, _innermost_user_frame()) from None
+                raise relocated(e, innermost_user_frame()) from None
             except LayoutError as e:  # tile-library misuse: report it at the kernel line that did it
-                raise trace_error(e, str(e), _innermost_user_frame()) from None
+                raise trace_error(e, str(e), innermost_user_frame()) from None
             except TylopyError:
                 raise
             except RecursionError:
                 raise KernelSourceError(f"kernel {self.name!r}: tracing recursed too deeply (a function that calls "
-                                        "itself without a compile-time end?)", _innermost_user_frame()) from None
+                                        "itself without a compile-time end?)", innermost_user_frame()) from None
             except Exception as e:  # noqa: BLE001 - Python code in the kernel failed while tracing
-                raise trace_error(e, f"{type(e).__name__} while tracing kernel {self.name!r}{_constexpr_note(cx)}: "
-                                     f"{e}", _innermost_user_frame()) from None
+                raise trace_error(e, f"{type(e).__name__} while tracing kernel {self.name!r}{constexpr_note(cx)}: "
+                                     f"{e}", innermost_user_frame()) from None
             if out is not None:
                 raise KernelSourceError(f"kernel {self.name!r} returns {out!r}; kernels write their results "
                                         "through pointers and return nothing",
-                                        _locate(self.fn, lambda n: isinstance(n, ast.Return) and n.value is not None))
+                                        locate(self.fn, lambda n: isinstance(n, ast.Return) and n.value is not None))
         kir = KernelIR(name=self.name, params=tuple(params), body=bld.finish(), launch=bounds, arch=options.arch,
                        shared=tuple(bld.shared_allocs), dynamic_shared_bytes=bld.dynamic_shared_bytes,
                        dynamic_shared_align=bld.dynamic_shared_align, source_file=self.source_file,
@@ -320,8 +323,20 @@ class Kernel:
         try:
             verify(kir)
         except IRVerificationError as e:
-            raise _verification_error(e) from None
+            raise verification_error(e) from None
         return kir
+
+    @staticmethod
+    def _tensor_param(bld, name: str, spec: TensorSpec, options, params: list) -> TensorArg:
+        values = []
+        for i, (pname, t) in enumerate(spec.ir_params(name)):
+            v = bld.new_value(t, pname)
+            noalias = i == 0 and (spec.noalias or options.noalias == "all")
+            params.append(Param(pname, t, v, noalias))
+            values.append(RuntimeValue(v))
+        n = spec.ndim
+        strides = values[1 + n:] + ([1] if spec.contiguous else [])
+        return TensorArg(name, spec, values[0], values[1:1 + n], strides)
 
     def compile(self, **constexprs) -> CompiledKernel:
         """Compile (or fetch from the memory or disk cache) one specialization.
@@ -360,7 +375,7 @@ class Kernel:
         if found is not None:
             key, entry, resolved = found
             ck = CompiledKernel(self.name, options.arch, self._launch_bounds(cx).max_threads,
-                                tuple(self.runtime_params), cx, entry.ptx, entry.cubin, entry.report,
+                                self.runtime_params_for(cx), cx, entry.ptx, entry.cubin, entry.report,
                                 entry.dynamic_shared_bytes, key, from_cache=True, options=options,
                                 wait_sites=entry.wait_sites,
                                 _retrace=functools.partial(self.trace, options, **cx))
@@ -390,16 +405,16 @@ class Kernel:
         except TylopyError:
             raise
         except Exception as e:  # noqa: BLE001 - an op its type rule accepted but codegen cannot lower
-            raise _lowering_error(e) from None
+            raise lowering_error(e) from None
         optimized, ptx = optimize_and_emit(llvm_text, options.arch)
         ptx = annotate_source_lines(ptx, kir.source_file)
         try:
             cubin, report = assemble(ptx, options.arch, kernel=kir.name,
                                      dynamic_shared_bytes=kir.dynamic_shared_bytes)
         except (CompileError, ResourceLimitError) as e:
-            raise _with_ptx_source_line(e, ptx) from None
+            raise with_ptx_source_line(e, ptx) from None
         return CompiledKernel(self.name, options.arch, kir.launch.max_threads,
-                              tuple((p.name, p.type) for p in kir.params), cx, ptx, cubin, report,
+                              self.runtime_params_for(cx), cx, ptx, cubin, report,
                               kir.dynamic_shared_bytes, key, options=options, wait_sites=kir.wait_sites,
                               _ir=kir, _llvm_ir=llvm_text, _llvm_ir_optimized=optimized)
 
@@ -416,8 +431,16 @@ class Kernel:
         raise TypeError(f"kernel {self.name!r} is launched with a grid: {self.name}[grid](*args)")
 
     def emulate(self, *args, grid, **kwargs):
-        """Run the kernel on the CPU, lane by lane (see ``tylopy.emulate``)."""
+        """Run the kernel on the CPU, lane by lane (see ``tylopy.emulate``). Tensor arguments are CPU
+        torch tensors (or numpy arrays); a tensor of open dtype specializes on the argument's dtype."""
         from ..emulate import emulate_kernel
+        if any(isinstance(k, TensorSpec) for _, k in self.runtime_params):
+            kwargs = dict(kwargs)
+            for i, n in self._open_tensors:
+                if n not in kwargs and i < len(args):
+                    kwargs[n] = argument_dtype(self.name, n, args[i])
+            spec = {n: v for n, v in kwargs.items() if n in self.constexpr_names}
+            args = expand_tensor_args(self.name, self.runtime_params_for(self._constexprs(spec)), args)
         return emulate_kernel(self, args, grid, **kwargs)
 
 
@@ -429,91 +452,6 @@ def kernels_defined_in(path: str) -> list:
     return sorted(_defined.get(os.path.realpath(path), ()), key=lambda k: (k.fn.__code__.co_firstlineno, k.name))
 
 
-_TRACE_ERRORS: dict[type, type] = {}
-
-
-def trace_error(e: Exception, message: str, loc) -> KernelSourceError:
-    """A ``KernelSourceError`` for a Python exception raised by kernel code while tracing; it is
-    also an instance of the original class where Python allows (``except ValueError`` still works)."""
-    cls = type(e)
-    wrapped = _TRACE_ERRORS.get(cls)
-    if wrapped is None:
-        try:
-            wrapped = type(f"KernelSourceError[{cls.__name__}]", (KernelSourceError, cls), {})
-        except TypeError:  # an exception class with its own layout cannot be mixed in
-            wrapped = KernelSourceError
-        _TRACE_ERRORS[cls] = wrapped
-    try:
-        return wrapped(message, loc)
-    except TypeError:
-        return KernelSourceError(message, loc)
-
-
-def _lowering_error(e: Exception) -> KernelSourceError:
-    op = getattr(e, "tylopy_op", None)
-    if op is None:
-        return KernelSourceError(f"code generation failed: {type(e).__name__}: {e}")
-    types = ", ".join(str(v.type) for v in op.operands) or "no operands"
-    return KernelSourceError(f"{op.opcode} with operands ({types}) cannot be lowered: {type(e).__name__}: {e}", op.loc,
-                             hint="this combination passed the op's type rule but has no lowering; use another "
-                                  "type (e.g. ty.cast to f32) and report it as a tylopy bug")
-
-
-_PTX_LINE = re.compile(r"\.ptx, line (\d+)")
-_PTX_SOURCE = re.compile(r"^\s*// (\S+):(\d+)  ")
-
-
-def _with_ptx_source_line(e: Exception, ptx: str) -> Exception:
-    """ptxas names a PTX line; add the kernel source line that produced it (from the PTX comments)."""
-    m = _PTX_LINE.search(str(e))
-    if m is None:
-        return e
-    lines = ptx.splitlines()[:int(m.group(1))]
-    for line in reversed(lines):
-        src = _PTX_SOURCE.match(line)
-        if src:
-            e.args = (f"{e.args[0] if e.args else e} (PTX line {m.group(1)} comes from {src.group(1)}:"
-                      f"{src.group(2)})",) + tuple(e.args[1:])
-            break
-    return e
-
-
-def _relocated(e: KernelSourceError, loc) -> KernelSourceError:
-    """The same error at ``loc`` (raised by library code that did not know the kernel line)."""
-    try:
-        new = type(e)(e.message, loc, e.hint)
-    except TypeError:
-        new = KernelSourceError(e.message, loc, e.hint)
-    new.__cause__ = e.__cause__
-    return new
-
-
-def _verification_error(e: IRVerificationError) -> KernelSourceError:
-    detail = getattr(e, "detail", str(e))
-    hint = None
-    if "not defined in an enclosing scope" in detail:
-        hint = ("a value made inside a run-time if or loop was kept in a Python object and used outside it; "
-                "names, lists, tuples, dicts and tile objects are carried out of run-time regions, other objects "
-                "(attributes of plain classes, globals) are not: assign the value to a name instead")
-    return KernelSourceError(f"the traced IR is invalid: {detail}", getattr(e, "loc", None), hint)
-
-
-def _constexpr_note(cx: dict) -> str:
-    return f" with {', '.join(f'{k}={v!r}' for k, v in cx.items())}" if cx else ""
-
-
-def _innermost_user_frame() -> SourceLoc | None:
-    """The innermost frame of the exception being handled that is the user's code."""
-    tb = sys.exc_info()[2]
-    found = None
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        if not _is_tylopy_file(code.co_filename) and not code.co_filename.startswith("<"):
-            found = code_location(code, tb.tb_lasti, tb.tb_lineno)
-        tb = tb.tb_next
-    return found
-
-
 class _BoundLaunch:
     __slots__ = ("kernel", "grid")
 
@@ -521,7 +459,12 @@ class _BoundLaunch:
         self.kernel, self.grid = kernel, grid
 
     def __call__(self, *args, stream=None, **constexprs):
-        ck = self.kernel.compile(**constexprs)
+        k = self.kernel
+        if k._open_tensors:
+            for i, n in k._open_tensors:  # a tensor's dtype picks the specialization
+                if i < len(args):
+                    constexprs[n] = argument_dtype(k.name, n, args[i])
+        ck = k.compile(**constexprs)
         grid = self.grid(constexprs) if callable(self.grid) else self.grid
         return ck.launcher().launch(grid, args, stream)
 

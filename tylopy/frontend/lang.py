@@ -15,6 +15,7 @@ from ..ir.types import (PointerType, ScalarType, TensorMapType, b32, bf16, f16, 
 from ..ir.values import SharedAlloc
 from .builder import KernelResourceError, current_builder
 from .proxy import RuntimeValue, as_value, emit, emit1
+from .tensor import TensorArg, tensor  # noqa: F401  (tensor parameters)
 from .tracing import range, static_range  # noqa: F401  (kernel-visible)
 
 Value = RuntimeValue  # what kernel code holds for a run-time value
@@ -27,7 +28,7 @@ __all__ = [
     "select", "cast", "bitcast", "pack2", "unpack2", "load", "store", "shared", "dynamic_shared",
     "add", "sub", "mul", "div", "ROUNDINGS",
     "ptr_cast", "address", "syncthreads", "barrier_sync", "barrier_arrive", "shfl_xor", "shfl_idx",
-    "shfl_down", "shfl_up", "inline_ptx", "range", "static_range", "elect_one",
+    "shfl_down", "shfl_up", "inline_ptx", "range", "static_range", "elect_one", "tensor", "TensorArg",
 ]
 
 

@@ -1,19 +1,31 @@
-"""One checked door to cuda.bindings.driver.
+"""One checked door to cuda.bindings.driver, and the CUDA context a launch runs in.
 
 Every call goes through ``call``, whose error names the call, the decoded CUresult and the
 kernel. On a machine without the driver the first call raises ``NoDriverError``.
+
+Contexts: a kernel's module is loaded into the primary context of the device its tensors live
+on (the context torch uses), and a launch makes that context current first (``use_device``):
+a tensor on ``cuda:1`` launches in device 1's context even while ``cuda:0`` is torch's current
+device. With one visible device the context is set once per thread; with several it is
+checked on every launch (one ``cuCtxGetCurrent``). The torch hooks (``current_device``,
+``current_stream``) and ``driver`` are module attributes, so tests can replace them.
 """
 from __future__ import annotations
 
 import functools
+import threading
 
 from ..errors import DriverError, NoDriverError
 
 
 @functools.lru_cache(maxsize=None)
-def driver():
+def _cuda_bindings():
     from cuda.bindings import driver as d  # imports fine without a driver; the first call fails
     return d
+
+
+def driver():
+    return _cuda_bindings()
 
 
 def _result_name(d, err) -> str:
@@ -44,25 +56,95 @@ def call(name: str, *args, kernel: str | None = None):
     return rest[0] if len(rest) == 1 else rest
 
 
-_context_ready: set[int] = set()
+# -- torch's view of the devices (replaceable in tests) ------------------------------------------------
+
+def current_device() -> int:
+    import torch
+    return torch.cuda.current_device()
+
+
+def current_stream(device: int) -> int:
+    """The raw handle of torch's current stream on ``device``."""
+    import torch
+    return torch._C._cuda_getCurrentRawStream(device)
+
+
+@functools.lru_cache(maxsize=None)
+def device_count() -> int:
+    return int(call("cuDeviceGetCount"))
+
+
+# -- contexts -------------------------------------------------------------------------------------
+
+_primary: dict[int, object] = {}  # device index -> its primary CUcontext (retained once)
+_thread = threading.local()
+
+
+def primary_context(device: int):
+    """The primary context of ``device`` (the one torch uses), created if torch has not yet."""
+    ctx = _primary.get(device)
+    if ctx is None:
+        try:
+            import torch
+            torch.cuda.init()
+            with torch.cuda.device(device):
+                torch.cuda.current_stream()  # torch creates the primary context it will use
+        except Exception:  # noqa: BLE001 - without torch the driver's primary context is the same one
+            pass
+        call("cuInit", 0)
+        dev = call("cuDeviceGet", device)
+        ctx = _primary[device] = call("cuDevicePrimaryCtxRetain", dev)
+    return ctx
+
+
+_single: list = []  # [True] when the process sees exactly one device (decided at the first launch)
+_one = [False]  # the same as a plain flag for the launch path
+
+
+def use_device(device: int) -> None:
+    """Make ``device``'s primary context current on this thread (a no-op when it already is)."""
+    if _one[0] and getattr(_thread, "device", None) == device:
+        return  # one device, and this thread already made its context current
+    if getattr(_thread, "device", None) == device and (_one_device() or _current_is(device)):
+        return
+    ctx = primary_context(device)
+    if not _current_is(device):
+        call("cuCtxSetCurrent", ctx)
+    _thread.device = device
+
+
+def _current_is(device: int) -> bool:
+    ctx = _primary.get(device)
+    return ctx is not None and int(call("cuCtxGetCurrent") or 0) == int(ctx)
+
+
+def _one_device() -> bool:
+    if not _single:
+        try:
+            _single.append(device_count() == 1)
+        except Exception:  # noqa: BLE001 - count unknown: check the context every time
+            _single.append(False)
+        _one[0] = _single[0]
+    return _single[0]
+
+
+def forget_contexts() -> None:
+    """Drop what this module remembers about contexts (tests that swap the driver call it)."""
+    _primary.clear()
+    _single.clear()
+    _one[0] = False
+    device_count.cache_clear()
+    device_attribute.cache_clear()
+    if hasattr(_thread, "device"):
+        del _thread.device
 
 
 def ensure_context(device_index: int) -> None:
-    """Make torch's primary context for ``device_index`` current on this thread."""
-    if device_index in _context_ready:
-        return
-    import torch
-    torch.cuda.init()
-    with torch.cuda.device(device_index):
-        torch.cuda.current_stream()  # forces torch to create the primary context
-    call("cuInit", 0)
-    ctx = call("cuCtxGetCurrent")
-    if ctx is None or int(ctx) == 0:
-        dev = call("cuDeviceGet", device_index)
-        ctx = call("cuDevicePrimaryCtxRetain", dev)
-        call("cuCtxSetCurrent", ctx)
-    _context_ready.add(device_index)
+    """Older name of ``use_device`` (tensor maps and loading call it before driver work)."""
+    use_device(device_index)
 
+
+# -- device properties ------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)
 def device_attribute(device_index: int, attr_name: str) -> int:

@@ -1,20 +1,26 @@
-"""Argument checks, packing and ``cuLaunchKernelEx`` on torch's current stream.
+"""Argument checks, packing and ``cuLaunchKernel`` on torch's current stream.
 
-A ``Launcher`` is built once per compiled kernel: it turns the parameter list into a tuple of
-small packer functions, keeps one ``CUlaunchConfig`` and loads the module lazily per device.
-A launch then does only what must happen per call: check each argument, write it into a
-ctypes slot, point the void*[] at them, and call the driver. It never synchronizes.
+A ``Launcher`` is built once per compiled kernel: one packer per launch argument, and one
+preallocated ctypes slot per kernel parameter with a fixed ``void*[]`` pointing at them. A
+launch then does only what must happen per call: check each argument, write it into its slot,
+make the device's context current and call the driver. It allocates nothing on that path and
+never synchronizes. (Another thread launching the same kernel gets its own slots.)
+
+A tensor parameter (``ty.tensor``) fills 1 + 2 * ndim slots: pointer, shape, strides. The
+module is loaded per device; which image it loads (the cubin, or the PTX for the driver to
+compile) follows ``load_plan`` from the kernel's arch and the device's compute capability.
 """
 from __future__ import annotations
 
 import ctypes
 import operator
+import threading
 
-from ..errors import LaunchTypeError, LaunchValueError, ResourceLimitError
-from ..ir.types import PointerType, ScalarType, TensorMapType
+from ..codegen.targets import family
+from ..errors import ArchMismatchError, DriverError, LaunchTypeError, LaunchValueError, ResourceLimitError
+from ..frontend.tensor import TensorSpec, check_index_range
+from ..ir.types import PointerType, ScalarType, TensorMapType, int_range
 from . import driver as drv
-
-TensorMapSlot = None  # set to runtime.tensormap.TensorMap once a kernel takes a tensor map
 
 _INT_CTYPES = {"i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32, "i64": ctypes.c_int64,
                "u8": ctypes.c_uint8, "u16": ctypes.c_uint16, "u32": ctypes.c_uint32, "u64": ctypes.c_uint64,
@@ -31,75 +37,173 @@ def torch_dtype(t: ScalarType):
     return table[t.name]
 
 
-def _pointer_packer(kernel: str, name: str, t: PointerType):
-    import torch
-    want = torch_dtype(t.pointee)
+# -- which image runs on which device ------------------------------------------------------------------
 
-    def pack(x, device):
-        if not isinstance(x, torch.Tensor):
+def load_plan(arch: str, capability: tuple[int, int]) -> str:
+    """"cubin" when the kernel's machine code runs on a device of ``capability``, "ptx" when the
+    driver must compile the PTX for it (a newer major architecture); ``ArchMismatchError`` when
+    neither can run (an ``a`` target on another device, or a device older than the target)."""
+    major, minor = capability
+    want = family(arch)
+    if arch.endswith("a"):
+        if (major, minor) != want:
+            raise ArchMismatchError(
+                f"the kernel was compiled for {arch}, whose instructions (wgmma, setmaxnreg, ...) exist only on "
+                f"compute capability {want[0]}.{want[1]}, but the device is sm_{major}{minor}; compile it with "
+                f"arch='sm_{major}{minor}' if its source uses no {arch}-only instructions")
+        return "cubin"
+    if (major, minor) < want:
+        raise ArchMismatchError(f"the kernel was compiled for {arch}, but the device is sm_{major}{minor}, an older "
+                                f"architecture; compile it with arch='sm_{major}{minor}'")
+    return "cubin" if major == want[0] else "ptx"
+
+
+# -- packers: check one launch argument and write it into its slot(s) ------------------------------------
+
+def _device_of(kernel: str, name: str, x) -> int:
+    dev = x.get_device()
+    if dev < 0:
+        raise LaunchValueError(f"{kernel}: argument {name!r} expects a CUDA tensor, but got one on {x.device}")
+    return dev
+
+
+def _same_device(kernel: str, name: str, dev: int, device):
+    if device is not None and dev != device:
+        raise LaunchValueError(f"{kernel}: argument {name!r} is on cuda:{dev}, but the launch runs on cuda:{device} "
+                               "(the first tensor argument's device)")
+    return dev
+
+
+def _pointer_packer(kernel: str, name: str, t: PointerType, i: int):
+    import torch
+    Tensor, want = torch.Tensor, torch_dtype(t.pointee)
+
+    def checked(x, device):
+        if not isinstance(x, Tensor):
             raise LaunchTypeError(f"{kernel}: argument {name!r} expects a torch.Tensor of {want}, "
                                   f"but got {type(x).__name__}")
-        if x.dtype != want:
+        if x.dtype is not want:
             raise LaunchTypeError(f"{kernel}: argument {name!r} expects dtype {want}, but got {x.dtype}")
-        if x.device.type != "cuda":
-            raise LaunchValueError(f"{kernel}: argument {name!r} expects a CUDA tensor, but got one on {x.device}")
-        if device is not None and x.device.index != device:
-            raise LaunchValueError(f"{kernel}: argument {name!r} is on cuda:{x.device.index}, but the launch "
-                                   f"runs on cuda:{device}")
-        return x.device.index, ctypes.c_void_p(x.data_ptr())
+        return _same_device(kernel, name, _device_of(kernel, name, x), device)
+
+    def pack(x, slots, ptrs, device):
+        try:  # the common case first: a CUDA tensor of the right dtype on the launch's device
+            if x.dtype is want:
+                dev = x.get_device()
+                if dev == device or (device is None and dev >= 0):
+                    slots[i].value = x.data_ptr()
+                    return dev
+        except AttributeError:
+            pass
+        device = checked(x, device)
+        slots[i].value = x.data_ptr()
+        return device
     return pack
 
 
-def _scalar_packer(kernel: str, name: str, t: ScalarType):
+def _tensor_packer(kernel: str, name: str, spec: TensorSpec, i: int):
+    import torch
+    Tensor, want, n = torch.Tensor, torch_dtype(spec.dtype), spec.ndim
+    strides_passed = n - 1 if spec.contiguous else n
+    index64 = spec.index.bits == 64
+
+    def pack(x, slots, ptrs, device):
+        if not isinstance(x, Tensor):
+            raise LaunchTypeError(f"{kernel}: argument {name!r} expects a torch.Tensor, but got {type(x).__name__}")
+        if x.dtype is not want:
+            raise LaunchTypeError(f"{kernel}: argument {name!r} expects dtype {want}, but got {x.dtype}")
+        dev = x.get_device()
+        if dev != device:
+            device = _same_device(kernel, name, _device_of(kernel, name, x), device)
+        shape, stride = x.shape, x.stride()
+        if len(shape) != n:
+            raise LaunchValueError(f"{kernel}: argument {name!r} expects a {n}-D tensor, but got shape {tuple(shape)}")
+        if spec.contiguous and shape[-1] > 1 and stride[-1] != 1:
+            raise LaunchValueError(f"{kernel}: argument {name!r} is declared contiguous=True, but its last stride "
+                                   f"is {stride[-1]}")
+        if not index64:
+            check_index_range(kernel, name, spec, shape, stride)
+        slots[i].value = x.data_ptr()
+        for k in range(n):
+            slots[i + 1 + k].value = shape[k]
+        for k in range(strides_passed):
+            slots[i + 1 + n + k].value = stride[k]
+        return device
+    return pack
+
+
+def _scalar_packer(kernel: str, name: str, t: ScalarType, i: int):
     if t.is_float:
-        ct = _FLOAT_CTYPES.get(t.name)
-        if ct is None:
+        if t.name not in _FLOAT_CTYPES:
             raise LaunchTypeError(f"{kernel}: scalar parameter {name!r} of type {t} cannot be passed from Python")
 
-        def pack(x, device):
-            if isinstance(x, bool) or not isinstance(x, (int, float)):
+        def pack_float(x, slots, ptrs, device):
+            if type(x) is not float and (isinstance(x, bool) or not isinstance(x, (int, float))):
                 raise LaunchTypeError(f"{kernel}: argument {name!r} expects a Python float for {t}, "
                                       f"but got {type(x).__name__}")
-            return None, ct(x)
-        return pack
-    ct = _INT_CTYPES[t.name]
-    from ..ir.types import int_range
-    lo, hi = int_range(t)
-
-    def pack(x, device):
-        if t.is_bool:
+            slots[i].value = x
+            return device
+        return pack_float
+    if t.is_bool:
+        def pack_bool(x, slots, ptrs, device):
             if not isinstance(x, bool):
                 raise LaunchTypeError(f"{kernel}: argument {name!r} expects a bool, but got {type(x).__name__}")
-            return None, ct(x)
-        if isinstance(x, bool) or not isinstance(x, int):
+            slots[i].value = x
+            return device
+        return pack_bool
+    lo, hi = int_range(t)
+
+    def pack_int(x, slots, ptrs, device):
+        if type(x) is not int:
             import numbers
-            if not isinstance(x, numbers.Integral) or isinstance(x, bool):
+            if isinstance(x, bool) or not isinstance(x, numbers.Integral):
                 raise LaunchTypeError(f"{kernel}: argument {name!r} expects a Python int for {t}, "
                                       f"but got {type(x).__name__}")
             x = int(x)
         if not lo <= x <= hi:
             raise LaunchValueError(f"{kernel}: argument {name!r} expects a value in {lo}..{hi} ({t}), but got {x}")
-        return None, ct(x)
-    return pack
+        slots[i].value = x
+        return device
+    return pack_int
 
 
-def _tensormap_packer(kernel: str, name: str):
+def _tensormap_packer(kernel: str, name: str, i: int):
     from .tensormap import TensorMap
-    global TensorMapSlot
-    TensorMapSlot = TensorMap
 
-    def pack(x, device):
+    def pack(x, slots, ptrs, device):
         if not isinstance(x, TensorMap):
             raise LaunchTypeError(f"{kernel}: argument {name!r} expects a tylopy TensorMap, but got {type(x).__name__}")
         if device is not None and x.device != device:
             raise LaunchValueError(f"{kernel}: tensor map {name!r} describes memory on cuda:{x.device}, "
                                    f"but the launch runs on cuda:{device}")
-        return x.device, x  # the map's own 128 bytes are the parameter
+        ptrs[i] = x.getPtr()  # the map's own 128 bytes are the parameter
+        return x.device
     return pack
 
 
+def _slot_types(params) -> list:
+    """One ctypes type per kernel parameter (None for a tensor map: its own memory is passed)."""
+    out = []
+    for _, t in params:
+        if isinstance(t, TensorSpec):
+            idx = _INT_CTYPES[t.index.name]
+            out += [ctypes.c_void_p] + [idx] * t.ndim + [idx] * (t.ndim - 1 if t.contiguous else t.ndim)
+        elif isinstance(t, PointerType):
+            out.append(ctypes.c_void_p)
+        elif isinstance(t, TensorMapType):
+            out.append(None)
+        elif t.is_float:
+            out.append(_FLOAT_CTYPES.get(t.name, ctypes.c_float))
+        else:
+            out.append(_INT_CTYPES[t.name])
+    return out
+
+
 def check_grid(kernel: str, grid) -> tuple[int, int, int]:
-    if isinstance(grid, int):
+    t = type(grid)
+    if t is tuple and len(grid) == 1 and type(grid[0]) is int and 0 <= grid[0] < 2**31:
+        return grid[0], 1, 1  # the common case, without the general checks
+    if t is int:
         grid = (grid,)
     if not isinstance(grid, (tuple, list)) or not 1 <= len(grid) <= 3:
         raise LaunchTypeError(f"{kernel}: grid expects an int or a tuple of 1 to 3 ints, but got {grid!r}")
@@ -114,94 +218,132 @@ def check_grid(kernel: str, grid) -> tuple[int, int, int]:
     return g[0], g[1], g[2]
 
 
+class _Slots:
+    """One thread's parameter memory: a ctypes value per parameter and the void*[] pointing at them."""
+
+    __slots__ = ("values", "ptrs", "address")
+
+    def __init__(self, types):
+        self.values = [t() if t is not None else None for t in types]
+        self.ptrs = (ctypes.c_void_p * max(len(types), 1))(
+            *[ctypes.addressof(v) if v is not None else 0 for v in self.values])
+        self.address = ctypes.addressof(self.ptrs)
+
+
 class Launcher:
     def __init__(self, compiled):
         self.ck = compiled
         name = compiled.name
-        packers = []
+        packers, i = [], 0
         for pname, t in compiled.params:
+            if isinstance(t, TensorSpec):
+                packers.append(_tensor_packer(name, pname, t, i))
+                i += 1 + 2 * t.ndim - (1 if t.contiguous else 0)
+                continue
             if isinstance(t, PointerType):
-                packers.append(_pointer_packer(name, pname, t))
+                packers.append(_pointer_packer(name, pname, t, i))
             elif isinstance(t, TensorMapType):
-                packers.append(_tensormap_packer(name, pname))
+                packers.append(_tensormap_packer(name, pname, i))
             else:
-                packers.append(_scalar_packer(name, pname, t))
+                packers.append(_scalar_packer(name, pname, t, i))
+            i += 1
         self.packers = tuple(packers)
         self.names = tuple(p for p, _ in compiled.params)
+        self._types = _slot_types(compiled.params)
+        self._slots = _Slots(self._types)
+        self._owner = threading.get_ident()
+        self._local = threading.local()
         self._functions: dict[int, object] = {}
-        self._config = None
+        self._modules: dict[int, object] = {}
         self._streams: dict[int, object] = {}
+        self._d, self._success = None, None  # the driver module and its CUDA_SUCCESS, looked up once
         self._debug_record = self.DEBUG_RECORD if self.DEBUG_RECORD in compiled.ptx else None
-        self._ptr_array = ctypes.c_void_p * max(len(self.packers), 1)
 
-    def pack(self, args) -> tuple[int | None, list]:
+    def _thread_slots(self) -> _Slots:
+        if threading.get_ident() == self._owner:
+            return self._slots
+        slots = getattr(self._local, "slots", None)
+        if slots is None:
+            slots = self._local.slots = _Slots(self._types)
+        return slots
+
+    def pack(self, args, slots: _Slots | None = None) -> tuple[int | None, list]:
         """Check and pack every argument; needs no GPU. Returns (device index, ctypes values)."""
         if len(args) != len(self.packers):
             raise LaunchTypeError(f"{self.ck.name} expects {len(self.packers)} arguments "
                                   f"({', '.join(self.names)}), but got {len(args)}")
+        slots = slots or self._thread_slots()
+        values, ptrs = slots.values, slots.ptrs
         device = None
-        slots = []
         for pack, x in zip(self.packers, args):
-            dev, slot = pack(x, device)
-            if dev is not None:
-                device = dev
-            slots.append(slot)
-        return device, slots
+            device = pack(x, values, ptrs, device)
+        return device, values
 
     def function(self, device: int):
+        """The kernel's CUfunction on ``device``: its module loaded into that device's context."""
         f = self._functions.get(device)
-        if f is None:
-            drv.ensure_context(device)
-            ck = self.ck
-            image = ck.cubin if ck.cubin is not None else ck.ptx.encode() + b"\0"
-            module = drv.call("cuModuleLoadData", image, kernel=ck.name)
-            f = drv.call("cuModuleGetFunction", module, ck.name.encode(), kernel=ck.name)
-            smem = ck.dynamic_shared_bytes
-            if smem > 48 * 1024:
-                limit = drv.device_attribute(device, "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN")
-                if smem > limit:
-                    raise ResourceLimitError(f"{ck.name} asks for {smem} bytes of dynamic shared memory, "
-                                             f"but cuda:{device} allows {limit} per block")
-                d = drv.driver()
-                drv.call("cuFuncSetAttribute", f,
-                         d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem, kernel=ck.name)
-            self._module = module
-            self._functions[device] = f
+        if f is not None:
+            return f
+        image = self._image_for(device)
+        drv.use_device(device)
+        module = drv.call("cuModuleLoadData", image, kernel=self.ck.name)
+        f = drv.call("cuModuleGetFunction", module, self.ck.name.encode(), kernel=self.ck.name)
+        smem = self.ck.dynamic_shared_bytes
+        if smem > 48 * 1024:
+            limit = drv.device_attribute(device, "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN")
+            if smem > limit:
+                raise ResourceLimitError(f"{self.ck.name} asks for {smem} bytes of dynamic shared memory, "
+                                         f"but cuda:{device} allows {limit} per block")
+            d = drv.driver()
+            drv.call("cuFuncSetAttribute", f, d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                     smem, kernel=self.ck.name)
+        self._modules[device] = module
+        self._functions[device] = f
         return f
 
+    def _image_for(self, device: int) -> bytes:
+        ck = self.ck
+        try:
+            plan = load_plan(ck.arch, drv.compute_capability(device))
+        except ArchMismatchError as e:
+            raise ArchMismatchError(f"{ck.name} on cuda:{device}: {e}") from None
+        if plan == "cubin" and ck.cubin is not None:
+            return ck.cubin
+        return ck.ptx.encode() + b"\0"  # the driver compiles the PTX for this device
+
     def launch(self, grid, args, stream=None):
-        import torch
-        gx, gy, gz = check_grid(self.ck.name, grid)
-        device, slots = self.pack(args)
-        if device is None:
-            device = torch.cuda.current_device()
-        if gx * gy * gz == 0:
-            return  # an empty grid launches nothing
-        f = self.function(device)
-        d = drv.driver()
-        cfg = self._config
-        if cfg is None:
-            cfg = self._config = d.CUlaunchConfig()
-            cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = self.ck.threads, 1, 1
-            cfg.sharedMemBytes = self.ck.dynamic_shared_bytes
-            cfg.numAttrs = 0
-        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = gx, gy, gz
-        if stream is None:
-            handle = torch._C._cuda_getCurrentRawStream(device)
+        if type(grid) is tuple and len(grid) == 1 and type(grid[0]) is int and 0 < grid[0] < 2**31:
+            gx = gy = gz = 1
+            gx = grid[0]  # the common case, checked without the general path
         else:
-            handle = stream.cuda_stream if hasattr(stream, "cuda_stream") else int(stream)
+            gx, gy, gz = check_grid(self.ck.name, grid)
+        slots = self._slots if threading.get_ident() == self._owner else self._thread_slots()
+        if len(args) != len(self.packers):
+            self.pack(args, slots)  # raises the argument-count error
+        values, ptrs, device = slots.values, slots.ptrs, None
+        for pack, x in zip(self.packers, args):
+            device = pack(x, values, ptrs, device)
+        if device is None:
+            device = drv.current_device()
+        if gx == 0 or gy == 0 or gz == 0:
+            return  # an empty grid launches nothing
+        f = self._functions.get(device) or self.function(device)
+        drv.use_device(device)
+        handle = drv.current_stream(device) if stream is None else (
+            stream.cuda_stream if hasattr(stream, "cuda_stream") else int(stream))
         s = self._streams.get(handle)
+        d = drv.driver()
+        if d is not self._d:
+            self._d, self._success = d, d.CUresult.CUDA_SUCCESS
         if s is None:
             s = self._streams[handle] = d.CUstream(handle)
-        cfg.hStream = s
-        ptrs = self._ptr_array(*[x.getPtr() if type(x) is TensorMapSlot else ctypes.addressof(x) for x in slots])
         if self._debug_record is not None:
             self._reset_debug_record(device, s)
-        err, = d.cuLaunchKernelEx(cfg, f, ctypes.addressof(ptrs), 0)
-        if err != d.CUresult.CUDA_SUCCESS:
-            from ..errors import DriverError
-            raise DriverError("cuLaunchKernelEx", drv._result_name(d, err), self.ck.name,
-                              f"grid={(gx, gy, gz)}, block={self.ck.threads}, smem={self.ck.dynamic_shared_bytes}")
+        ck = self.ck
+        err, = d.cuLaunchKernel(f, gx, gy, gz, ck.threads, 1, 1, ck.dynamic_shared_bytes, s, slots.address, 0)
+        if err != self._success:
+            raise DriverError("cuLaunchKernel", drv._result_name(d, err), ck.name,
+                              f"grid={(gx, gy, gz)}, block={ck.threads}, smem={ck.dynamic_shared_bytes}")
         if self._debug_record is not None:
             self._check_debug_record(device, s)
 
@@ -210,7 +352,8 @@ class Launcher:
 
     def _record_ptr(self, device):
         self.function(device)
-        ptr, _size = drv.call("cuModuleGetGlobal", self._module, self.DEBUG_RECORD.encode(), kernel=self.ck.name)
+        ptr, _size = drv.call("cuModuleGetGlobal", self._modules[device], self.DEBUG_RECORD.encode(),
+                              kernel=self.ck.name)
         return ptr
 
     def _reset_debug_record(self, device, stream):

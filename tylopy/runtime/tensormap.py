@@ -6,6 +6,7 @@ names the argument instead of CUDA_ERROR_INVALID_VALUE (constraints from the dri
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 from ..errors import LaunchValueError
@@ -75,16 +76,33 @@ class TensorMapSpec:
         return n
 
 
-@dataclass
 class TensorMap:
-    """A 128-byte CUtensorMap and the spec it encodes; pass it for a ``ty.tensormap`` parameter."""
+    """A 128-byte CUtensorMap; pass it for a ``ty.tensormap`` parameter.
 
-    handle: object  # cuda.bindings.driver.CUtensorMap
-    spec: TensorMapSpec
+    The map encodes an address and a geometry, not the tensor: it holds the tensor only weakly,
+    so a cache of maps (keyed by address, geometry, dtype and device) never keeps user tensors
+    alive. ``spec`` is available while the tensor lives (the emulator reads tiles through it).
+    """
+
+    __slots__ = ("handle", "device", "_tensor", "_geometry")
+
+    def __init__(self, handle, spec: TensorMapSpec):
+        self.handle = handle  # cuda.bindings.driver.CUtensorMap
+        self.device = spec.tensor.device.index
+        self._tensor = weakref.ref(spec.tensor)
+        self._geometry = (spec.dims, spec.strides_bytes, spec.box, spec.dtype, spec.swizzle)
 
     @property
-    def device(self) -> int:
-        return self.spec.tensor.device.index
+    def spec(self) -> TensorMapSpec:
+        t = self._tensor()
+        if t is None:
+            raise LaunchValueError("the tensor this tensor map describes has been freed")
+        dims, strides, box, dtype, swizzle = self._geometry
+        return TensorMapSpec(t, dims, strides, box, dtype, swizzle)
+
+    def __repr__(self):
+        dims, strides, box, dtype, swizzle = self._geometry
+        return f"TensorMap({dtype}, dims={dims}, box={box}, swizzle={swizzle}, cuda:{self.device})"
 
     def getPtr(self) -> int:
         return self.handle.getPtr()

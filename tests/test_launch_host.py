@@ -1,0 +1,314 @@
+"""The host side of a launch without a GPU: a fake CUDA driver records what the launcher asks of
+it, and CPU tensors pretend to live on cuda:0 or cuda:1. Checks the parameters the kernel would
+receive (pointers, scalars, tensor shapes and strides), the context switch for a tensor on a
+second device, the image chosen for the device's architecture, and the Python cost per launch.
+"""
+import ctypes
+import time
+
+import pytest
+import torch
+
+import tylopy as ty
+from tylopy.errors import ArchMismatchError, LaunchValueError
+from tylopy.runtime import driver as drv
+from tylopy.runtime import launch as rl
+from tylopy_kernels.examples.vector_add import vector_add
+
+import kernels_for_tests as K
+
+
+class OnDevice(torch.Tensor):
+    """A CPU tensor that reports a CUDA device index (the launcher asks ``get_device()``)."""
+
+    device_index = 0
+    __torch_function__ = torch._C._disabled_torch_function_impl  # methods at C speed, like a plain tensor
+
+    def get_device(self):
+        return self.device_index
+
+
+def on(device: int, t: torch.Tensor) -> torch.Tensor:
+    x = t.as_subclass(OnDevice)
+    x.device_index = device
+    return x
+
+
+class Handle:
+    def __init__(self, value):
+        self.value = value
+
+    def __int__(self):
+        return self.value
+
+
+class FakeDriver:
+    """What tylopy calls of cuda.bindings.driver, recording each call."""
+
+    class CUresult:
+        CUDA_SUCCESS = 0
+
+    class CUdevice_attribute:
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = "major"
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = "minor"
+        CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = "smem"
+
+    class CUfunction_attribute:
+        CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = "max_dyn_smem"
+
+    def __init__(self, capability=(9, 0), devices=2):
+        self.calls = []
+        self.current = Handle(0)
+        self.capability = capability
+        self.devices = devices
+        self.launches = []
+
+    def CUstream(self, handle):
+        return Handle(handle)
+
+    def cuGetErrorName(self, err):
+        return 0, b"CUDA_ERROR_FAKE"
+
+    def cuInit(self, flags):
+        return (0,)
+
+    def cuDeviceGetCount(self):
+        return 0, self.devices
+
+    def cuDeviceGet(self, i):
+        return 0, i
+
+    def cuDevicePrimaryCtxRetain(self, dev):
+        self.calls.append(("retain", dev))
+        return 0, Handle(100 + dev)
+
+    def cuCtxGetCurrent(self):
+        return 0, self.current
+
+    def cuCtxSetCurrent(self, ctx):
+        self.calls.append(("set_current", int(ctx)))
+        self.current = ctx
+        return (0,)
+
+    def cuDeviceGetAttribute(self, attr, dev):
+        return 0, {"major": self.capability[0], "minor": self.capability[1], "smem": 227 * 1024}[attr]
+
+    def cuModuleLoadData(self, image):
+        self.calls.append(("load", int(self.current), image[:16]))
+        return 0, Handle(("module", int(self.current)))
+
+    def cuModuleGetFunction(self, module, name):
+        return 0, Handle(("function", module.value, name))
+
+    def cuFuncSetAttribute(self, f, attr, value):
+        return (0,)
+
+    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        self.launches.append(dict(function=f.value, context=int(self.current), grid=(gx, gy, gz), block=bx,
+                                  smem=smem, stream=stream.value, params=params))
+        return (0,)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    d = FakeDriver()
+    monkeypatch.setattr(drv, "driver", lambda: d)
+    monkeypatch.setattr(drv, "current_device", lambda: 0)
+    monkeypatch.setattr(drv, "current_stream", lambda device: 7000 + device)
+    monkeypatch.setattr(drv, "primary_context", _primary_without_torch)
+    drv.forget_contexts()
+    yield d
+    drv.forget_contexts()
+
+
+def _primary_without_torch(device):
+    ctx = drv._primary.get(device)
+    if ctx is None:
+        ctx = drv._primary[device] = drv.call("cuDevicePrimaryCtxRetain", drv.call("cuDeviceGet", device))
+    return ctx
+
+
+def read_params(address: int, ctypes_types) -> list:
+    """Decode the void*[] the kernel would receive."""
+    ptrs = (ctypes.c_void_p * len(ctypes_types)).from_address(address)
+    return [t.from_address(p).value for t, p in zip(ctypes_types, ptrs)]
+
+
+def fresh_kernel(kernel, arch=None):
+    return ty.Kernel(kernel.fn, kernel.threads, arch or kernel.arch, kernel.min_blocks_per_sm, kernel.max_registers,
+                     kernel.name, _register=False)
+
+
+def vectors(device=0, n=1000):
+    return [on(device, torch.randn(n)) for _ in range(3)]
+
+
+def test_vector_add_parameters_reach_the_driver(fake):
+    x, y, out = vectors()
+    vector_add[(4,)](x, y, out, 1000)
+    (launch,) = fake.launches
+    assert launch["grid"] == (4, 1, 1) and launch["block"] == 256 and launch["stream"] == 7000
+    got = read_params(launch["params"], [ctypes.c_void_p] * 3 + [ctypes.c_int32])
+    assert got == [x.data_ptr(), y.data_ptr(), out.data_ptr(), 1000]
+
+
+def test_a_tensor_on_the_second_device_launches_in_its_context(fake):
+    k = fresh_kernel(vector_add)
+    k[(1,)](*vectors(device=1), 1000)
+    k[(1,)](*vectors(device=0), 1000)
+    k[(1,)](*vectors(device=1), 1000)
+    assert [l["context"] for l in fake.launches] == [101, 100, 101]
+    assert [l["stream"] for l in fake.launches] == [7001, 7000, 7001]
+    assert [c[1] for c in fake.calls if c[0] == "load"] == [101, 100]  # one module per device, in its context
+    assert {l["function"][1] for l in fake.launches} == {("module", 101), ("module", 100)}
+
+
+def test_the_context_switch_happens_even_if_someone_else_changed_it(fake):
+    k = fresh_kernel(vector_add)
+    k[(1,)](*vectors(device=1), 1000)
+    fake.current = Handle(100)  # e.g. torch switched the thread to cuda:0 meanwhile
+    k[(1,)](*vectors(device=1), 1000)
+    assert [l["context"] for l in fake.launches] == [101, 101]
+
+
+def test_tensors_on_two_devices_are_rejected(fake):
+    x, y, out = vectors(device=0)
+    with pytest.raises(LaunchValueError, match="argument 'y' is on cuda:1, but the launch runs on cuda:0"):
+        fresh_kernel(vector_add)[(1,)](x, on(1, torch.randn(1000)), out, 1000)
+
+
+@ty.kernel(threads=64)
+def copy_2d(src: ty.tensor(2), dst: ty.tensor(2)):
+    r = ty.block_idx()
+    for c in range(ty.thread_idx(), src.shape[1], 64):
+        dst[r, c] = src[r, c]
+
+
+def test_tensor_parameters_pass_pointer_shape_and_strides(fake):
+    src = on(0, torch.randn(6, 10, dtype=torch.float16).t())  # a transposed view: strides (1, 10)
+    dst = on(0, torch.empty(10, 6, dtype=torch.float16))
+    copy_2d[(10,)](src, dst)
+    got = read_params(fake.launches[0]["params"], [ctypes.c_void_p] + [ctypes.c_int32] * 4 +
+                      [ctypes.c_void_p] + [ctypes.c_int32] * 4)
+    assert got == [src.data_ptr(), 10, 6, 1, 10, dst.data_ptr(), 10, 6, 6, 1]
+
+
+def test_each_dtype_of_an_open_tensor_is_its_own_specialization(fake, no_disk_cache):
+    k = fresh_kernel(copy_2d)
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        k[(2,)](on(0, torch.zeros(2, 3, dtype=dt)), on(0, torch.zeros(2, 3, dtype=dt)))
+    keys = {tuple(sorted(ck.constexprs.items(), key=str)) for entries in k._compiled.values() for ck in entries}
+    assert {str(dict(key)["src"]) for key in keys} == {"f32", "bf16", "f16"}
+    with pytest.raises(ty.KernelSourceError, match="store to ptr<f16, global> expects f16 values, but got f32"):
+        k[(2,)](on(0, torch.zeros(2, 3)), on(0, torch.zeros(2, 3, dtype=torch.float16)))  # two open dtypes
+
+
+@pytest.mark.parametrize("arch, capability, plan", [
+    ("sm_80", (8, 0), "cubin"), ("sm_80", (8, 6), "cubin"), ("sm_80", (8, 9), "cubin"), ("sm_80", (9, 0), "ptx"),
+    ("sm_86", (9, 0), "ptx"), ("sm_90", (9, 0), "cubin"), ("sm_90", (10, 0), "ptx"), ("sm_90a", (9, 0), "cubin"),
+    ("sm_89", (12, 0), "ptx"),
+])
+def test_load_plan(arch, capability, plan):
+    assert rl.load_plan(arch, capability) == plan
+
+
+@pytest.mark.parametrize("arch, capability, message", [
+    ("sm_90a", (8, 0), "exist only on compute capability 9.0, but the device is sm_80"),
+    ("sm_90a", (10, 0), "exist only on compute capability 9.0, but the device is sm_100"),
+    ("sm_86", (8, 0), "the device is sm_80, an older architecture"),
+    ("sm_90", (8, 9), "an older architecture; compile it with arch='sm_89'"),
+])
+def test_arch_that_cannot_run_says_why(arch, capability, message):
+    with pytest.raises(ArchMismatchError, match=message):
+        rl.load_plan(arch, capability)
+
+
+def test_an_sm80_kernel_on_a_hopper_loads_its_ptx(fake):
+    k = fresh_kernel(K.tiny)  # arch sm_80
+    k[(1,)](on(0, torch.zeros(32)))
+    (load,) = [c for c in fake.calls if c[0] == "load"]
+    assert load[2].startswith(b"//")  # PTX text for the driver to compile, not an ELF cubin
+
+
+def test_an_sm90a_kernel_on_an_ampere_is_an_arch_error(fake):
+    fake.capability = (8, 0)
+    with pytest.raises(ArchMismatchError, match="vector_add on cuda:0: the kernel was compiled for sm_90a"):
+        fresh_kernel(vector_add)[(1,)](*vectors(), 1000)
+
+
+def microseconds_per_call(fake, fn, n=1000, repeats=7) -> float:
+    """CPU time of this process per call, the best of several runs (the machine may be shared)."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        fake.launches.clear()
+        t0 = time.process_time()
+        for _ in range(n):
+            fn()
+        best = min(best, time.process_time() - t0)
+    return best / n * 1e6
+
+
+def test_python_cost_of_a_launch(fake, capsys):
+    """The launcher's own cost with a driver call that does nothing (printed; bounded loosely)."""
+    x, y, out = vectors()
+    us_launch = microseconds_per_call(fake, lambda: vector_add[(4,)](x, y, out, 1000))
+    launcher = vector_add.compile().launcher()
+    us_prepared = microseconds_per_call(fake, lambda: launcher.launch((4,), (x, y, out, 1000)))
+    src, dst = on(0, torch.randn(8, 8)), on(0, torch.randn(8, 8))
+    us_tensor = microseconds_per_call(fake, lambda: copy_2d[(8,)](src, dst))
+    with capsys.disabled():
+        print(f"\n[host overhead, fake driver] kernel[grid](...): {us_launch:.2f} us; "
+              f"CompiledKernel launcher: {us_prepared:.2f} us; two 2-D tensor arguments: {us_tensor:.2f} us")
+    assert us_launch < 60 and us_prepared < 40
+
+
+def test_launch_path_does_not_grow_memory(fake):
+    import gc
+    import tracemalloc
+    x, y, out = vectors()
+    for _ in range(200):
+        vector_add[(4,)](x, y, out, 1000)
+    fake.launches.clear()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(2000):
+            vector_add[(4,)](x, y, out, 1000)
+        fake.launches.clear()
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 16 * 1024, grown  # nothing kept per launch
+
+
+@pytest.mark.gpu
+def test_second_device_on_a_real_gpu():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices")
+    from conftest import for_this_gpu
+    k = for_this_gpu(vector_add)
+    for dev in (1, 0, 1):
+        x = torch.randn(1000, device=f"cuda:{dev}")
+        y = torch.randn(1000, device=f"cuda:{dev}")
+        out = torch.full((1000,), float("nan"), device=f"cuda:{dev}")
+        k[(4,)](x, y, out, 1000)
+        torch.cuda.synchronize(dev)
+        torch.testing.assert_close(out, x + y)
+
+
+def test_a_tensor_map_does_not_keep_its_tensor_alive():
+    import gc
+    import weakref
+    from tylopy.runtime.tensormap import TensorMap, TensorMapSpec
+    t = torch.zeros(64, 64, dtype=torch.bfloat16)
+    tm = TensorMap(Handle(0), TensorMapSpec(t, (64, 64), (128,), (64, 64), "bf16", 128))
+    assert tm.spec.tensor is t and tm.device is None  # a CPU tensor has no CUDA index
+    ref = weakref.ref(t)
+    del t
+    gc.collect()
+    assert ref() is None
+    with pytest.raises(LaunchValueError, match="the tensor this tensor map describes has been freed"):
+        tm.spec
