@@ -91,8 +91,9 @@ def test_every_variant_assembles_without_spills(arch, block_n, head_dim, dtype):
     if not rep.available:
         pytest.skip(rep.note)
     assert rep.spills == 0 and rep.stack_frame == 0, str(rep)
-    assert rep.registers <= 168, str(rep)
-    assert rep.shared_bytes == sa.Smem(block_n, head_dim, sa.STAGES).total
+    assert rep.registers <= (168 if head_dim <= 64 else 255), str(rep)
+    total = sa.Smem(block_n, head_dim, sa.STAGES).total
+    assert rep.shared_bytes == (total if total <= sa.STATIC_SMEM_LIMIT else 0)  # beyond: dynamic, opted in
     ins = _instructions(ck.ptx)
     count = lambda text: sum(text in line for line in ins)  # noqa: E731
     mma = f"mma.sync.aligned.m16n8k16.row.col.f32.{dtype.name}.{dtype.name}.f32"
@@ -109,7 +110,7 @@ def test_every_variant_assembles_without_spills(arch, block_n, head_dim, dtype):
                                      dict(ASYNC_COPY=False)], ids=["mask-lse", "warps8", "warps1", "ld-st"])
 def test_options_assemble_without_spills(options):
     for head_dim in sa.HEAD_DIMS:
-        ck = sa.streaming_attention_fwd.compile(HEAD_DIM=head_dim, BLOCK_N=64, **options)
+        ck = sa.streaming_attention_fwd.compile(HEAD_DIM=head_dim, BLOCK_N=sa.DEFAULT_BLOCK_N[head_dim], **options)
         if not ck.report.available:
             pytest.skip(ck.report.note)
         assert ck.report.spills == 0 and ck.report.stack_frame == 0, str(ck.report)
@@ -211,7 +212,7 @@ def _qkv(n_q=8, n_k=8, D=32, dtype=torch.bfloat16, B=1, H=2):
 
 @pytest.mark.parametrize("change,exc,words", [
     (dict(n_q=8, n_k=12, causal=True), ValueError, "is_causal"),
-    (dict(D=128), ValueError, "head_dim"),
+    (dict(D=256), ValueError, "head_dim"),
     (dict(D=48), ValueError, "head_dim"),
     (dict(dtype=torch.float32), TypeError, "query expects dtype"),
     (dict(device="cpu"), ValueError, "CUDA"),

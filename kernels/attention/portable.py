@@ -1,10 +1,11 @@
 """Portable streaming attention (mma.sync, sm_80+): softmax(scale * Q K^T, masked) V, never storing scores.
 
-What it computes. For (B, H, N, D) tensors q, k, v (bf16 or fp16, D in {16, 32, 64}) it writes
-``out = softmax(scale * q k^T + mask) v`` and optionally the row log-sum-exp, with the N x N
-scores living only in registers, one 16 x BLOCK_N tile per warp at a time. It is the fallback of
-``tylopy.attention`` wherever the Hopper kernel does not apply (head dims 16 and 32, pre-Hopper
-GPUs, tensors TMA cannot describe), and ``streaming_attention()`` below calls it directly.
+What it computes. For (B, H, N, D) tensors q, k, v (bf16 or fp16, D in {16, 32, 64, 128}) it
+writes ``out = softmax(scale * q k^T + mask) v`` and optionally the row log-sum-exp, with the
+N x N scores living only in registers, one 16 x BLOCK_N tile per warp at a time. It is the
+fallback of ``tylopy.attention`` wherever the Hopper kernel does not apply (head dims 16 and 32,
+pre-Hopper GPUs, tensors TMA cannot describe, packed variable-length batches), and
+``streaming_attention()`` calls it directly. Its backward is ``backward_portable.py``.
 
 The algorithm, per warp (one warp owns BM = 16 query rows; a CTA of ``WARPS`` warps owns
 16 * WARPS rows and shares each key/value tile between them):
@@ -45,16 +46,24 @@ values [1, 3] then [10].
     forgetting to rescale a:  a = 4 + 10 = 14, 14 / 2 = 7   (wrong)
 
 Causal attention only visits tiles up to the CTA's diagonal (the loop stops at
-min(n_k, last row + 1)); inside the CTA's last tiles, a warp whose rows all precede a tile sees
+min(n_k, last row + 1 + n_k - n_q)); inside the CTA's last tiles, a warp whose rows all precede a tile sees
 every score masked: p = 0 and alpha = exp2(0) = 1, so its state is left unchanged. Every real
 query sees key 0, so its first tile has a finite maximum.
 
 Constraints: q, k, v (B, H, N, D) with a contiguous last dim; strides on B, H and N that are
-multiples of 8 elements on a 16-byte aligned base are used in place, anything else is copied
-once. Rectangular n_q != n_k is allowed without causal; causal needs n_q == n_k. The optional
+multiples of 8 elements on a 16-byte aligned base are used in place (a zero stride too: an
+``expand`` view is read where it lies), anything else is copied once. K and V may have fewer
+heads than Q (grouped-query attention): query head h reads key/value head h // kv_group.
+Causal masking keeps key j for query i when j <= i + (n_k - n_q), the diagonal aligned to the
+bottom-right corner as flash-attn does; the public API allows it only for n_q == n_k, where
+that is the usual j <= i (packed variable-length batches use it per sequence). The optional
 mask is Boolean and broadcastable to (B, H, n_q, n_k), True = take part; it is read through a
 uint8 view whose broadcast dims have stride 0 (no copy). Batch and heads are grid dimensions
 (at most 65535 each).
+
+Variable-length batches (``VARLEN=True``): q, k, v are (total, H, D) packed sequences; grid
+z walks the sequences, ``cu_q[b]``/``cu_k[b]`` (int32 prefix sums) give each one's first row
+and length, and a CTA whose rows start past its sequence's end returns at once.
 
 Arch: the kernel is written for sm_80 (mma.sync, ldmatrix, cp.async). The launcher compiles it
 for the device's own arch when tylopy knows it (sm_80, sm_86, sm_89, sm_90), because the core's
@@ -71,6 +80,7 @@ paths give the same bits).
 Run and check::
 
     tylopy dump kernels/attention/portable.py -D HEAD_DIM=64 -D BLOCK_N=64    # PTX + ptxas, no GPU
+    tylopy dump kernels/attention/portable.py:attention_fwd_portable -D HEAD_DIM=128 -D BLOCK_N=32
     tylopy check streaming_attention                                          # needs a GPU
     tylopy bench streaming_attention --output results/streaming_attention.json
 """
@@ -80,11 +90,12 @@ import math
 
 import tylopy as ty
 
-from .common import mask_and_lse_args
 
-HEAD_DIMS = (16, 32, 64)
+HEAD_DIMS = (16, 32, 64, 128)
 BLOCK_NS = (32, 64)
-DEFAULT_BLOCK_N = {16: 64, 32: 64, 64: 64}
+# D=128 takes 32-key tiles: 32 KB of static shared memory for the double-buffered K/V ring (64-key
+# tiles need 64 KB, dynamic shared memory, and more registers).
+DEFAULT_BLOCK_N = {16: 64, 32: 64, 64: 64, 128: 32}
 DEFAULT_WARPS = 4
 # ptxas register cap (0: none). Uncapped, D=64 with 64-key tiles takes about 160 registers (three 4-warp
 # CTAs per SM) and everything else at most 128; a cap of 128 makes that one spill.
@@ -93,6 +104,7 @@ NEG_INF = float("-inf")
 ROWS_PER_WARP = 16
 STAGES = 2
 MAX_GRID_YZ = 65535
+STATIC_SMEM_LIMIT = 48 * 1024
 
 
 # -- shared memory: swizzled K/V tiles ---------------------------------------------------------------
@@ -101,12 +113,14 @@ def swizzled_offset(row, chunk, head_dim: int):
     """Byte offset of 16-byte chunk ``chunk`` of tile row ``row`` (ints or IR values).
 
     A row holds C = head_dim / 8 chunks; chunk c of row r sits at chunk c ^ f(r), with f(r) =
-    (r // (8 / C)) % C. The 8 rows an ``ldmatrix`` reads (8 consecutive rows, one logical chunk)
-    then land in 8 different 16-byte bank groups: no bank conflicts for C = 2, 4 or 8.
+    (r // (8 / C)) % min(C, 8). The 8 rows an ``ldmatrix`` reads (8 consecutive rows, one logical
+    chunk) then land in 8 different 16-byte bank groups: no bank conflicts for C = 2, 4, 8 or 16
+    (a 256-byte row of D = 128 spans the 128 bytes of banks twice; XOR with row % 8 on the low
+    three chunk bits spreads 8 rows over the 8 groups as for C = 8).
     """
     chunks = head_dim // 8
-    shift = {8: 0, 4: 1, 2: 2}[chunks]
-    return row * (chunks * 16) + ((chunk ^ ((row >> shift) & (chunks - 1))) << 4)
+    shift = {16: 0, 8: 0, 4: 1, 2: 2}[chunks]
+    return row * (chunks * 16) + ((chunk ^ ((row >> shift) & (min(chunks, 8) - 1))) << 4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,32 +246,35 @@ def pv_tile(atom, p, o, smem, v_off, lane, block_n, head_dim):
 
 
 @ty.func
-def mask_scores(s, row0, col0, lane, n_q, n_k, causal, mask_args, has_mask):
-    """-inf where a key is past n_k, in the query's future (causal), or dropped by the mask."""
+def mask_scores(s, row0, col0, lane, n_q, n_k, causal, causal_off, mask_args, has_mask, keys_on_rows=False):
+    """-inf where a key is past n_k, in the query's future (causal: key > query + causal_off), or
+    dropped by the mask. ``keys_on_rows``: the tile is S^T (rows are keys, columns queries, as in
+    the backward's dK/dV kernel), and queries past n_q are masked too."""
     vals = []
     for i in range(len(s)):
         r, c = s.layout.coord(0, lane, i)
-        row = row0 + r
-        col = col0 + c
-        ok = (col < n_k) & ((causal == 0) | (col <= row))
+        query, key = (col0 + c, row0 + r) if keys_on_rows else (row0 + r, col0 + c)
+        ok = (key < n_k) & ((causal == 0) | (key <= query + causal_off))
+        if keys_on_rows:
+            ok = ok & (query < n_q)
         if has_mask:
             mask, m_base, m_stride_q, m_stride_k = mask_args
-            flag = ty.load(mask + (m_base + ty.cast(row, ty.i64) * m_stride_q + ty.cast(col, ty.i64) * m_stride_k),
-                           mask=ok & (row < n_q))
+            flag = ty.load(mask + (m_base + ty.cast(query, ty.i64) * m_stride_q + ty.cast(key, ty.i64) * m_stride_k),
+                           mask=ok & (query < n_q))
             ok = ok & (flag != 0)
         vals.append(ty.select(ok, s.values[i], NEG_INF))
     return s.with_data(vals)
 
 
 @ty.func
-def maybe_mask(s, row0, col0, lane, n_q, n_k, causal, mask_args, has_mask, block_n):
+def maybe_mask(s, row0, col0, lane, n_q, n_k, causal, causal_off, mask_args, has_mask, block_n):
     """Mask only the tiles that need it: the ragged last tile, the causal diagonal, a user mask."""
     if has_mask:
-        s = mask_scores(s, row0, col0, lane, n_q, n_k, causal, mask_args, has_mask)
+        s = mask_scores(s, row0, col0, lane, n_q, n_k, causal, causal_off, mask_args, has_mask)
     else:
-        needs_mask = (col0 + block_n > n_k) | ((causal != 0) & (col0 + (block_n - 1) > row0))
+        needs_mask = (col0 + block_n > n_k) | ((causal != 0) & (col0 + (block_n - 1) > row0 + causal_off))
         if needs_mask:
-            s = mask_scores(s, row0, col0, lane, n_q, n_k, causal, mask_args, has_mask)
+            s = mask_scores(s, row0, col0, lane, n_q, n_k, causal, causal_off, mask_args, has_mask)
     return s
 
 
@@ -300,7 +317,7 @@ def store_output(o, lse, out, lse_ptr, row0, n_q, o_base, o_stride, lse_base, la
                     lse_ptr[lse_base + ty.cast(row, ty.i64)] = lse.values[slot]
 
 
-# -- the kernel -------------------------------------------------------------------------------------------
+# -- the kernels ------------------------------------------------------------------------------------------
 
 def _threads(WARPS=DEFAULT_WARPS, **_):
     return 32 * WARPS
@@ -308,6 +325,72 @@ def _threads(WARPS=DEFAULT_WARPS, **_):
 
 def _max_registers(MAX_REGISTERS=DEFAULT_MAX_REGISTERS, **_):
     return MAX_REGISTERS or None
+
+
+def shared_bytes(nbytes: int):
+    """``nbytes`` of shared memory, 128-byte aligned: static up to 48 KB, dynamic (opted in at launch) beyond."""
+    if nbytes <= STATIC_SMEM_LIMIT:
+        return ty.shared(ty.u8, nbytes, align=128)
+    return ty.dynamic_shared(ty.u8, nbytes, align=128)
+
+
+@ty.func
+def attend_rows(q, k, v, out, lse_ptr, mask, seq, n_q, n_k, h, kv_group, scale, causal, strides,
+                DTYPE, HEAD_DIM, BLOCK_N, WARPS, HAS_MASK, RETURN_LSE, ASYNC_COPY):
+    """The CTA's WARPS x 16 query rows of head ``h`` of sequence ``seq`` = (batch, first query row,
+    first key row); ``strides`` = (q, k, v, out: (b, h, n) each; lse: (b, h); mask: (b, h, q, k))."""
+    qs, ks, vs, os_, ls, ms = strides
+    threads = 32 * WARPS
+    rows = ROWS_PER_WARP * WARPS
+    lay = Smem(BLOCK_N, HEAD_DIM, STAGES)
+    smem = shared_bytes(lay.total)
+    atom = ty.MmaSyncAtom(DTYPE)
+    tid = ty.thread_idx()
+    lane = ty.lane_id()
+    warp = ty.warp_idx()
+    # Longest query blocks first: under causal masking the last blocks carry the most tiles.
+    m0 = (ty.grid_dim(0) - 1 - ty.block_idx(0)) * rows
+    row0 = m0 + warp * ROWS_PER_WARP
+    causal_off = n_k - n_q
+    kv_end = n_k
+    if causal != 0:
+        kv_end = ty.minimum(n_k, ty.maximum(m0 + rows + causal_off, 0))  # stop at the diagonal
+    n_tiles = (kv_end + (BLOCK_N - 1)) // BLOCK_N
+    b, q_start, k_start = seq
+    b64 = ty.cast(b, ty.i64)
+    h64 = ty.cast(h, ty.i64)
+    hk64 = ty.cast(h // kv_group, ty.i64)
+    q0 = ty.cast(q_start, ty.i64)
+    k0 = ty.cast(k_start, ty.i64)
+    k_base = b64 * ks[0] + hk64 * ks[1] + k0 * ks[2]
+    v_base = b64 * vs[0] + hk64 * vs[1] + k0 * vs[2]
+    mask_args = (mask, b64 * ms[0] + h64 * ms[1], ms[2], ms[3])
+
+    qa = load_q(q, b64 * qs[0] + h64 * qs[1] + q0 * qs[2], qs[2], row0, n_q, lane, HEAD_DIM, DTYPE)
+    state = ty.SoftmaxState(tiled([zero_atom() for _ in range(BLOCK_N // 8)]), partial_sum=True)
+    o = [zero_atom() for _ in range(HEAD_DIM // 8)]
+
+    copy_kv(k, v, k_base, v_base, ks[2], vs[2], smem, 0, lay, 0, n_k, tid, threads, ASYNC_COPY)
+    for j in range(n_tiles):
+        stage_off = (j & 1) * lay.stage_bytes
+        if ASYNC_COPY:
+            ty.cp_async_wait(0)
+        ty.syncthreads()  # tile j is visible, and every warp is done with tile j - 1's buffer
+        if j + 1 < n_tiles:
+            copy_kv(k, v, k_base, v_base, ks[2], vs[2], smem, ((j + 1) & 1) * lay.stage_bytes, lay,
+                    (j + 1) * BLOCK_N, n_k, tid, threads, ASYNC_COPY)
+        s = score_tile(atom, qa, smem, stage_off, lane, BLOCK_N, HEAD_DIM)
+        s = maybe_mask(s, row0, j * BLOCK_N, lane, n_q, n_k, causal, causal_off, mask_args, HAS_MASK, BLOCK_N)
+        upd = ty.softmax_update(state, s, scale)
+        state = upd.state
+        o = atoms_of(tiled(o) * upd.rescale)
+        o = pv_tile(atom, upd.weights, o, smem, stage_off + lay.tile_bytes, lane, BLOCK_N, HEAD_DIM)
+
+    result = ty.softmax_normalize(tiled(o), state)
+    lse = ty.softmax_lse(state, scale) if RETURN_LSE else None
+    o_base = b64 * os_[0] + h64 * os_[1] + q0 * os_[2]
+    lse_base = b64 * ls[0] + h64 * ls[1] + q0
+    store_output(result, lse, out, lse_ptr, row0, n_q, o_base, os_[2], lse_base, lane, DTYPE, RETURN_LSE)
 
 
 @ty.kernel(threads=_threads, arch="sm_80", max_registers=_max_registers, noalias=True)
@@ -324,169 +407,63 @@ def streaming_attention_fwd(
     WARPS: ty.constexpr = DEFAULT_WARPS, HAS_MASK: ty.constexpr = False, RETURN_LSE: ty.constexpr = False,
     ASYNC_COPY: ty.constexpr = True, MAX_REGISTERS: ty.constexpr = DEFAULT_MAX_REGISTERS,
 ):
-    """One CTA: WARPS x 16 query rows of one (batch, head); ASYNC_COPY=False copies with ld/st (the emulator's path)."""
-    threads = 32 * WARPS
-    lay = Smem(BLOCK_N, HEAD_DIM, STAGES)
-    smem = ty.shared(ty.u8, lay.total, align=128)
-    atom = ty.MmaSyncAtom(DTYPE)
-    tid = ty.thread_idx()
-    lane = ty.lane_id()
-    warp = ty.warp_idx()
-    # Longest query blocks first: under causal masking the last blocks carry the most tiles.
-    m0 = (ty.grid_dim(0) - 1 - ty.block_idx(0)) * (ROWS_PER_WARP * WARPS)
-    h = ty.block_idx(1)
+    """One CTA: WARPS x 16 query rows of one (batch, head), as many K/V heads as Q heads, LSE
+    (B, H, n_q) contiguous; ASYNC_COPY=False copies with ld/st. ``attention_fwd_portable`` is the
+    general form (grouped heads, LSE strides, packed sequences)."""
+    lse_strides = (ty.cast(n_heads, ty.i64) * ty.cast(n_q, ty.i64), ty.cast(n_q, ty.i64))
+    strides = ((q_stride_b, q_stride_h, q_stride_n), (k_stride_b, k_stride_h, k_stride_n),
+               (v_stride_b, v_stride_h, v_stride_n), (o_stride_b, o_stride_h, o_stride_n), lse_strides,
+               (m_stride_b, m_stride_h, m_stride_q, m_stride_k))
+    attend_rows(q, k, v, out, lse_ptr, mask, (ty.block_idx(2), 0, 0), n_q, n_k, ty.block_idx(1), 1, scale, causal,
+                strides, DTYPE, HEAD_DIM, BLOCK_N, WARPS, HAS_MASK, RETURN_LSE, ASYNC_COPY)
+
+
+@ty.kernel(threads=_threads, arch="sm_80", max_registers=_max_registers, noalias=True)
+def attention_fwd_portable(
+    q: ty.ptr(ty.i16), k: ty.ptr(ty.i16), v: ty.ptr(ty.i16), out: ty.ptr(ty.i16),
+    lse_ptr: ty.ptr(ty.f32), mask: ty.ptr(ty.u8), cu_q: ty.ptr(ty.i32), cu_k: ty.ptr(ty.i32),
+    n_q: ty.i32, n_k: ty.i32, kv_group: ty.i32, scale: ty.f32, causal: ty.i32,
+    q_stride_b: ty.i64, q_stride_h: ty.i64, q_stride_n: ty.i64,
+    k_stride_b: ty.i64, k_stride_h: ty.i64, k_stride_n: ty.i64,
+    v_stride_b: ty.i64, v_stride_h: ty.i64, v_stride_n: ty.i64,
+    o_stride_b: ty.i64, o_stride_h: ty.i64, o_stride_n: ty.i64,
+    lse_stride_b: ty.i64, lse_stride_h: ty.i64,
+    m_stride_b: ty.i64, m_stride_h: ty.i64, m_stride_q: ty.i64, m_stride_k: ty.i64,
+    DTYPE: ty.constexpr = ty.bf16, HEAD_DIM: ty.constexpr = 64, BLOCK_N: ty.constexpr = 64,
+    WARPS: ty.constexpr = DEFAULT_WARPS, HAS_MASK: ty.constexpr = False, RETURN_LSE: ty.constexpr = False,
+    ASYNC_COPY: ty.constexpr = True, MAX_REGISTERS: ty.constexpr = DEFAULT_MAX_REGISTERS,
+    VARLEN: ty.constexpr = False,
+):
+    """Grid (query blocks, query heads, batch or sequences). Query head h reads K/V head
+    h // kv_group. With VARLEN the tensors are packed (total, H, D) rows (stride_b unused, 0) and
+    sequence b spans rows cu_q[b] .. cu_q[b + 1] (keys likewise); n_q and n_k are not read."""
     b = ty.block_idx(2)
-    row0 = m0 + warp * ROWS_PER_WARP
-    kv_end = n_k
-    if causal != 0:
-        kv_end = ty.minimum(n_k, m0 + ROWS_PER_WARP * WARPS)  # stop at the diagonal
-    n_tiles = (kv_end + (BLOCK_N - 1)) // BLOCK_N
-    b64 = ty.cast(b, ty.i64)
-    h64 = ty.cast(h, ty.i64)
-    k_base = b64 * k_stride_b + h64 * k_stride_h
-    v_base = b64 * v_stride_b + h64 * v_stride_h
-    mask_args = (mask, b64 * m_stride_b + h64 * m_stride_h, m_stride_q, m_stride_k)
-
-    qa = load_q(q, b64 * q_stride_b + h64 * q_stride_h, q_stride_n, row0, n_q, lane, HEAD_DIM, DTYPE)
-    state = ty.SoftmaxState(tiled([zero_atom() for _ in range(BLOCK_N // 8)]), partial_sum=True)
-    o = [zero_atom() for _ in range(HEAD_DIM // 8)]
-
-    copy_kv(k, v, k_base, v_base, k_stride_n, v_stride_n, smem, 0, lay, 0, n_k, tid, threads, ASYNC_COPY)
-    for j in range(n_tiles):
-        stage_off = (j & 1) * lay.stage_bytes
-        if ASYNC_COPY:
-            ty.cp_async_wait(0)
-        ty.syncthreads()  # tile j is visible, and every warp is done with tile j - 1's buffer
-        if j + 1 < n_tiles:
-            copy_kv(k, v, k_base, v_base, k_stride_n, v_stride_n, smem, ((j + 1) & 1) * lay.stage_bytes, lay,
-                    (j + 1) * BLOCK_N, n_k, tid, threads, ASYNC_COPY)
-        s = score_tile(atom, qa, smem, stage_off, lane, BLOCK_N, HEAD_DIM)
-        s = maybe_mask(s, row0, j * BLOCK_N, lane, n_q, n_k, causal, mask_args, HAS_MASK, BLOCK_N)
-        upd = ty.softmax_update(state, s, scale)
-        state = upd.state
-        o = atoms_of(tiled(o) * upd.rescale)
-        o = pv_tile(atom, upd.weights, o, smem, stage_off + lay.tile_bytes, lane, BLOCK_N, HEAD_DIM)
-
-    result = ty.softmax_normalize(tiled(o), state)
-    lse = ty.softmax_lse(state, scale) if RETURN_LSE else None
-    o_base = b64 * o_stride_b + h64 * o_stride_h
-    lse_base = (b64 * ty.cast(n_heads, ty.i64) + h64) * ty.cast(n_q, ty.i64)
-    store_output(result, lse, out, lse_ptr, row0, n_q, o_base, o_stride_n, lse_base, lane, DTYPE, RETURN_LSE)
-
-
-# -- host side ------------------------------------------------------------------------------------------
-
-_kernels: dict = {}
-
-
-def device_arch(capability) -> tuple[str, bool]:
-    """(arch to compile for, whether to hand the driver sm_80 PTX to JIT instead of a cubin)."""
-    from tylopy.codegen.targets import SUPPORTED_ARCHS
-    major, minor = capability
-    if (major, minor) < (8, 0):
-        raise ValueError(f"streaming_attention: query expects a GPU of compute capability 8.0 or newer (mma.sync "
-                         f"on bf16, cp.async), but got sm_{major}{minor}")
-    arch = f"sm_{major}{minor}"
-    return (arch, False) if arch in SUPPORTED_ARCHS else ("sm_80", True)
-
-
-_archs: dict = {}
-
-
-def _device_arch(device):
-    import torch
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    arch = _archs.get(index)
-    if arch is None:
-        arch = _archs[index] = device_arch(torch.cuda.get_device_capability(index))
-    return arch
-
-
-def compiled_for(device, **constexprs):
-    """The CompiledKernel of one specialization for ``device`` (cached)."""
-    arch, jit = _device_arch(device)
-    key = (arch, jit, tuple(sorted((k, repr(v)) for k, v in constexprs.items())))
-    ck = _kernels.get(key)
-    if ck is None:
-        kern = _kernels.get(arch)
-        if kern is None:
-            kern = _kernels[arch] = streaming_attention_fwd.with_arch(arch)
-        ck = kern.compile(**constexprs)
-        if jit:  # an arch the codegen does not list: let the driver compile the sm_80 PTX
-            ck = dataclasses.replace(ck, cubin=None, _launcher=None)
-        _kernels[key] = ck
-    return ck
-
-
-def _in_place_ok(t) -> bool:
-    """16-byte aligned rows: cp.async copies 16 bytes and Q is read as 32-bit words."""
-    return t.data_ptr() % 16 == 0 and all(t.shape[d] == 1 or t.stride(d) % 8 == 0 for d in range(3))
-
-
-def _aligned(t):
-    import torch
-    return t if _in_place_ok(t) else t.clone(memory_format=torch.contiguous_format)
-
-
-def check_schedule(head_dim, block_n, warps) -> tuple[int, int]:
-    """The (BLOCK_N, WARPS) to use: the defaults for None, else checked."""
-    block_n = DEFAULT_BLOCK_N[head_dim] if block_n is None else block_n
-    warps = DEFAULT_WARPS if warps is None else warps
-    if isinstance(block_n, bool) or block_n not in BLOCK_NS:
-        raise ValueError(f"streaming_attention: block_n expects one of {BLOCK_NS}, but got {block_n!r}")
-    if isinstance(warps, bool) or warps not in (1, 2, 4, 8):
-        raise ValueError(f"streaming_attention: warps expects 1, 2, 4 or 8, but got {warps!r}")
-    return block_n, warps
-
-
-def launch_streaming(q, k, v, attn_mask, is_causal, scale, out, lse, block_n=None, warps=None, async_copy=True):
-    """Launch on checked inputs (``tylopy_kernels.attention.check_inputs``) into ``out`` (and ``lse``)."""
-    import torch
-    B, H, n_q, D = q.shape
-    n_k = k.shape[2]
-    block_n, warps = check_schedule(D, block_n, warps)
-    for name, n in (("batch", B), ("heads", H)):
-        if n > MAX_GRID_YZ:
-            raise ValueError(f"streaming_attention: query {name} expects at most {MAX_GRID_YZ} (a grid dimension), "
-                             f"but got {n}")
-    if out.stride(-1) != 1 or out.data_ptr() % 4 or any(out.stride(d) % 2 for d in range(3)):
-        raise ValueError(f"streaming_attention: out expects 4-byte aligned rows with a contiguous last dim, "
-                         f"but got strides {out.stride()}")
-    if lse is not None and not lse.is_contiguous():
-        raise ValueError("streaming_attention: lse expects a contiguous (B, H, n_q) tensor")
-    if B * H * n_q == 0:
-        return
-    q, k, v = _aligned(q), _aligned(k), _aligned(v)
-    mask_t, ms, lse_t = mask_and_lse_args(attn_mask, lse, B, H, n_q, n_k, q.device)
-    ck = compiled_for(q.device, DTYPE=ty.bf16 if q.dtype == torch.bfloat16 else ty.f16, HEAD_DIM=D,
-                      BLOCK_N=block_n, WARPS=warps, HAS_MASK=attn_mask is not None, RETURN_LSE=lse is not None,
-                      ASYNC_COPY=async_copy)
-    grid = ((n_q + ROWS_PER_WARP * warps - 1) // (ROWS_PER_WARP * warps), H, B)
-    ck(grid, q.view(torch.int16), k.view(torch.int16), v.view(torch.int16), out.view(torch.int16), lse_t, mask_t,
-       n_q, n_k, H, float(scale), int(is_causal),
-       q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-       v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2), *ms)
-
-
-def streaming_attention(query, key, value, attn_mask=None, is_causal=False, scale=None, return_lse=False,
-                        block_n=None, warps=None, out=None):
-    """Like ``tylopy.attention``, always on this kernel; ``block_n`` (32/64) and ``warps`` pick the schedule."""
-    import torch
-    from . import check_inputs
-    B, H, n_q, n_k, D, scale = check_inputs(query, key, value, attn_mask, is_causal, scale)
-    block_n, warps = check_schedule(D, block_n, warps)
-    if query.device.type != "cuda":
-        raise ValueError(f"streaming_attention: query expects a CUDA tensor, but got a tensor on {query.device}")
-    if out is None:
-        out = torch.empty((B, H, n_q, D), dtype=query.dtype, device=query.device)
-    elif out.shape != (B, H, n_q, D) or out.dtype != query.dtype or out.device != query.device:
-        raise ValueError(f"streaming_attention: out expects a {query.dtype} tensor of shape {(B, H, n_q, D)} on "
-                         f"{query.device}, but got {out.dtype} {tuple(out.shape)} on {out.device}")
-    lse = torch.empty((B, H, n_q), dtype=torch.float32, device=query.device) if return_lse else None
-    if n_k == 0 and B * H * n_q:  # no keys: every row is empty
-        out.zero_()
-        if lse is not None:
-            lse.fill_(NEG_INF)
+    strides = ((q_stride_b, q_stride_h, q_stride_n), (k_stride_b, k_stride_h, k_stride_n),
+               (v_stride_b, v_stride_h, v_stride_n), (o_stride_b, o_stride_h, o_stride_n),
+               (lse_stride_b, lse_stride_h), (m_stride_b, m_stride_h, m_stride_q, m_stride_k))
+    args = (DTYPE, HEAD_DIM, BLOCK_N, WARPS, HAS_MASK, RETURN_LSE, ASYNC_COPY)
+    if VARLEN:
+        q_start = cu_q[b]
+        k_start = cu_k[b]
+        seq_q = cu_q[b + 1] - q_start
+        seq_k = cu_k[b + 1] - k_start
+        if (ty.grid_dim(0) - 1 - ty.block_idx(0)) * (ROWS_PER_WARP * WARPS) < seq_q:  # else past the end
+            attend_rows(q, k, v, out, lse_ptr, mask, (b, q_start, k_start), seq_q, seq_k, ty.block_idx(1),
+                        kv_group, scale, causal, strides, *args)
     else:
-        launch_streaming(query, key, value, attn_mask, is_causal, scale, out, lse, block_n, warps)
-    return (out, lse) if return_lse else out
+        attend_rows(q, k, v, out, lse_ptr, mask, (b, 0, 0), n_q, n_k, ty.block_idx(1), kv_group, scale, causal,
+                    strides, *args)
+
+
+# -- host side (portable_launch.py) ------------------------------------------------------------------------
+
+_HOST_NAMES = {"device_arch", "compiled_for", "check_schedule", "aligned", "_aligned", "_in_place_ok",
+               "launch_forward", "plan_forward", "launch_streaming", "streaming_attention"}
+
+
+def __getattr__(name):
+    # The launcher imports this module, so its names are looked up here on first use.
+    if name in _HOST_NAMES:
+        from . import portable_launch
+        return getattr(portable_launch, "aligned" if name == "_aligned" else name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
