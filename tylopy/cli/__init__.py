@@ -26,8 +26,9 @@ from typing import Sequence
 
 from .. import _plugins
 from ..codegen.targets import SUPPORTED_ARCHS
-from ..errors import KernelSourceError, TylopyError
-from .files import CliError, constexprs_for, find_kernels, load_module, parse_define, select_kernels, split_target
+from ..errors import KernelSourceError, LaunchTypeError, TylopyError
+from .files import (CliError, constexprs_for, find_kernels, load_module, parse_define, parse_dtype, select_kernels,
+                    split_target)
 
 EXIT_USAGE = 2
 
@@ -64,13 +65,36 @@ def _check_out_path(path: str):
         raise CliError(f"--out {path}: is a folder; give a file name")
 
 
+def _describe(kernel) -> str:
+    """One line: the kernel, its arch, its compile-time parameters (with defaults) and open tensor dtypes."""
+    import inspect
+    parts = []
+    for n, kind, default in kernel.signature:
+        if n in kernel.constexpr_names:
+            if default is inspect.Parameter.empty:
+                parts.append(n if repr(kind) == "constexpr" else f"{n} (dtype of tensor {n})")
+            else:
+                parts.append(f"{n}={default!r}")
+    return f"{kernel.name} ({kernel.arch}): " + (", ".join(parts) if parts else "no compile-time parameters")
+
+
 def cmd_dump(args) -> int:
+    if args.list:
+        for k in select_kernels(args.target, args.dtype):
+            print(_describe(_with_arch(k, args.arch)))
+        return 0
     if args.out:
         _check_out_path(args.out)
-    kernels = [_with_arch(k, args.arch) for k in select_kernels(args.target)]
+    kernels = [_with_arch(k, args.arch) for k in select_kernels(args.target, args.dtype)]
     texts = []
-    for kernel, cx in zip(kernels, constexprs_for(kernels, args.define)):
-        compiled = kernel.compile(**cx)
+    for kernel, cx in zip(kernels, constexprs_for(kernels, args.define, args.dtype)):
+        try:
+            compiled = kernel.compile(**cx)
+        except LaunchTypeError as e:
+            if "needs a value" not in str(e):
+                raise
+            raise CliError(f"{e}; 'tylopy dump {args.target.split(':')[0]} --list' shows what each kernel needs, "
+                           "FILE.py:KERNEL dumps one") from None
         text = _dump_text(compiled, args)
         if len(kernels) > 1:
             text = f"// ===== kernel {kernel.name} ({kernel.arch}) =====\n{text}"
@@ -114,8 +138,12 @@ def cmd_cache(args) -> int:
         return 0
     if args.target is None:
         raise CliError("cache explain expects FILE.py[:KERNEL]")
-    kernels = [_with_arch(k, args.arch) for k in select_kernels(args.target)]
-    for kernel, cx in zip(kernels, constexprs_for(kernels, args.define)):
+    try:
+        cache.cache_dir()
+    except cache.CacheUnavailable as e:
+        raise CliError(str(e)) from None
+    kernels = [_with_arch(k, args.arch) for k in select_kernels(args.target, args.dtype)]
+    for kernel, cx in zip(kernels, constexprs_for(kernels, args.define, args.dtype)):
         print(f"{kernel.name}: {kernel.cache_explain(**cx)}")
     return 0
 
@@ -156,12 +184,23 @@ def _define(text: str):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _dtype(text: str):
+    try:
+        return parse_dtype(text)
+    except CliError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _add_kernel_options(p: argparse.ArgumentParser):
     p.add_argument("--arch", choices=SUPPORTED_ARCHS, default=None,
                    help="compile for this target instead of the kernel's own arch (default: the kernel's)")
     p.add_argument("-D", dest="define", metavar="NAME=VALUE", action="append", type=_define, default=[],
-                   help="set a compile-time (ty.constexpr) parameter; VALUE is a Python literal, a tylopy "
-                        "type name such as bf16, or else a string; repeatable")
+                   help="set a compile-time (ty.constexpr) parameter, or the dtype of a ty.tensor parameter "
+                        "left open; VALUE is a Python literal, a tylopy type name such as bf16, or else a "
+                        "string; repeatable")
+    p.add_argument("--dtype", type=_dtype, default=None, metavar="DTYPE",
+                   help="the element type for tensor parameters of open dtype and for the file's kernel "
+                        "factories of one dtype parameter (default f32)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -184,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--ir", action="store_true", help="print the tylopy IR instead of PTX")
     dump.add_argument("--out", metavar="FILE", help="write the text to FILE; the report still goes to stdout")
     dump.add_argument("--no-report", action="store_true", help="do not print the ptxas report")
+    dump.add_argument("--list", action="store_true", help="list the file's kernels and the compile-time values "
+                      "each needs (-D NAME=VALUE), without compiling")
     dump.set_defaults(func=cmd_dump)
 
     cache = sub.add_parser(

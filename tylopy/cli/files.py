@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import inspect
 import os
 import re
 import sys
@@ -112,13 +113,41 @@ def _kernels_in(value, depth=0):
             yield from _kernels_in(v, depth + 1)
 
 
-def find_kernels(module) -> dict:
+def _is_dtype_factory(obj, module) -> bool:
+    """A cached module-level function of one parameter named like a dtype (``streaming_kernel(dtype)``):
+    the way kernels were made per element type before tensor parameters could leave it open."""
+    if not callable(obj) or not hasattr(obj, "cache_info"):
+        return False
+    fn = getattr(obj, "__wrapped__", None)
+    if getattr(fn, "__module__", None) != module.__name__ or not hasattr(fn, "__code__"):
+        return False
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    required = [p for p in params if p.default is inspect.Parameter.empty]
+    return len(required) == 1 and required[0].name.endswith("dtype")
+
+
+def call_dtype_factories(module, dtype) -> None:
+    """Make the kernels of the file's dtype factories for ``dtype`` (they register themselves)."""
+    for obj in list(vars(module).values()):
+        if _is_dtype_factory(obj, module):
+            try:
+                obj(dtype)
+            except Exception:  # noqa: BLE001 - a factory that does not take this dtype makes no kernel
+                pass
+
+
+def find_kernels(module, dtype=None) -> dict:
     """Every kernel whose function lives in ``module``'s file, by name, each object once.
 
     Module globals come first (under their global names), then kernels in module-level lists,
-    tuples and dicts, then kernels that factories made while the module was imported.
+    tuples and dicts, then kernels that factories made: while the module was imported, or now,
+    when a cached factory of one dtype parameter is called with ``dtype`` (default f32).
     """
     here = os.path.realpath(getattr(module, "__file__", "") or "")
+    call_dtype_factories(module, dtype or SCALAR_TYPES["f32"])
     out, seen = {}, set()
 
     def add(name, k):
@@ -137,11 +166,11 @@ def find_kernels(module) -> dict:
     return own or out
 
 
-def select_kernels(spec: str) -> list:
+def select_kernels(spec: str, dtype=None) -> list:
     """The kernels ``FILE.py[:KERNEL]`` names: that one, or every kernel defined in the file."""
     path, wanted = split_target(spec)
     module = load_module(path)
-    kernels = find_kernels(module)
+    kernels = find_kernels(module, dtype)
     if wanted is not None:
         for name, k in kernels.items():
             if wanted in (name, k.name):
@@ -168,8 +197,11 @@ def parse_define(text: str) -> tuple[str, object]:
         return name, raw
 
 
-def constexprs_for(kernels: Sequence, defines: Sequence[tuple[str, object]]) -> list[dict]:
-    """Split the -D values over the kernels: each gets the ones it declares; unknown names are errors."""
+def constexprs_for(kernels: Sequence, defines: Sequence[tuple[str, object]], dtype=None) -> list[dict]:
+    """Split the -D values over the kernels: each gets the ones it declares; unknown names are errors.
+
+    A tensor parameter of open dtype takes ``-D NAME=dtype``, else ``dtype`` (``--dtype``, default f32).
+    """
     given = dict(defines)
     declared = {n for k in kernels for n in k.constexpr_names}
     unknown = sorted(set(given) - declared)
@@ -177,4 +209,18 @@ def constexprs_for(kernels: Sequence, defines: Sequence[tuple[str, object]]) -> 
         which = kernels[0].name if len(kernels) == 1 else "no kernel in this file"
         raise CliError(f"-D {unknown[0]}: {which} has no compile-time parameter of that name "
                        f"(declared: {', '.join(sorted(declared)) or 'none'})")
-    return [{n: v for n, v in given.items() if n in k.constexpr_names} for k in kernels]
+    out = []
+    for k in kernels:
+        cx = {n: v for n, v in given.items() if n in k.constexpr_names}
+        for _, n in getattr(k, "_open_tensors", ()):
+            cx.setdefault(n, dtype or SCALAR_TYPES["f32"])
+        out.append(cx)
+    return out
+
+
+def parse_dtype(text: str):
+    """``--dtype NAME``: a tylopy scalar type name (f32, f16, bf16, ...)."""
+    t = SCALAR_TYPES.get(text.strip())
+    if t is None or t.is_bool:
+        raise CliError(f"--dtype expects one of {', '.join(n for n in SCALAR_TYPES if n != 'i1')}, but got {text!r}")
+    return t
