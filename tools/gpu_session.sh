@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: install, GPU tests, smoke checks, benchmarks. Logs and JSON land in $OUT.
-# Usage: bash tools/gpu_session.sh [tests|primitives|matrix|checks|sanitize|smoke|bench|bench_streaming|softmax|gemm|gemm_bench|gemm_bench_again|gemm_sweep|all ...]
+# Usage: bash tools/gpu_session.sh [tests|host|primitives|matrix|checks|sanitize|smoke|bench|bench_streaming|softmax|gemm|gemm_bench|gemm_bench_again|gemm_sweep|all ...]
 set -u
 OUT=${OUT:-/tmp/tylopy-out}
 mkdir -p "$OUT"
@@ -65,4 +65,9 @@ if [[ " $steps " == *" gemm_sweep "* ]]; then  # every schedule on a few shapes,
 fi
 if want softmax; then
   timeout 200 python3 tools/bench_softmax.py --output "$OUT/softmax.json" 2>&1 | tee "$OUT/bench-softmax.log" | tail -20
+fi
+if [[ " $steps " == *" host "* ]]; then  # launch and attention host overhead against the floors (not in all)
+  timeout 300 python3 tools/bench_host_overhead.py --output "$OUT/host-overhead.json" 2>&1 | tee "$OUT/host-overhead.log"
+  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_launch_host.py tests/test_tensor_args.py \
+    tests/test_hostile_semantics.py 2>&1 | tee "$OUT/pytest-host.log" | tail -5
 fi
