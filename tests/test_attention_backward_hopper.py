@@ -1,7 +1,7 @@
 """The Hopper attention backward without a GPU: ptxas, exact small kernels, input checks.
 
-* Every specialization ``plan_backward_hopper`` launches (head dim 64/128, bf16/fp16, with and
-  without a mask, deterministic or not, both coordinate orders) and every schedule of the
+* The specializations ``plan_backward_hopper`` launches (head dim 64/128, with and without a
+  mask, deterministic or not; fp16 and (B, N, H, D) memory plain and loaded) and every schedule of the
   ``--sweep`` grid assembles for sm_90a with no spills, no stack frame, no C7508/C7515, and fits
   in shared memory.
 * The preprocessing kernel (delta as a fixed fused-multiply-add tree, L log2 e), the dQ
@@ -39,11 +39,21 @@ def _inputs(D, dtype, bnhd=False, B=1, H=2, H_kv=1, n_q=8, n_k=8):
     return q, k, v, out, dout, lse, torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
+def _variants():
+    """Every (head dim, mask, mode) in bf16 and (B, H, N, D) memory; fp16 and the (B, N, H, D) order
+    (they change instruction types and TMA coordinates, not the register budget) plain and fully
+    loaded."""
+    for D, masked, det in itertools.product(L.HEAD_DIMS, (False, True), (False, True)):
+        yield D, torch.bfloat16, masked, det, False
+    for D, loaded in itertools.product(L.HEAD_DIMS, (False, True)):
+        yield D, torch.float16, loaded, loaded, loaded
+        yield D, torch.bfloat16, loaded, loaded, True
+
+
 def _launcher_specs():
-    """(kernel, constexprs) of every launch the launcher plans, found by planning on CPU tensors."""
+    """(kernel, constexprs) of the launches the launcher plans, found by planning on CPU tensors."""
     seen = {}
-    for D, dtype, masked, det, bnhd in itertools.product(L.HEAD_DIMS, (torch.bfloat16, torch.float16), (False, True),
-                                                         (False, True), (False, True)):
+    for D, dtype, masked, det, bnhd in _variants():
         args = _inputs(D, dtype, bnhd)
         mask = torch.rand(8, 8) > 0.5 if masked else None
         for step in L.plan_backward_hopper(*args, is_causal=False, scale=0.125, attn_mask=mask, deterministic=det,
