@@ -42,46 +42,39 @@ def _unique(specs):
 
 
 def _launcher_specializations():
-    """The constexpr sets ``launch_hopper`` compiles, found by running it on CPU tensors with the
-    tensor maps, the SM count and the kernel stubbed out: (specializations, error or None)."""
+    """The constexpr sets ``launch_hopper`` compiles, found by planning launches on CPU tensors
+    (no tensor maps, no GPU): (specializations, error or None)."""
     seen = []
-
-    class Recorder:
-        def __getitem__(self, grid):
-            def record(*args, **cx):
-                seen.append(cx)
-            return record
-
-    names = ("attention_fwd_sm90", "_tensor_map", "_sm_count", "_dummy")
-    saved = {n: getattr(launch, n) for n in names if hasattr(launch, n)}
     try:
-        launch.attention_fwd_sm90 = Recorder()
-        launch._tensor_map = lambda *args, **kwargs: None
-        launch._sm_count = lambda device: 132
-        launch._dummy = lambda device, dtype: torch.zeros(16, dtype=dtype)
-        for dt, n_k, masked, lse, bnhd in itertools.product((torch.bfloat16, torch.float16), (128, 4096),
-                                                            (False, True), (False, True), (False, True)):
-            q = torch.zeros((1, 128, 2, 64) if bnhd else (1, 2, 128, 64), dtype=dt)
-            k = torch.zeros((1, n_k, 2, 64) if bnhd else (1, 2, n_k, 64), dtype=dt)
+        for dt, d, n_k, masked, lse, bnhd, kv_heads in itertools.product(
+                (torch.bfloat16, torch.float16), (64, 128), (128, 4096), (False, True), (False, True), (False, True),
+                (2, 1)):
+            q = torch.zeros((1, 128, 2, d) if bnhd else (1, 2, 128, d), dtype=dt)
+            k = torch.zeros((1, n_k, kv_heads, d) if bnhd else (1, kv_heads, n_k, d), dtype=dt)
             if bnhd:
                 q, k = q.transpose(1, 2), k.transpose(1, 2)
             mask = torch.ones(128, n_k, dtype=torch.bool) if masked else None
-            out = torch.empty(1, 2, 128, 64, dtype=dt)
-            launch.launch_hopper(q, k, k, mask, False, 0.125, out, torch.empty(1, 2, 128) if lse else None)
+            out = torch.empty(1, 2, 128, d, dtype=dt)
+            plan = launch.plan_launch(q, k, k, mask, False, 0.125, out, torch.empty(1, 2, 128) if lse else None,
+                                      make_map=lambda *args: None, sm_count=132)
+            seen.append(plan.constexprs)
     except Exception as e:  # noqa: BLE001 -- reported by test_launcher_specializations_found
         return [], f"{type(e).__name__}: {e}"
-    finally:
-        for n, v in saved.items():
-            setattr(launch, n, v)
     return _unique(seen), None
 
 
 LAUNCHER_SPECS, LAUNCHER_ERROR = _launcher_specializations()
 
 
+DEFAULTS = {"HEAD_DIM": 64, "EXPONENT": "ffma", "RESCALE_THRESHOLD": 8.0, "PV_WAIT": "pinned", "POLY_EXP2": 0,
+            "ORDER": "heads"}
+
+
 def _spec_id(cx):
-    parts = [str(cx.get("DTYPE")), f"N{cx.get('BLOCK_N')}", f"C{cx.get('CONSUMERS')}", f"S{cx.get('STAGES')}"]
-    parts += [name.lower() for name in ("HAS_MASK", "RETURN_LSE", "PERSISTENT") if cx.get(name)]
+    parts = [str(cx.get("DTYPE")), f"D{cx.get('HEAD_DIM', 64)}", f"N{cx.get('BLOCK_N')}", f"C{cx.get('CONSUMERS')}",
+             f"S{cx.get('STAGES')}"]
+    parts += [name.lower() for name in ("HAS_MASK", "RETURN_LSE", "PERSISTENT", "SPLIT_S", "TMA_STORE") if cx.get(name)]
+    parts += [f"{k.lower()}={cx[k]}" for k, v in DEFAULTS.items() if k != "HEAD_DIM" and k in cx and cx[k] != v]
     parts += ["bnhd"] if cx.get("COORD_ORDER", ("n",))[0] != "n" else []
     return "-".join(parts)
 
@@ -98,38 +91,52 @@ def _pick_launcher_specs():
     return out
 
 
+VARIANTS = [(ty.bf16, True, True, True), (ty.bf16, False, True, True), (ty.f16, False, False, False)]
+
+
 def _launcher_picks(cx) -> bool:
-    """Whether the launcher could run this: with a mask or the persistent loop it overrides the
-    consumer count (MASKED_SCHEDULE, PERSISTENT_SCHEDULE) because other counts spill."""
-    for flag, table in (("HAS_MASK", "MASKED_SCHEDULE"), ("PERSISTENT", "PERSISTENT_SCHEDULE")):
-        forced = getattr(launch, table, {}) or {}
-        if cx.get(flag) and any(cx.get(k) != v for k, v in forced.items() if k in cx):
-            return False
-    return True
+    """Whether the launcher could run this: with a mask it overrides the consumer count
+    (MASKED_SCHEDULE) because three consumers spill."""
+    forced = launch.MASKED_SCHEDULE
+    return not (cx.get("HAS_MASK") and any(cx.get(k) != v for k, v in forced.items() if k in cx))
 
 
 def _grid_specs():
-    """BLOCK_N x CONSUMERS x STAGES, each with the first two flag sets the launcher can pick."""
-    variants = [(ty.bf16, True, True, True), (ty.f16, False, False, False), (ty.bf16, False, True, False),
-                (ty.f16, True, False, False)]
+    """Tile shapes (BLOCK_N x CONSUMERS x STAGES per head dim), each with the most loaded flag set
+    the launcher allows; the plain fp16 set too with two stages."""
+    shapes = [(64, bn, c, st) for bn, c, st in itertools.product((64, 128), (2, 3), (2, 4))]
+    shapes += [(64, 64, 4, 2), (128, 64, 2, 2), (128, 176, 2, 2), (128, 64, 3, 2)]
     out = []
-    for bn, consumers, stages in itertools.product((64, 128), (2, 3), (2, 4)):
+    for d, bn, consumers, stages in shapes:
         picked = []
-        for dt, mask, lse, persistent in variants:
-            cx = dict(DTYPE=dt, BLOCK_N=bn, CONSUMERS=consumers, STAGES=stages, HAS_MASK=mask, RETURN_LSE=lse,
-                      PERSISTENT=persistent, COORD_ORDER=("n", "h", "b"))
-            cx = {k: v for k, v in cx.items() if k in CONSTEXPRS}
-            if _launcher_picks(cx) and len(picked) < 2:
+        for dt, mask, lse, persistent in VARIANTS:
+            cx = dict(DTYPE=dt, HEAD_DIM=d, BLOCK_N=bn, CONSUMERS=consumers, STAGES=stages, HAS_MASK=mask,
+                      RETURN_LSE=lse, PERSISTENT=persistent, COORD_ORDER=("n", "h", "b"))
+            if _launcher_picks(cx) and (not picked or (stages == 2 and dt == ty.f16)):
                 picked.append(cx)
         out += picked
     return out
 
 
-PTXAS_SPECS = _unique(_pick_launcher_specs() + _grid_specs())
-# 128-key tiles with 3 consumer warpgroups (160 registers a thread) spill with a mask (156-164
-# bytes measured); the launcher therefore runs masks with 2 consumers (MASKED_SCHEDULE).
-KNOWN_SPILL = {k: v for k, v in dict(DTYPE=ty.bf16, BLOCK_N=128, CONSUMERS=3, STAGES=2, HAS_MASK=True,
-                                      RETURN_LSE=True, PERSISTENT=False).items() if k in CONSTEXPRS}
+# Schedule options (docs/performance.md, "v5"), on the default tile shape of each head dim.
+OPTIONS = [dict(SPLIT_S=True), dict(POLY_EXP2=2), dict(POLY_EXP2=8, SPLIT_S=True), dict(EXPONENT="exact"),
+           dict(EXPONENT="fast"), dict(RESCALE_THRESHOLD=None), dict(PV_WAIT="free"),
+           dict(TMA_STORE=True, PERSISTENT=True, ORDER="lpt", RETURN_LSE=True),
+           dict(TMA_STORE=True, RETURN_LSE=True)]
+
+
+def _option_specs():
+    out = []
+    for d, consumers in ((64, 3), (128, 2)):
+        for opt in OPTIONS:
+            out.append(dict(dict(DTYPE=ty.bf16, HEAD_DIM=d, BLOCK_N=128, CONSUMERS=consumers, STAGES=2), **opt))
+    return out
+
+
+PTXAS_SPECS = _unique(_pick_launcher_specs() + _grid_specs() + _option_specs())
+# 192 x 128 tiles at D=128 (three consumers at 160 registers a thread) spill: O (64), S (64) and
+# P (32) alone take 160 registers. The launcher uses two consumers at D=128.
+KNOWN_SPILL = dict(DTYPE=ty.bf16, HEAD_DIM=128, BLOCK_N=128, CONSUMERS=3, STAGES=2)
 
 
 def _assemble(cx):
@@ -154,9 +161,9 @@ def test_assembles_without_spills(cx):
     assert report.registers is not None and report.registers <= 255, str(report)
 
 
-@pytest.mark.xfail(strict=True, reason="3 consumers x 128-key tiles with a mask spill at 160 registers; the "
-                                       "launcher avoids it (MASKED_SCHEDULE)")
-def test_three_consumers_with_mask_spill():
+@pytest.mark.xfail(strict=True, reason="D=128 with 3 consumers x 128-key tiles spills at 160 registers; the "
+                                       "launcher uses 2 consumers at D=128")
+def test_three_consumers_at_d128_spill():
     report = _assemble(KNOWN_SPILL).report
     assert report.spills == 0 and report.stack_frame == 0, str(report)
 
@@ -205,10 +212,17 @@ BAD_INPUTS = [
     ("key float16", dict(key=torch.randn(1, 2, 8, 64).half()), TypeError, "key"),
     ("value float64", dict(value=torch.randn(1, 2, 8, 64).double()), TypeError, "value"),
     ("key on meta", dict(key=torch.empty(1, 2, 8, 64, dtype=torch.bfloat16, device="meta")), ValueError, "key"),
-    ("head dim 128", dict(zip(("query", "key", "value"), _qkv(D=128))), ValueError, "head_dim"),
+    ("head dim 96", dict(zip(("query", "key", "value"), _qkv(D=96))), ValueError, "head_dim"),
     ("head dim 48", dict(zip(("query", "key", "value"), _qkv(D=48))), ValueError, "head_dim"),
     ("batch mismatch", dict(key=torch.randn(2, 2, 8, 64).to(torch.bfloat16)), ValueError, "batch"),
     ("heads mismatch", dict(value=torch.randn(1, 3, 8, 64).to(torch.bfloat16)), ValueError, "heads"),
+    ("fewer kv heads without gqa", dict(key=torch.randn(1, 1, 8, 64).to(torch.bfloat16),
+                                        value=torch.randn(1, 1, 8, 64).to(torch.bfloat16)), ValueError, "heads"),
+    ("gqa heads not dividing", dict(query=torch.randn(1, 3, 8, 64).to(torch.bfloat16), enable_gqa=True), ValueError,
+     "heads"),
+    ("gqa k/v heads differ", dict(key=torch.randn(1, 1, 8, 64).to(torch.bfloat16), enable_gqa=True), ValueError,
+     "heads"),
+    ("enable_gqa int", dict(enable_gqa=1), TypeError, "enable_gqa"),
     ("key head dim", dict(key=torch.randn(1, 2, 8, 32).to(torch.bfloat16)), ValueError, "head_dim"),
     ("value rows", dict(value=torch.randn(1, 2, 9, 64).to(torch.bfloat16)), ValueError, "value"),
     ("rectangular causal", dict(zip(("query", "key", "value"), _qkv(n_q=8, n_k=9)), is_causal=True), ValueError,
@@ -244,6 +258,14 @@ def test_bad_input_is_rejected_naming_the_argument(change, exc, arg, entry):
     text = str(info.value)
     assert re.search(rf"\b{re.escape(arg)}\b", text), text
     assert "expects" in text and "but got" in text, text
+
+
+def test_grouped_query_heads_pass_the_checks():
+    q = torch.randn(2, 8, 5, 128).to(torch.bfloat16)
+    k = torch.randn(2, 2, 7, 128).to(torch.bfloat16)
+    assert check_inputs(q, k, k, None, False, None, enable_gqa=True) == (2, 8, 5, 7, 128, 1 / math.sqrt(128))
+    one = k[:, :1].expand(2, 8, 7, 128)  # an MQA view with a zero head stride
+    assert check_inputs(q, one, one, None, False, None)[:4] == (2, 8, 5, 7)
 
 
 def test_check_inputs_returns_sizes_and_scale():

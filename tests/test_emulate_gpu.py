@@ -152,21 +152,15 @@ def test_tma_image_and_wgmma_match_the_gpu(capsys):
 
 @pytest.mark.skipif(not sm90(), reason="needs a Hopper GPU (sm_90)")
 def test_hopper_attention_matches_the_gpu(capsys):
-    from test_emulate_kernels import _spec, qkv
-    from tylopy_kernels.attention import hopper as mod, hopper_launch as launch
+    from test_emulate_kernels import emulate_hopper, qkv
+    from tylopy_kernels.attention import hopper_launch as launch
     n = 256
     q, k, v = qkv(1, 1, n, seed=13)
     out_gpu = torch.zeros_like(q).cuda()
     launch.launch_hopper(q.cuda(), k.cuda(), v.cuda(), None, False, 1 / math.sqrt(64), out_gpu, None,
                          schedule={"PERSISTENT": False})
     out_cpu = torch.zeros_like(q)
-    sched = {kk: vv for kk, vv in launch.SCHEDULE.items() if kk != "PERSISTENT"}
-    order = launch._coord_order(q)
-    mod.attention_fwd_sm90.emulate(
-        _spec(q, 64 * sched["CONSUMERS"], order), _spec(k, sched["BLOCK_N"], order), _spec(v, sched["BLOCK_N"], order),
-        out_cpu.view(torch.int16), torch.zeros(16), torch.zeros(16, dtype=torch.uint8), n, n, 1, 1, 1 / 8, 0,
-        *out_cpu.stride()[:3], 0, 0, 0, 0, grid=(-(-n // (64 * sched["CONSUMERS"])), 1, 1), DTYPE=ty.bf16,
-        HAS_MASK=False, RETURN_LSE=False, COORD_ORDER=order, **sched)
+    emulate_hopper(q, k, v, out_cpu, None, False)
     torch.cuda.synchronize()
     diff = (out_cpu.double() - out_gpu.cpu().double()).abs()
     same = (out_cpu.view(torch.int16) == out_gpu.cpu().view(torch.int16)).float().mean().item()

@@ -25,31 +25,26 @@ def qkv(b, h, n, seed):
     return [torch.randn(b, h, n, D).to(torch.bfloat16) for _ in range(3)]
 
 
-def _spec(t, rows, order):
-    """The launcher's ``_tensor_map`` as a spec: dims innermost first in ``order``, box of ``rows``."""
-    dims = {"b": 0, "h": 1, "n": 2}
-    shape = [D] + [t.shape[dims[k]] for k in order]
-    strides = [max(t.stride(dims[k]), 1) * t.element_size() for k in order]
-    strides = [s if t.shape[dims[k]] > 1 else max(s, 16) for s, k in zip(strides, order)]
-    box = [D] + [rows if k == "n" else 1 for k in order]
-    return TensorMapSpec(t, tuple(shape), tuple(strides), tuple(box), "bf16", 128)
+def _spec(t, dims, strides, box):
+    """A tensor map as the launcher describes it, as a spec the emulator reads (no driver)."""
+    return TensorMapSpec(t, tuple(dims), tuple(strides), tuple(box), "bf16" if t.dtype == torch.bfloat16 else "f16", 128)
+
+
+def emulate_hopper(q, k, v, out, lse, causal, schedule=None):
+    """Run the Hopper kernel in the emulator with the arguments ``launch_hopper`` would pass."""
+    mod = pytest.importorskip("tylopy_kernels.attention.hopper")
+    launch = pytest.importorskip("tylopy_kernels.attention.hopper_launch")
+    plan = launch.plan_launch(q, k, v, None, causal, 1 / math.sqrt(q.shape[-1]), out, lse,
+                              dict({"PERSISTENT": False}, **(schedule or {})), make_map=_spec, sm_count=4)
+    return mod.attention_fwd_sm90.emulate(*plan.args, grid=plan.grid, **plan.constexprs)
 
 
 @pytest.mark.parametrize("b,h,n,causal", [(1, 1, 256, False), (1, 2, 200, True)])
 def test_hopper_attention_kernel(b, h, n, causal, capsys):
-    mod = pytest.importorskip("tylopy_kernels.attention.hopper")
-    launch = pytest.importorskip("tylopy_kernels.attention.hopper_launch")
     q, k, v = qkv(b, h, n, seed=7)
     out, lse = torch.zeros_like(q), torch.zeros(b, h, n)
-    sched = {kk: vv for kk, vv in launch.SCHEDULE.items() if kk != "PERSISTENT"}
-    block_m = 64 * sched["CONSUMERS"]
-    order = launch._coord_order(q)
     t0 = time.perf_counter()
-    report = mod.attention_fwd_sm90.emulate(
-        _spec(q, block_m, order), _spec(k, sched["BLOCK_N"], order), _spec(v, sched["BLOCK_N"], order),
-        out.view(torch.int16), lse, torch.zeros(16, dtype=torch.uint8),
-        n, n, h, b, 1 / math.sqrt(D), int(causal), out.stride(0), out.stride(1), out.stride(2), 0, 0, 0, 0,
-        grid=(-(-n // block_m), h, b), DTYPE=ty.bf16, HAS_MASK=False, RETURN_LSE=True, COORD_ORDER=order, **sched)
+    report = emulate_hopper(q, k, v, out, lse, causal)
     dt = time.perf_counter() - t0
     err = (out.double() - sdpa(q, k, v, causal)).abs().max().item()
     with capsys.disabled():

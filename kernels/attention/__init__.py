@@ -3,11 +3,15 @@ the shapes are supported.
 
     out = tylopy.attention(q, k, v, attn_mask=None, is_causal=False, scale=None)
     out, lse = tylopy.attention(q, k, v, return_lse=True)
+    out = tylopy.attention(q, k_few_heads, v_few_heads, enable_gqa=True)   # grouped-query attention
 
 Inputs are (B, H, N, D) tensors, bf16 or fp16, on one CUDA device; any strides whose last
 dimension is contiguous (so a (B, N, H, D) buffer viewed with ``.transpose(1, 2)`` works without
-a copy). On Hopper with D = 64 it runs the warp-specialized kernel (``attention_hopper.py``);
-elsewhere the portable mma.sync kernel (``streaming_attention.py``) when it supports the shape.
+a copy). On Hopper with D = 64 or 128 it runs the warp-specialized kernel (``hopper.py``);
+elsewhere the portable mma.sync kernel (``portable.py``). With ``enable_gqa=True`` (as SDPA)
+key/value may have fewer heads than query, a divisor of them: query head h reads key/value head
+h // (H / H_kv); both kernels index them in place (the Hopper one also reads a zero-stride
+``expand`` view of one head without a copy).
 Launches go on the current stream, never synchronize the host, and can be captured in a graph.
 
 Every check below runs before the GPU is touched, so bad input fails the same way on a machine
@@ -20,7 +24,7 @@ import math
 
 import torch
 
-HOPPER_HEAD_DIMS = (64,)
+HOPPER_HEAD_DIMS = (64, 128)
 BLOCK_M = 128
 
 
@@ -28,7 +32,7 @@ def _fail(exc, arg, expected, got):
     raise exc(f"attention: {arg} expects {expected}, but got {got}")
 
 
-def check_inputs(query, key, value, attn_mask, is_causal, scale):
+def check_inputs(query, key, value, attn_mask, is_causal, scale, enable_gqa=False):
     """Validate like SDPA; returns (B, H, n_q, n_k, D, scale)."""
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
@@ -46,15 +50,23 @@ def check_inputs(query, key, value, attn_mask, is_causal, scale):
     B, H, n_q, D = query.shape
     if key.shape[0] != B or value.shape[0] != B:
         _fail(ValueError, "key/value batch", B, f"{key.shape[0]} and {value.shape[0]}")
-    if key.shape[1] != H or value.shape[1] != H:
-        _fail(ValueError, "key/value heads", H, f"{key.shape[1]} and {value.shape[1]}")
+    if not isinstance(enable_gqa, bool):
+        _fail(TypeError, "enable_gqa", "a bool", type(enable_gqa).__name__)
+    if enable_gqa:
+        h_kv = key.shape[1]
+        if value.shape[1] != h_kv or h_kv == 0 or H % h_kv:
+            _fail(ValueError, "key/value heads", f"one count that divides the {H} query heads (enable_gqa=True)",
+                  f"{key.shape[1]} and {value.shape[1]}")
+    elif key.shape[1] != H or value.shape[1] != H:
+        _fail(ValueError, "key/value heads", f"{H} (or enable_gqa=True for fewer)",
+              f"{key.shape[1]} and {value.shape[1]}")
     if key.shape[3] != D or value.shape[3] != D:
         _fail(ValueError, "key/value head_dim", D, f"{key.shape[3]} and {value.shape[3]}")
     n_k = key.shape[2]
     if value.shape[2] != n_k:
         _fail(ValueError, "value", f"as many rows as key ({n_k})", value.shape[2])
-    if D not in (16, 32, 64):
-        _fail(ValueError, "query head_dim", "16, 32 or 64", D)
+    if D not in (16, 32, 64, 128):
+        _fail(ValueError, "query head_dim", "16, 32, 64 or 128", D)
     if not isinstance(is_causal, bool):
         _fail(TypeError, "is_causal", "a bool", type(is_causal).__name__)
     if is_causal and n_q != n_k:
@@ -86,9 +98,9 @@ def check_inputs(query, key, value, attn_mask, is_causal, scale):
     return B, H, n_q, n_k, D, float(scale)
 
 
-def attention(query, key, value, attn_mask=None, is_causal=False, scale=None, return_lse=False):
+def attention(query, key, value, attn_mask=None, is_causal=False, scale=None, return_lse=False, enable_gqa=False):
     """softmax(scale * query key^T, masked) value, like SDPA; with ``return_lse`` also the row LSE (fp32)."""
-    B, H, n_q, n_k, D, scale = check_inputs(query, key, value, attn_mask, is_causal, scale)
+    B, H, n_q, n_k, D, scale = check_inputs(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     if query.device.type != "cuda":
         _fail(ValueError, "query", "a CUDA tensor", f"a tensor on {query.device}")
     out = torch.empty((B, H, n_q, D), dtype=query.dtype, device=query.device)
@@ -106,9 +118,9 @@ def attention(query, key, value, attn_mask=None, is_causal=False, scale=None, re
             lse.fill_(float("-inf"))
         return (out, lse) if return_lse else out
     major, _ = _capability(query.device.index)
-    if major == 9 and D in HOPPER_HEAD_DIMS and _tma_ok(query, key, value):
+    if major == 9 and D in HOPPER_HEAD_DIMS and (_tma_ok(query, key, value) or D == 128):
         from .hopper_launch import launch_hopper
-        launch_hopper(query, key, value, attn_mask, is_causal, scale, out, lse)
+        launch_hopper(query, key, value, attn_mask, is_causal, scale, out, lse)  # copies what TMA cannot map
     else:
         from .portable import launch_streaming
         launch_streaming(query, key, value, attn_mask, is_causal, scale, out, lse)
@@ -121,11 +133,13 @@ def _capability(device_index):
 
 
 def _tma_ok(*tensors) -> bool:
-    """TMA needs a 16-byte aligned base and 16-byte multiple, non-zero outer strides."""
+    """TMA needs a 16-byte aligned base and 16-byte multiple, non-zero strides along the sequence (a
+    zero stride over batch or heads, an ``expand`` view, is mapped over its storage by the launcher)."""
     for t in tensors:
         if t.data_ptr() % 16:
             return False
         for d in range(3):
-            if t.shape[d] > 1 and (t.stride(d) * t.element_size()) % 16 or (t.shape[d] > 1 and t.stride(d) == 0):
+            stride = t.stride(d) * t.element_size()
+            if t.shape[d] > 1 and (stride % 16 or (stride == 0 and d == 2)):
                 return False
     return True

@@ -1,53 +1,93 @@
-"""Host side of the Hopper attention kernel: tensor maps, specialization, launch."""
+"""Host side of the Hopper attention kernel: schedule choice, tensor maps, specialization, launch.
+
+``launch_hopper(q, k, v, attn_mask, is_causal, scale, out, lse)`` takes q as (B, H, N_q, D) and
+k, v as (B, H_kv, N_k, D) with H_kv dividing H (grouped-query attention: query head h reads
+K/V head h // (H / H_kv); H_kv = 1 is multi-query attention). K/V views with a zero stride over
+heads (``k1.expand(B, H, N, D)``) or over the batch are mapped over their storage, without a
+copy. ``plan_launch`` builds the same launch without a GPU (the emulator runs it with tensor-map
+specs).
+"""
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
 import tylopy as ty
 from tylopy.runtime.tensormap import TensorMap
 
-from .hopper import HEAD_DIM, attention_fwd_sm90
 from .common import mask_and_lse_args
+from .hopper import attention_fwd_sm90
+from .hopper_tiles import Plan
 
-# Measured on the H200 (results/attention-sweep-H200-2026-11-29.json): 128-key tiles and three
-# consumer warpgroups beat 64 x 2 by 15-30%; the stage count barely matters at this depth.
-SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 3, "PERSISTENT": "auto", "EXPONENT": "exact"}
-# EXPONENT "fast" (ex2(fma(s, c, -round(m c)))) is 6-8% faster (results/attention-exponent-*.json)
-# but overflows to NaN once |max score * scale * log2 e| nears 2^31 (e.g. every input 133120 in
-# bf16); "exact" (ex2((s - m) c)) is right for every finite input and is the default.
-# The persistent loop needs a few more live registers than 160 per consumer thread allow
-# (3 consumers spill 32 bytes), so it runs with two consumers.
-PERSISTENT_SCHEDULE = {"CONSUMERS": 2}
-# A persistent grid (one CTA per SM looping over work tiles, the next Q loading under the current
-# epilogue) wins only where each work tile is short; with long rows the hardware's dynamic block
-# scheduler balances causal work better than our static order (results/*-v3-persistent.json).
-PERSISTENT_MAX_KEYS = 1024
+# Defaults per head dim (measured for D=64: results/attention-sweep-H200-2026-11-29.json; 128-key
+# tiles and three consumer warpgroups beat 64 x 2 by 15-30%; the stage count barely matters).
+# docs/performance.md, "v5", has what each option is predicted to change.
+SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 3, "PERSISTENT": "auto", "EXPONENT": "ffma",
+            "RESCALE_THRESHOLD": 8.0, "SPLIT_S": False, "PV_WAIT": "pinned", "POLY_EXP2": 0, "TMA_STORE": False,
+            "ORDER": "auto"}
+# D=128: O takes 64 registers a thread, so two consumers (240 registers) as FA3; 128 x 128 tiles
+# for causal, and non-causal too until the sweep says whether 176-key tiles (FA3's) win here.
+SCHEDULE_128 = dict(SCHEDULE, CONSUMERS=2)
+# Per key length, when PERSISTENT is "auto": (up to this many keys, schedule changes). A
+# persistent grid (one CTA per SM looping over work tiles, the next Q loading under the current
+# epilogue) wins only where each work tile is short (results/*-v3-persistent.json); it needs a
+# few more live registers than 160 a consumer thread allow, so it runs with two consumers.
+LENGTH_TABLE = {64: [(1024, {"PERSISTENT": True, "CONSUMERS": 2})],
+                128: [(1024, {"PERSISTENT": True, "CONSUMERS": 2})]}
 # With a user mask the per-element mask loads need more registers than 160 per consumer thread
-# (3 consumers spill 156 bytes); two consumers get 240.
+# (3 consumers spill 96-200 bytes); two consumers get 240.
 MASKED_SCHEDULE = {"CONSUMERS": 2}
+L2_SHARE = 0.5  # the "lpt" order groups heads whose K and V fill about this share of L2
 _maps: dict = {}
+DIMS = {"b": 0, "h": 1, "n": 2}
 
 
 def _coord_order(t: torch.Tensor) -> tuple:
     """(n, h, b) sorted by increasing stride: the tensor map lists dimensions innermost first."""
-    dims = {"b": 0, "h": 1, "n": 2}
-    return tuple(sorted(dims, key=lambda k: (t.stride(dims[k]), dims[k] == 0, k != "n")))
+    return tuple(sorted(DIMS, key=lambda k: (t.stride(DIMS[k]), DIMS[k] == 0, k != "n")))
 
 
-def _tensor_map(t: torch.Tensor, rows: int, order: tuple) -> TensorMap:
-    dims = {"b": 0, "h": 1, "n": 2}
-    shape = [HEAD_DIM] + [t.shape[dims[k]] for k in order]
-    strides = [max(t.stride(dims[k]), 1) * t.element_size() for k in order]
-    strides = [s if t.shape[dims[k]] > 1 else max(s, 16) for s, k in zip(strides, order)]
-    box = [HEAD_DIM] + [rows if k == "n" else 1 for k in order]
+def _fits(t: torch.Tensor, order: tuple) -> bool:
+    """A tensor map in ``order`` can describe t: its dimensions longer than one have positive,
+    16-byte-multiple strides that increase along ``order`` (a dimension of one takes any stride)."""
+    last = 0
+    for k in order:
+        n, s = t.shape[DIMS[k]], t.stride(DIMS[k]) * t.element_size()
+        if n == 1:
+            continue
+        if s <= 0 or s % 16 or s < last:
+            return False
+        last = s
+    return t.data_ptr() % 16 == 0
+
+
+def _map_geometry(t: torch.Tensor, rows: int, order: tuple):
+    """(dims, strides in bytes, box) innermost first. A dimension of one gets the stride that
+    the one before it ends at (any stride addresses its single index)."""
+    shape = [t.shape[-1]] + [t.shape[DIMS[k]] for k in order]
+    strides, end = [], t.shape[-1] * t.element_size()
+    for k in order:
+        n, s = t.shape[DIMS[k]], t.stride(DIMS[k]) * t.element_size()
+        s = s if n > 1 else max(end, 16)
+        strides.append(s)
+        end = s * n
+    box = [64] + [rows if k == "n" else 1 for k in order]
+    return shape, strides, box
+
+
+def _dtype_name(t):
+    return "bf16" if t.dtype == torch.bfloat16 else "f16"
+
+
+def device_map(t: torch.Tensor, shape, strides, box) -> TensorMap:
     key = (t.data_ptr(), tuple(shape), tuple(strides), tuple(box), t.dtype, t.device.index)
     tm = _maps.get(key)
     if tm is None:
         if len(_maps) > 256:
             _maps.clear()
-        tm = TensorMap.tiled(t, shape, strides, box, "bf16" if t.dtype == torch.bfloat16 else "f16", swizzle=128)
+        tm = TensorMap.tiled(t, shape, strides, box, _dtype_name(t), swizzle=128)
         _maps[key] = tm
     return tm
 
@@ -57,30 +97,92 @@ def _sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def launch_hopper(q, k, v, attn_mask, is_causal, scale, out, lse, schedule=None):
-    sched = dict(SCHEDULE, **(MASKED_SCHEDULE if attn_mask is not None else {}), **(schedule or {}))
-    B, H, n_q, _ = q.shape
-    n_k = k.shape[2]
+@functools.lru_cache(maxsize=None)
+def _l2_bytes(device) -> int:
+    return getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20)
+
+
+def resolve_schedule(D, n_k, is_causal, masked, schedule=None) -> dict:
+    """The constexprs of one call: per-head-dim defaults, the length table where PERSISTENT is
+    "auto", the mask's consumer count, ``schedule`` overrides last."""
+    sched = dict(SCHEDULE if D == 64 else SCHEDULE_128, **(schedule or {}))
     if sched["PERSISTENT"] == "auto":
-        sched["PERSISTENT"] = n_k <= PERSISTENT_MAX_KEYS
-    if sched["PERSISTENT"]:
-        sched.update(PERSISTENT_SCHEDULE)
-    block_m = 64 * sched["CONSUMERS"]
+        sched["PERSISTENT"] = False
+        for max_keys, change in LENGTH_TABLE.get(D, []):
+            if n_k <= max_keys:
+                sched.update(change)
+                break
+    if masked:
+        sched.update(MASKED_SCHEDULE)
+    if sched["ORDER"] == "auto":
+        sched["ORDER"] = "lpt" if (is_causal and sched["PERSISTENT"]) else "heads"
+    return sched
+
+
+def _kv_view(q, t):
+    """(t as a view over what it stores, whether it has its own batch): a zero stride over heads or
+    batch is a broadcast -- map one head (or batch) and let the kernel index it."""
+    own_batch = True
+    if t.shape[1] > 1 and t.stride(1) == 0:
+        t = t[:, :1]
+    if t.shape[0] > 1 and t.stride(0) == 0:
+        t, own_batch = t[:1], False
+    return t, own_batch
+
+
+@dataclass
+class Launch:
+    grid: tuple
+    args: tuple
+    constexprs: dict
+
+
+def plan_launch(q, k, v, attn_mask, is_causal, scale, out, lse, schedule=None, make_map=None, sm_count=None,
+                l2_bytes=50 << 20) -> Launch:
+    """The grid, arguments and constexprs of one launch (``make_map(t, dims, strides, box)``
+    builds a tensor map; ``sm_count`` sizes the persistent grid)."""
+    B, H, n_q, D = q.shape
+    n_k = k.shape[2]
+    if H % k.shape[1] or k.shape[1] != v.shape[1]:
+        raise ValueError(f"launch_hopper: key/value heads expects a divisor of the {H} query heads (the same for "
+                         f"both), but got {k.shape[1]} and {v.shape[1]}")
+    sched = resolve_schedule(D, n_k, is_causal, attn_mask is not None, schedule)
+    make_map = make_map or device_map
+    (kk, k_batched), (vv, v_batched) = _kv_view(q, k), _kv_view(q, v)
+    if kk.shape[1] != vv.shape[1] or k_batched != v_batched:  # broadcast one way only: map both fully
+        kk, vv, k_batched = k, v, True
     order = _coord_order(q)
-    if _coord_order(k) != order or _coord_order(v) != order:
-        k, v = k.contiguous(), v.contiguous()
-        q = q.contiguous()
+    if not all(_fits(t, order) for t in (q, kk, vv)):
+        q, kk, vv = q.contiguous(), kk.contiguous(), vv.contiguous()
         order = _coord_order(q)
-    tm_q = _tensor_map(q, block_m, order)
-    tm_k = _tensor_map(k, sched["BLOCK_N"], order)
-    tm_v = _tensor_map(v, sched["BLOCK_N"], order)
+    block_m = 64 * sched["CONSUMERS"]
+    maps = [make_map(t, *_map_geometry(t, rows, order)) for t, rows in ((q, block_m), (kk, sched["BLOCK_N"]),
+                                                                        (vv, sched["BLOCK_N"]))]
+    o_order = _coord_order(out)
+    if sched["TMA_STORE"] and _fits(out, o_order):
+        maps.append(make_map(out, *_map_geometry(out, 64, o_order)))
+    else:
+        sched["TMA_STORE"] = False
+        maps.append(maps[0])  # not read
     mask_t, ms, lse_t = mask_and_lse_args(attn_mask, lse, B, H, n_q, n_k, q.device)
     num_m = (n_q + block_m - 1) // block_m
-    grid = (min(num_m * H * B, _sm_count(q.device)),) if sched["PERSISTENT"] else (num_m, H, B)
-    attention_fwd_sm90[grid](
-        tm_q, tm_k, tm_v, out.view(torch.int16), lse_t, mask_t,
-        n_q, n_k, H, B, scale, int(is_causal),
-        out.stride(0), out.stride(1), out.stride(2),
-        ms[0], ms[1], ms[2], ms[3],
-        DTYPE=ty.bf16 if q.dtype == torch.bfloat16 else ty.f16, HAS_MASK=attn_mask is not None,
-        RETURN_LSE=lse is not None, COORD_ORDER=order, **sched)
+    kv_group = H // kk.shape[1]
+    kv_bytes = 2 * n_k * D * q.element_size()
+    head_group = max(1, min(B * H, int(l2_bytes * L2_SHARE) // max(kv_bytes, 1)))
+    grid = (min(num_m * H * B, sm_count or 132),) if sched["PERSISTENT"] else (num_m, H, B)
+    args = (*maps, out.view(torch.int16), lse_t, mask_t, n_q, n_k, H, B, kv_group, int(k_batched), head_group,
+            scale, int(is_causal), out.stride(0), out.stride(1), out.stride(2), ms[0], ms[1], ms[2], ms[3])
+    cx = dict(sched, DTYPE=ty.bf16 if q.dtype == torch.bfloat16 else ty.f16, HEAD_DIM=D,
+              HAS_MASK=attn_mask is not None, RETURN_LSE=lse is not None, COORD_ORDER=order,
+              O_ORDER=o_order if sched["TMA_STORE"] and o_order != order else None)
+    Plan(D, cx["BLOCK_N"], cx["STAGES"], cx["CONSUMERS"], cx["TMA_STORE"])  # fails early on too much smem
+    return Launch(grid, args, cx)
+
+
+def launch_hopper(q, k, v, attn_mask, is_causal, scale, out, lse, schedule=None):
+    """Run the kernel: q (B, H, N_q, D), k/v (B, H_kv, N_k, D) with H_kv | H, D in {64, 128}; out
+    (B, H, N_q, D) and lse (B, H, N_q) float32 or None are written."""
+    dev = q.device
+    launch = plan_launch(q, k, v, attn_mask, is_causal, scale, out, lse, schedule, sm_count=_sm_count(dev),
+                         l2_bytes=_l2_bytes(dev))
+    attention_fwd_sm90[launch.grid](*launch.args, **launch.constexprs)

@@ -1,0 +1,153 @@
+"""Shared pieces of the Hopper attention forward: the compile-time plan (schedule and shared-memory
+layout), the run-time problem, and the order in which CTAs take work tiles."""
+import tylopy as ty
+
+ROW_BYTES = 128        # one 64-element 16-bit row of a column chunk: one 128-byte swizzle row
+MAX_SMEM = 232448      # H100/H200 opt-in dynamic shared memory per block
+# Registers per thread after setmaxnreg, (producer, consumer): the whole pool of 1 CTA per SM
+# (65536 / threads, rounded down to 8) is redistributed, e.g. 128*24 + 256*240 = 384*168.
+REGISTER_SPLIT = {2: (24, 240), 3: (32, 160), 4: (24, 112)}
+
+
+class Plan:
+    """The compile-time schedule and the shared-memory layout (byte offsets, every tile 1024-byte
+    aligned for SW128). A tile of R rows x D columns is D/64 column chunks of R x 128 bytes."""
+
+    def __init__(self, head_dim, block_n, stages, consumers, tma_store):
+        if head_dim not in (64, 128):
+            raise ValueError(f"HEAD_DIM expects 64 or 128, but got {head_dim}")
+        if block_n % 16 or not 16 <= block_n <= 256:
+            raise ValueError(f"BLOCK_N expects a multiple of 16 in 16..256, but got {block_n}")
+        if consumers not in REGISTER_SPLIT:
+            raise ValueError(f"CONSUMERS expects one of {sorted(REGISTER_SPLIT)}, but got {consumers}")
+        self.head_dim, self.block_n, self.stages, self.consumers = head_dim, block_n, stages, consumers
+        self.chunks = head_dim // 64
+        self.block_m = 64 * consumers
+        self.q_chunk = self.block_m * ROW_BYTES
+        self.kv_chunk = block_n * ROW_BYTES
+        self.q_bytes = self.q_chunk * self.chunks
+        self.tile_bytes = self.kv_chunk * self.chunks
+        self.o_chunk = 64 * ROW_BYTES                      # one consumer's 64 rows
+        self.q = 0
+        self.k = self.q + self.q_bytes
+        self.v = self.k + stages * self.tile_bytes
+        self.o = self.v + stages * self.tile_bytes         # O staging for the TMA store
+        bars = self.o + (consumers * self.o_chunk * self.chunks if tma_store else 0)
+        self.q_full = bars
+        self.q_empty = bars + 8
+        self.k_full = bars + 16
+        self.k_empty = self.k_full + 8 * stages
+        self.v_full = self.k_empty + 8 * stages
+        self.v_empty = self.v_full + 8 * stages
+        self.total = self.v_empty + 8 * stages
+        if self.total > MAX_SMEM:
+            raise ValueError(f"this schedule needs {self.total} bytes of shared memory, but a block has at most "
+                             f"{MAX_SMEM} (fewer STAGES, a smaller BLOCK_N, or TMA_STORE=False)")
+
+
+class Schedule:
+    """The compile-time options the consumers read (see ``attention_fwd_sm90``'s constexprs)."""
+
+    def __init__(self, dtype, has_mask, return_lse, persistent, tile_order, coord_order, out_order, exponent,
+                 threshold, split_s, pv_wait, poly, tma_store):
+        if pv_wait not in ("pinned", "free"):
+            raise ValueError(f"PV_WAIT expects 'pinned' or 'free', but got {pv_wait!r}")
+        if tile_order not in ("heads", "lpt"):
+            raise ValueError(f"ORDER expects 'heads' or 'lpt', but got {tile_order!r}")
+        self.dtype, self.has_mask, self.return_lse = dtype, has_mask, return_lse
+        self.persistent, self.tile_order, self.coord_order = persistent, tile_order, coord_order
+        self.out_order = coord_order if out_order is None else out_order
+        self.exponent, self.threshold, self.split_s = exponent, threshold, split_s
+        self.pv_wait, self.poly, self.tma_store = pv_wait, poly, tma_store
+
+
+@ty.func
+def bar_at(smem, offset):
+    return ty.ptr_cast(smem + offset, ty.u64)
+
+
+@ty.func
+def tma_coords(order, n, h, b):
+    """TMA coordinates after the D dimension, in the order the host sorted the strides."""
+    pos = {"n": n, "h": h, "b": b}
+    return tuple(pos[x] for x in order)
+
+
+class Problem:
+    """The run-time sizes, strides and pointers every role needs (a plain holder of IR values)."""
+
+    def __init__(self, n_q, n_k, n_heads, n_batch, kv_group, kv_batch, head_group, scale, causal, out, lse_ptr,
+                 mask, tm_o, o_strides, m_strides, block_m, block_n):
+        self.n_q, self.n_k, self.n_heads, self.n_batch = n_q, n_k, n_heads, n_batch
+        self.kv_group, self.kv_batch, self.head_group = kv_group, kv_batch, head_group
+        self.scale, self.causal = scale, causal
+        self.out, self.lse_ptr, self.mask, self.tm_o = out, lse_ptr, mask, tm_o
+        self.o_strides, self.m_strides = o_strides, m_strides
+        self.block_m, self.block_n = block_m, block_n
+        self.num_m = (n_q + (block_m - 1)) // block_m
+        self.total = self.num_m * n_heads * n_batch
+
+
+@ty.func
+def tiles_of_this_cta(prob, persistent):
+    """How many work tiles this CTA loops over (upper bound; ``next_tile`` says which are real)."""
+    if persistent:
+        return (prob.total + ty.grid_dim(0) - 1) // ty.grid_dim(0)
+    return 1
+
+
+@ty.func
+def next_tile(prob, k, persistent, order):
+    """(valid, first query row, head, batch, key tiles) of this CTA's k-th work tile.
+
+    One tile per CTA: the grid is (query blocks, heads, batch) and the block indices are the
+    coordinates (the last query block first: under causal masking it carries the most key tiles;
+    the hardware's block scheduler balances the rest). Persistent: CTA i takes positions i,
+    2G-1-i, 2G+i, ... of the sequence ``work_tile`` decodes.
+    """
+    if persistent:
+        pos = tile_position(k)
+        m0, h, b, n_tiles = work_tile(prob, pos, order)
+        return pos < prob.total, m0, h, b, n_tiles
+    m0 = (ty.grid_dim(0) - 1 - ty.block_idx(0)) * prob.block_m
+    return ty.cast(1, ty.i1), m0, ty.block_idx(1), ty.block_idx(2), key_tiles(prob, m0)
+
+
+@ty.func
+def key_tiles(prob, m0):
+    kv_end = prob.n_k
+    if prob.causal != 0:
+        kv_end = ty.minimum(prob.n_k, m0 + prob.block_m)
+    return (kv_end + (prob.block_n - 1)) // prob.block_n
+
+
+@ty.func
+def tile_position(k):
+    """The k-th work tile of this CTA: i, 2G-1-i, 2G+i, ... so heavy and light causal tiles alternate."""
+    g = ty.grid_dim(0)
+    i = ty.block_idx(0)
+    return k * g + ty.select((k & 1) == 0, i, g - 1 - i)
+
+
+@ty.func
+def work_tile(prob, pos, order):
+    """Tile position -> (first query row, head, batch, key tiles).
+
+    "heads": the query blocks of one (batch, head) are neighbours (K and V reused from L2), the
+    last block first. "lpt" (longest processing time first, for causal masking): (batch, head)
+    pairs in groups of ``head_group`` whose K and V fit in L2; inside a group, every pair's last
+    query block, then every pair's block before it, and so on.
+    """
+    if order == "lpt":
+        heads = prob.n_heads * prob.n_batch
+        per_group = prob.head_group * prob.num_m
+        grp = pos // per_group
+        size = ty.minimum(prob.head_group, heads - grp * prob.head_group)
+        inside = pos - grp * per_group
+        m_block = prob.num_m - 1 - inside // size
+        hb = grp * prob.head_group + inside % size
+    else:
+        m_block = prob.num_m - 1 - pos % prob.num_m
+        hb = pos // prob.num_m
+    m0 = m_block * prob.block_m
+    return m0, hb % prob.n_heads, hb // prob.n_heads, key_tiles(prob, m0)
