@@ -169,6 +169,24 @@ def test_the_context_switch_happens_even_if_someone_else_changed_it(fake):
     fake.current = Handle(100)  # e.g. torch switched the thread to cuda:0 meanwhile
     k[(1,)](*vectors(device=1), 1000)
     assert [l["context"] for l in fake.launches] == [101, 101]
+    assert int(fake.current) == 100  # and the launch put torch's context back
+
+
+def test_a_launch_on_another_device_restores_the_current_context(fake):
+    k = fresh_kernel(vector_add)
+    fake.current = Handle(100)  # torch works on cuda:0
+    k[(1,)](*vectors(device=1), 1000)
+    assert fake.launches[0]["context"] == 101 and int(fake.current) == 100
+    switches = [c[1] for c in fake.calls if c[0] == "set_current"]
+    assert switches == [101, 100, 101, 100]  # load the module in 101, back; launch in 101, back
+
+
+def test_one_device_sets_the_context_once_per_thread(fake):
+    fake.devices = 1
+    k = fresh_kernel(vector_add)
+    for _ in range(5):
+        k[(1,)](*vectors(device=0), 1000)
+    assert [c for c in fake.calls if c[0] == "set_current"] == [("set_current", 100)]
 
 
 def test_tensors_on_two_devices_are_rejected(fake):

@@ -318,7 +318,7 @@ class Kernel:
         kir = KernelIR(name=self.name, params=tuple(params), body=bld.finish(), launch=bounds, arch=options.arch,
                        shared=tuple(bld.shared_allocs), dynamic_shared_bytes=bld.dynamic_shared_bytes,
                        dynamic_shared_align=bld.dynamic_shared_align, source_file=self.source_file,
-                       constexprs=tuple(sorted((k, repr(v)) for k, v in cx.items())),
+                       constexprs=tuple(sorted((k, _stable_repr(v)) for k, v in cx.items())),
                        wait_sites=tuple(bld.wait_sites))
         try:
             verify(kir)
@@ -450,6 +450,15 @@ _defined: dict[str, weakref.WeakSet] = {}
 def kernels_defined_in(path: str) -> list:
     """The live kernels whose function is in the file ``path`` (decorated there, or by a factory)."""
     return sorted(_defined.get(os.path.realpath(path), ()), key=lambda k: (k.fn.__code__.co_firstlineno, k.name))
+
+
+def _stable_repr(v) -> str:
+    """A constexpr as the IR prints it: the same text on every run (no memory addresses)."""
+    text = repr(v)
+    if " at 0x" in text:
+        name = getattr(v, "__qualname__", None) or type(v).__qualname__
+        return f"<{type(v).__name__} {getattr(v, '__module__', '')}.{name}>"
+    return text
 
 
 class _BoundLaunch:

@@ -4,11 +4,13 @@ Every call goes through ``call``, whose error names the call, the decoded CUresu
 kernel. On a machine without the driver the first call raises ``NoDriverError``.
 
 Contexts: a kernel's module is loaded into the primary context of the device its tensors live
-on (the context torch uses), and a launch makes that context current first (``use_device``):
-a tensor on ``cuda:1`` launches in device 1's context even while ``cuda:0`` is torch's current
-device. With one visible device the context is set once per thread; with several it is
-checked on every launch (one ``cuCtxGetCurrent``). The torch hooks (``current_device``,
-``current_stream``) and ``driver`` are module attributes, so tests can replace them.
+on (the context torch uses), and a launch makes that context current first (``enter_device``)
+and restores the previous one after it (``leave_device``): a tensor on ``cuda:1`` launches in
+device 1's context while ``cuda:0`` stays torch's current device. With one visible device the
+context is set once per thread; with several it is checked on every launch (one
+``cuCtxGetCurrent``, two ``cuCtxSetCurrent`` when it switches). The torch hooks
+(``current_device``, ``current_stream``) and ``driver`` are module attributes, so tests can
+replace them.
 """
 from __future__ import annotations
 
@@ -101,16 +103,30 @@ _single: list = []  # [True] when the process sees exactly one device (decided a
 _one = [False]  # the same as a plain flag for the launch path
 
 
-def use_device(device: int) -> None:
-    """Make ``device``'s primary context current on this thread (a no-op when it already is)."""
+def enter_device(device: int):
+    """Make ``device``'s primary context current for a launch. Returns the context to restore
+    after it (``leave_device``), or None when nothing changed: a launch on another device's
+    tensors must not change which device torch sees as current."""
     if _one[0] and getattr(_thread, "device", None) == device:
-        return  # one device, and this thread already made its context current
-    if getattr(_thread, "device", None) == device and (_one_device() or _current_is(device)):
-        return
+        return None  # one device, and this thread already made its context current
     ctx = primary_context(device)
-    if not _current_is(device):
-        call("cuCtxSetCurrent", ctx)
+    current = call("cuCtxGetCurrent")
     _thread.device = device
+    if current is not None and int(current) == int(ctx):
+        _one_device()
+        return None
+    call("cuCtxSetCurrent", ctx)
+    return current if current is not None and int(current) != 0 else None  # no context before: keep ours
+
+
+def leave_device(previous) -> None:
+    if previous is not None:
+        call("cuCtxSetCurrent", previous)
+
+
+def use_device(device: int) -> None:
+    """Make ``device``'s primary context current on this thread and leave it current."""
+    enter_device(device)
 
 
 def _current_is(device: int) -> bool:

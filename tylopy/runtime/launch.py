@@ -285,18 +285,23 @@ class Launcher:
         if f is not None:
             return f
         image = self._image_for(device)
-        drv.use_device(device)
-        module = drv.call("cuModuleLoadData", image, kernel=self.ck.name)
-        f = drv.call("cuModuleGetFunction", module, self.ck.name.encode(), kernel=self.ck.name)
         smem = self.ck.dynamic_shared_bytes
         if smem > 48 * 1024:
             limit = drv.device_attribute(device, "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN")
             if smem > limit:
                 raise ResourceLimitError(f"{self.ck.name} asks for {smem} bytes of dynamic shared memory, "
                                          f"but cuda:{device} allows {limit} per block")
-            d = drv.driver()
-            drv.call("cuFuncSetAttribute", f, d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                     smem, kernel=self.ck.name)
+        previous = drv.enter_device(device)
+        try:
+            module = drv.call("cuModuleLoadData", image, kernel=self.ck.name)
+            f = drv.call("cuModuleGetFunction", module, self.ck.name.encode(), kernel=self.ck.name)
+            if smem > 48 * 1024:
+                d = drv.driver()
+                drv.call("cuFuncSetAttribute", f,
+                         d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem,
+                         kernel=self.ck.name)
+        finally:
+            drv.leave_device(previous)
         self._modules[device] = module
         self._functions[device] = f
         return f
@@ -328,7 +333,14 @@ class Launcher:
         if gx == 0 or gy == 0 or gz == 0:
             return  # an empty grid launches nothing
         f = self._functions.get(device) or self.function(device)
-        drv.use_device(device)
+        previous = drv.enter_device(device)
+        try:
+            self._launch(f, gx, gy, gz, slots, device, stream)
+        finally:
+            if previous is not None:
+                drv.leave_device(previous)
+
+    def _launch(self, f, gx, gy, gz, slots, device, stream):
         handle = drv.current_stream(device) if stream is None else (
             stream.cuda_stream if hasattr(stream, "cuda_stream") else int(stream))
         s = self._streams.get(handle)
