@@ -326,13 +326,15 @@ def test_oracle_without_keys_gives_zeros_and_minus_inf():
     assert bool((ref.out == 0).all()) and bool((ref.lse == float("-inf")).all())
 
 
+@pytest.mark.parametrize("threshold", [None, 0.0, 8.0])
 @pytest.mark.parametrize("block_n", [1, 7, 64, 128, 1000])
 @pytest.mark.parametrize("case", ORACLE_CASES, ids=[c.name for c in ORACLE_CASES])
-def test_same_boundary_without_rounding_is_the_oracle(case, block_n):
-    """The online recurrence in float64 is exact up to float64 rounding, for any tile size."""
+def test_same_boundary_without_rounding_is_the_oracle(case, block_n, threshold):
+    """The online recurrence in float64 is exact up to float64 rounding, for any tile size, with
+    the running maximum or a lazy one."""
     q, k, v, mask = _case_tensors(case)
     ref = R.oracle(q, k, v, mask, case.causal, case.scale)
-    unrounded = R.HOPPER.replace(block_n=block_n, p_dtype=torch.float64)
+    unrounded = R.HOPPER.replace(block_n=block_n, p_dtype=torch.float64, rescale_threshold=threshold)
     sb = R.same_boundary(q, k, v, mask, case.causal, case.scale, unrounded)
     torch.testing.assert_close(sb.out, ref.out, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(sb.lse, ref.lse, rtol=1e-12, atol=1e-12)

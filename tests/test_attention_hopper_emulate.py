@@ -223,3 +223,19 @@ def test_rising_row_maximum(threshold):
     v = randn(1, 1, 320, 64, seed=18)
     out, lse, _ = emulate(q, k, v, schedule={"BLOCK_N": 64, "CONSUMERS": 2, "RESCALE_THRESHOLD": threshold})
     check(out, lse, q, k, v)
+
+
+def test_pass_rules_need_the_lazy_reference():
+    """The GPU pass rules judge P's rounding against a same-boundary reference: with the launch's
+    lazy maximum the emulated kernel differs from it in ~0.1% of outputs; the running-maximum
+    reference, which the kernel no longer follows, differs in ~25% and is rejected."""
+    from tylopy_kernels.attention import cases as C, reference as R, rules
+    case = C.Case("bf16", 1, 2, 300, 300, lse=True)
+    q, k, v, mask = C.make_inputs(case, "cpu")
+    out, lse, plan = emulate(q, k, v, case.causal, mask, case.scale)
+    model = R.HOPPER.replace(block_n=plan.constexprs["BLOCK_N"], lse=True, dtype=q.dtype,
+                             rescale_threshold=plan.constexprs["RESCALE_THRESHOLD"])
+    rules.check_output(out, lse, q, k, v, mask, case.causal, case.scale, model, stats=case.stats)
+    with pytest.raises(AssertionError, match="differ from the same-boundary"):
+        rules.check_output(out, lse, q, k, v, mask, case.causal, case.scale, model.replace(rescale_threshold=None),
+                           stats=case.stats)

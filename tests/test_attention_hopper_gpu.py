@@ -9,12 +9,15 @@ docstring of kernels/attention/rules.py derives the tolerances. Beyond numerics:
 padding past N and D changes no bit; the low-level launcher writes every element of a strided
 output view and nothing around it; causal outputs ignore future keys bit-for-bit; 100 runs are
 bit-identical; (B, N, H, D) memory works; empty inputs launch nothing; a CUDA graph and a side
-stream; other tile schedules (SCHEDULE monkeypatched).
+stream; other tile schedules and every schedule option (SCHEDULE monkeypatched); head dim 128;
+grouped-query and multi-query K/V (fewer heads, zero-stride ``expand`` views, batch broadcasts).
+The same-boundary reference follows the launch's lazy rescale (RESCALE_THRESHOLD, recorded).
 
 Formerly known failures, fixed and kept as tests: inputs all 133120 (bf16) or 54656 (fp16),
-where every score is exactly 64 x value^2 and the old exponent ex2(fma(s, c, -round(m c))) missed
-by thousands (now ex2((s - m) c), exact at the row maximum); and scale <= 0, which the entry
-point now maps to a positive scale (negated or zeroed queries).
+where every score is exactly 64 x value^2 and an unguarded exponent ex2(fma(s, c, -round(m c)))
+missed by thousands (the kernel's FMA form now gives way to ex2((s - m) c), exact at the row
+maximum, once |m c| >= 2^30 in a warp); and scale <= 0, which the entry point now maps to a
+positive scale (negated or zeroed queries).
 
 Run with a per-test time limit; use the thread method, because a hung kernel blocks the main
 thread inside a CUDA call where the signal method cannot interrupt it (thread dumps the stacks
@@ -96,7 +99,9 @@ def test_fully_masked_rows(dtype):
     with S.recorded_launches() as launches:
         out, lse = attention(q, k, v, attn_mask=mask, return_lse=True)
     assert bool((out[:, :, dead] == 0).all()) and bool((lse[:, :, dead] == float("-inf")).all())
-    rules.check_output(out, lse, q, k, v, mask, model=HOPPER.replace(block_n=launches[-1]["BLOCK_N"], lse=True))
+    model = HOPPER.replace(block_n=launches[-1]["BLOCK_N"], lse=True,
+                           rescale_threshold=launches[-1]["RESCALE_THRESHOLD"])
+    rules.check_output(out, lse, q, k, v, mask, model=model)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
@@ -185,3 +190,113 @@ def test_other_schedules(case, override, monkeypatch):
     if "BLOCK_N" in override:
         assert f"BLOCK_N={override['BLOCK_N']}" in msg, msg
     S.check_repeatable(case, attention, runs=5)
+
+
+# -- schedule options (docs/performance.md, "v5") ---------------------------------------------------------
+
+OPTIONS = [{"EXPONENT": "exact"}, {"EXPONENT": "exact", "RESCALE_THRESHOLD": None, "PV_WAIT": "free"},
+           {"RESCALE_THRESHOLD": 0.0}, {"SPLIT_S": True}, {"TMA_STORE": True},
+           {"PERSISTENT": True, "ORDER": "lpt", "TMA_STORE": True}, {"BLOCK_N": 64, "CONSUMERS": 4}]
+OPTION_CASES = [Case("bf16", 2, 3, 113, 203, lse=True), Case("f16", 1, 2, 1024, 1024, causal=True, lse=True),
+                Case("bf16", 1, 1, 300, 257, mask="heads", lse=True), Case("bf16", 2, 4, 777, 777, causal=True)]
+
+
+def _label(override):
+    return ",".join(f"{k}={v}" for k, v in override.items())
+
+
+@pytest.mark.parametrize("override", OPTIONS, ids=[_label(o) for o in OPTIONS])
+@pytest.mark.parametrize("case", OPTION_CASES, ids=_ids(OPTION_CASES))
+def test_schedule_options(case, override, monkeypatch):
+    monkeypatch.setattr(launch, "SCHEDULE", dict(launch.SCHEDULE, **override))
+    with S.recorded_launches() as launches:
+        _run(case)
+    for key, val in override.items():
+        if key != "CONSUMERS" or case.mask is None:  # a mask keeps MASKED_SCHEDULE's consumer count
+            assert launches[-1][key] == val, (key, launches[-1][key])
+
+
+POLY_CASES = [Case("bf16", 2, 3, 513, 1000), Case("f16", 1, 2, 1024, 1024, causal=True)]
+
+
+@pytest.mark.parametrize("poly", [2, 8])
+@pytest.mark.parametrize("case", POLY_CASES, ids=_ids(POLY_CASES))
+def test_polynomial_exp2(case, poly, monkeypatch):
+    """Part of the exponentials on the FMA pipe (relative error 1e-4 in bf16, 3e-6 in fp16, below
+    P's rounding): the same rules; no LSE (the sum carries the polynomial's error)."""
+    monkeypatch.setattr(launch, "SCHEDULE", dict(launch.SCHEDULE, POLY_EXP2=poly))
+    _run(case)
+
+
+# -- head dim 128 ----------------------------------------------------------------------------------------
+
+D128 = [Case("bf16", 2, 3, 113, 203, head_dim=128, lse=True), Case("f16", 1, 2, 1024, 1024, causal=True, head_dim=128),
+        Case("bf16", 1, 2, 300, 257, mask="heads", head_dim=128, lse=True),
+        Case("bf16", 1, 4, 4096, 4096, causal=True, head_dim=128, lse=True),
+        Case("f16", 2, 2, 1000, 2049, head_dim=128), Case("bf16", 1, 1, 1, 239, head_dim=128)]
+D128_SCHEDULES = [{}, {"BLOCK_N": 176}, {"BLOCK_N": 64, "CONSUMERS": 3}, {"SPLIT_S": True}, {"PERSISTENT": True},
+                  {"PERSISTENT": True, "ORDER": "lpt", "TMA_STORE": True}]
+
+
+@pytest.mark.parametrize("override", D128_SCHEDULES, ids=[_label(o) or "default" for o in D128_SCHEDULES])
+@pytest.mark.parametrize("case", D128, ids=_ids(D128))
+def test_head_dim_128(case, override, monkeypatch):
+    monkeypatch.setattr(launch, "SCHEDULE_128", dict(launch.SCHEDULE_128, **override))
+    with S.recorded_launches() as launches:
+        _run(case)
+    assert launches[-1]["HEAD_DIM"] == 128
+
+
+def test_head_dim_128_padding_and_canary():
+    S.check_nan_padding(Case("bf16", 2, 3, 113, 203, head_dim=128, mask="random", lse=True), attention)
+    S.check_canary(Case("f16", 2, 3, 113, 203, head_dim=128, mask="transposed", lse=True), launch.launch_hopper)
+    S.check_future_perturbation(Case("bf16", 1, 2, 300, 300, causal=True, head_dim=128, lse=True), attention,
+                                (0, 63, 64, 127, 128, 250, 298))
+
+
+# -- grouped-query and multi-query K/V ---------------------------------------------------------------------
+
+def _gqa_inputs(B, H, H_kv, n_q, n_k, D, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(B, H, n_q, D, generator=g, device="cuda").to(dtype)
+    k, v = (torch.randn(B, H_kv, n_k, D, generator=g, device="cuda").to(dtype) for _ in range(2))
+    return q, k, v
+
+
+def _check_grouped(q, k, v, out, lse, launches, causal=False):
+    """The pass rules against K/V repeated to the query heads (what SDPA with enable_gqa computes)."""
+    H = q.shape[1]
+    k_rep, v_rep = (t.repeat_interleave(H // t.shape[1], dim=1) for t in (k, v))
+    model = HOPPER.replace(block_n=launches[-1]["BLOCK_N"], lse=lse is not None, dtype=q.dtype,
+                           rescale_threshold=launches[-1]["RESCALE_THRESHOLD"])
+    return rules.check_output(out, lse, q, k_rep, v_rep, None, causal, None, model)
+
+
+GQA = [(2, 8, 2, 300, 300, 64, torch.bfloat16, True), (1, 8, 1, 1024, 1024, 64, torch.float16, False),
+       (2, 4, 2, 129, 700, 128, torch.bfloat16, False), (1, 16, 4, 2048, 2048, 128, torch.bfloat16, True)]
+
+
+@pytest.mark.parametrize("B,H,H_kv,n_q,n_k,D,dtype,causal", GQA)
+def test_grouped_query_attention(B, H, H_kv, n_q, n_k, D, dtype, causal):
+    q, k, v = _gqa_inputs(B, H, H_kv, n_q, n_k, D, dtype, seed=H * 7 + H_kv)
+    with S.recorded_launches() as launches:
+        out, lse = attention(q, k, v, is_causal=causal, return_lse=True, enable_gqa=True)
+    _check_grouped(q, k, v, out, lse, launches, causal)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    assert (out.float() - ref.float()).abs().max().item() < 2e-2
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_multi_query_views(D):
+    """K/V as zero-stride views over one head (expand) and over one batch: the same bits as the
+    materialized tensors, no error."""
+    q, k1, v1 = _gqa_inputs(2, 6, 1, 500, 500, D, torch.bfloat16, seed=D)
+    k_view, v_view = k1.expand(2, 6, 500, D), v1.expand(2, 6, 500, D)
+    with S.recorded_launches() as launches:
+        out_view = attention(q, k_view, v_view, is_causal=True)
+    out_full = attention(q, k_view.contiguous(), v_view.contiguous(), is_causal=True)
+    assert torch.equal(out_view, out_full)
+    _check_grouped(q, k1, v1, out_view, None, launches, causal=True)
+    kb, vb = k1[:1].expand(2, 1, 500, D), v1[:1].expand(2, 1, 500, D)  # one batch for both
+    out_b = attention(q, kb, vb, enable_gqa=True)
+    assert torch.equal(out_b, attention(q, kb.contiguous(), vb.contiguous(), enable_gqa=True))

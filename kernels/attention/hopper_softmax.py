@@ -122,7 +122,8 @@ class Softmax:
         if threshold is not None and not threshold >= 0:
             raise ValueError(f"RESCALE_THRESHOLD expects None or a number >= 0, but got {threshold!r}")
         if not (isinstance(poly, int) and 0 <= poly <= 8):
-            raise ValueError(f"POLY_EXP2 expects an int 0..8 (exponentials of every 8 on the FMA pipe), but got {poly!r}")
+            raise ValueError(f"POLY_EXP2 expects an int 0..8 (exponentials of every 8 on the FMA pipe), "
+                             f"but got {poly!r}")
         self.scale = scale
         self.c = scale * LOG2E
         self.exponent = exponent

@@ -8,8 +8,10 @@ device, works on CPU or CUDA tensors, and imports no GPU code.
 * ``same_boundary``: the kernel's own algorithm, exact except where the kernel rounds on purpose:
   key tiles of ``model.block_n``, the running max m_j after tile j, p = exp(s - m_j) rounded to the
   input dtype once per tile before the PV product, l summing the unrounded p, numerator and l
-  rescaled by exp(m_{j-1} - m_j). A kernel that rounds P elsewhere, or on other tile boundaries,
-  lands measurably away from it (``rules.py`` says how far is too far).
+  rescaled by exp(m_{j-1} - m_j). With ``model.rescale_threshold`` T the maximum is lazy, as the
+  Hopper kernel's: m_j moves to the tile's maximum only when that exceeds m_{j-1} by more than T
+  in the log2 domain (weights up to 2^T are rounded then). A kernel that rounds P elsewhere, or on
+  other tile boundaries, lands measurably away from it (``rules.py`` says how far is too far).
 
 ``KernelModel`` says which kernel arithmetic the same-boundary reference follows; its
 ``exponent`` picks one of two forms:
@@ -52,6 +54,8 @@ class KernelModel:
     ``dtype``: the inputs' dtype (None: q's). ``oracle_rule``: what the output's distance from the
     oracle is measured against (``rules.py``): "math" (SDPA's math backend, float32 inside and
     one rounding) or "sdpa" (SDPA's default backend, which on a GPU rounds P as the kernel does).
+    ``rescale_threshold``: None (the running maximum after every tile) or T >= 0, the lazy maximum
+    of the exact form (the module docstring).
     """
 
     block_n: int
@@ -60,6 +64,7 @@ class KernelModel:
     lse: bool = False
     dtype: torch.dtype | None = None
     oracle_rule: str = "math"
+    rescale_threshold: float | None = None
 
     def __post_init__(self):
         if self.exponent not in ("exact", "fast"):
@@ -212,11 +217,11 @@ def same_boundary(q, k, v, mask=None, causal=False, scale=None, model: KernelMod
         return SameBoundary(*_empty_reference(q, v))
     p_dtype = model.p_dtype if model.p_dtype is not None else model.dtype if model.dtype is not None else q.dtype
     if model.exponent == "exact":
-        return _same_boundary_exact(q, k, v, mask, causal, scale, model.block_n, p_dtype)
+        return _same_boundary_exact(q, k, v, mask, causal, scale, model.block_n, p_dtype, model.rescale_threshold)
     return _same_boundary_fast(q, k, v, mask, causal, scale, model.block_n, p_dtype)
 
 
-def _same_boundary_exact(q, k, v, mask, causal, scale, block_n, p_dtype) -> SameBoundary:
+def _same_boundary_exact(q, k, v, mask, causal, scale, block_n, p_dtype, threshold=None) -> SameBoundary:
     B, H, n_q, _ = q.shape
     n_k = k.shape[2]
     m = torch.full((B, H, n_q, 1), NEG_INF, dtype=torch.float64, device=q.device)
@@ -226,7 +231,11 @@ def _same_boundary_exact(q, k, v, mask, causal, scale, block_n, p_dtype) -> Same
     for c0 in range(0, n_k, block_n):
         cols = slice(c0, min(c0 + block_n, n_k))
         s = _scores(q64, k, scale, cols).masked_fill(~allowed_keys(q, k, mask, causal, cols), NEG_INF)
-        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        t = s.amax(-1, keepdim=True)
+        if threshold is None:
+            m_new = torch.maximum(m, t)
+        else:  # lazy: a NaN (both -inf) compares false and keeps -inf
+            m_new = torch.where((t - m) * (scale * LOG2E) > threshold, t, m)
         m_use = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))  # never -inf - (-inf)
         alpha = torch.exp(m - m_use)
         p = torch.exp(s - m_use)

@@ -72,28 +72,30 @@ def recorded_launches():
 
 
 def attend(attention, q, k, v, mask, case: Case, block_n: int | None = None):
-    """(result, block_n): call ``attention`` on a case's tensors. With ``block_n`` None it must
-    launch the Hopper kernel, and block_n is the BLOCK_N that launch used."""
+    """(result, block_n, rescale threshold): call ``attention`` on a case's tensors. With
+    ``block_n`` None it must launch the Hopper kernel, and block_n and the threshold are the
+    BLOCK_N and RESCALE_THRESHOLD that launch used (a given block_n: a model, eager rescaling)."""
     if block_n is not None:
-        return _call(attention, q, k, v, mask, case), block_n
+        return _call(attention, q, k, v, mask, case), block_n, None
     with recorded_launches() as seen:
         res = _call(attention, q, k, v, mask, case)
     if not seen:
         raise AssertionError("the Hopper kernel did not run (no launch of attention_fwd_sm90)")
-    return res, int(seen[-1]["BLOCK_N"])
+    return res, int(seen[-1]["BLOCK_N"]), seen[-1].get("RESCALE_THRESHOLD")
 
 
-def hopper_model(case: Case, block_n: int):
-    """The Hopper kernel's model for one launch of ``case`` with tiles of ``block_n`` keys."""
-    return HOPPER.replace(block_n=block_n, lse=case.lse, dtype=case.torch_dtype)
+def hopper_model(case: Case, block_n: int, threshold: float | None = None):
+    """The Hopper kernel's model for one launch of ``case`` with tiles of ``block_n`` keys (and
+    its lazy-rescale threshold)."""
+    return HOPPER.replace(block_n=block_n, lse=case.lse, dtype=case.torch_dtype, rescale_threshold=threshold)
 
 
 def run_case(case: Case, attention: Callable, device="cuda", block_n: int | None = None) -> str:
     """Run ``attention`` on a case and apply ``check_output`` with the Hopper kernel's model."""
     q, k, v, mask = make_inputs(case, device)
-    res, block_n = attend(attention, q, k, v, mask, case, block_n)
+    res, block_n, threshold = attend(attention, q, k, v, mask, case, block_n)
     out, lse = res if case.lse else (res, None)
-    return check_output(out, lse, q, k, v, mask, case.causal, case.scale, hopper_model(case, block_n),
+    return check_output(out, lse, q, k, v, mask, case.causal, case.scale, hopper_model(case, block_n, threshold),
                         stats=case.stats)
 
 
@@ -234,10 +236,10 @@ def check_transposed_layout(case: Case, attention, device="cuda", block_n: int |
     got = _call(attention, bnhd(q), bnhd(k), bnhd(v), mask, case)
     if not _equal(got, want):
         raise AssertionError("(B, N, H, D) memory gave different bits from (B, H, N, D)")
-    mixed, block_n = attend(attention, q, bnhd(k), bnhd(v), mask, case, block_n)
+    mixed, block_n, threshold = attend(attention, q, bnhd(k), bnhd(v), mask, case, block_n)
     out, lse = mixed if case.lse else (mixed, None)
     return "bits equal; mixed layouts: " + check_output(out, lse, q, k, v, mask, case.causal, case.scale,
-                                                        hopper_model(case, block_n), stats=case.stats)
+                                                        hopper_model(case, block_n, threshold), stats=case.stats)
 
 
 def check_empty(attention, dtype=torch.bfloat16, device="cuda") -> str:
