@@ -98,33 +98,110 @@ def check_inputs(query, key, value, attn_mask, is_causal, scale, enable_gqa=Fals
     return B, H, n_q, n_k, D, float(scale)
 
 
-def attention(query, key, value, attn_mask=None, is_causal=False, scale=None, return_lse=False, enable_gqa=False):
-    """softmax(scale * query key^T, masked) value, like SDPA; with ``return_lse`` also the row LSE (fp32)."""
+def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
+              return_lse=False):
+    """softmax(scale * query key^T, masked) value, like SDPA; with ``return_lse`` also the row LSE (fp32).
+
+    Differentiable: when an input requires grad, or under ``torch.compile``, the call goes
+    through the ``tylopy::attention_fwd`` operator (``autograd.py``), whose backward runs
+    tylopy's backward kernels; otherwise it launches the forward kernel directly.
+    """
+    if not isinstance(dropout_p, (int, float)) or isinstance(dropout_p, bool):
+        _fail(TypeError, "dropout_p", "a float", type(dropout_p).__name__)
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"attention: dropout_p expects 0.0 (attention dropout is not implemented), "
+                                  f"but got {dropout_p}")
     B, H, n_q, n_k, D, scale = check_inputs(query, key, value, attn_mask, is_causal, scale, enable_gqa)
-    if query.device.type != "cuda":
+    if query.device.type not in ("cuda", "meta"):
         _fail(ValueError, "query", "a CUDA tensor", f"a tensor on {query.device}")
+    if _through_op(query, key, value):
+        from .autograd import attention_op
+        return attention_op(query, key, value, attn_mask, is_causal, scale, return_lse)
+    out, lse = forward(query, key, value, attn_mask, is_causal, scale, return_lse)
+    return (out, lse) if return_lse else out
+
+
+def _through_op(query, key, value) -> bool:
+    """Autograd, a trace (torch.compile) or meta tensors need the operator; a plain call does not."""
+    grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+    return grad or query.device.type == "meta" or torch.compiler.is_compiling()
+
+
+def _nonpositive_scale(query, scale):
+    """The kernels keep the running maximum of raw scores, the maximum of scaled scores only for a
+    positive scale: softmax(c q k) = softmax(|c| (-q) k), and c = 0 weighs every key equally."""
+    if scale > 0:
+        return query, scale
+    return (torch.zeros_like(query), 1.0) if scale == 0 else (-query, -scale)
+
+
+def forward(query, key, value, attn_mask, is_causal, scale, return_lse):
+    """(out, lse or None) on CUDA by the kernels: Hopper's where it applies, else the portable one."""
+    B, H, n_q, D = query.shape
+    n_k = key.shape[2]
     out = torch.empty((B, H, n_q, D), dtype=query.dtype, device=query.device)
     lse = torch.empty((B, H, n_q), dtype=torch.float32, device=query.device) if return_lse else None
     if B * H * n_q == 0:
-        return (out, lse) if return_lse else out
-    if scale <= 0:
-        # The kernels keep the running maximum of raw scores, the maximum of scaled scores only for a
-        # positive scale: softmax(c q k) = softmax(|c| (-q) k), and c = 0 weighs every key equally.
-        query = torch.zeros_like(query) if scale == 0 else -query
-        scale = 1.0 if scale == 0 else -scale
+        return out, lse
+    query, scale = _nonpositive_scale(query, scale)
     if n_k == 0:  # no keys: every row is empty, output zeros and LSE -inf, nothing to launch
         out.zero_()
         if lse is not None:
             lse.fill_(float("-inf"))
-        return (out, lse) if return_lse else out
+        return out, lse
     major, _ = _capability(query.device.index)
     if major == 9 and D in HOPPER_HEAD_DIMS and (_tma_ok(query, key, value) or D == 128):
         from .hopper_launch import launch_hopper
         launch_hopper(query, key, value, attn_mask, is_causal, scale, out, lse)  # copies what TMA cannot map
     else:
-        from .portable import launch_streaming
-        launch_streaming(query, key, value, attn_mask, is_causal, scale, out, lse)
-    return (out, lse) if return_lse else out
+        from .portable_launch import launch_forward
+        launch_forward(query, key, value, out, lse, scale=scale, is_causal=is_causal, attn_mask=attn_mask)
+    return out, lse
+
+
+def backward(dout, query, key, value, out, lse, attn_mask, dlse, is_causal, scale):
+    """(dq, dk, dv) on CUDA: Hopper's backward kernels for D = 64 and 128 on sm_90 (without a
+    gradient of the LSE), the portable ones elsewhere. Deterministic throughout when
+    ``torch.use_deterministic_algorithms(True)`` is on (the portable kernels always are)."""
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (query, key, value))
+    B, H, n_q, D = query.shape
+    if B * H * n_q == 0 or key.shape[2] == 0:
+        for t in (dq, dk, dv):
+            t.zero_()
+        return dq, dk, dv
+    q, s = _nonpositive_scale(query, scale)
+    launch = _hopper_backward(query, dlse)
+    if launch is not None:
+        launch(q, key, value, out, dout, lse, dq, dk, dv, is_causal=is_causal, scale=s, attn_mask=attn_mask,
+               deterministic=torch.are_deterministic_algorithms_enabled())
+    else:
+        from .backward_portable_launch import launch_backward_portable
+        launch_backward_portable(q, key, value, out, dout, lse, dq, dk, dv, is_causal=is_causal, scale=s,
+                                 attn_mask=attn_mask, dlse=dlse)
+    if scale < 0:
+        dq.neg_()  # the kernels saw -query
+    elif scale == 0:
+        dq.zero_()
+    return dq, dk, dv
+
+
+def _hopper_backward(query, dlse):
+    """Hopper's ``launch_backward_hopper`` when it applies to this call, else None."""
+    if dlse is not None or query.shape[3] not in HOPPER_HEAD_DIMS or _capability(query.device.index)[0] != 9:
+        return None
+    try:
+        from .backward_hopper_launch import launch_backward_hopper
+    except ImportError:
+        return None
+    return launch_backward_hopper
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False, scale=None,
+                     enable_gqa=False, return_lse=False):
+    """Packed variable-length batches, like ``flash_attn_varlen_func``: see ``varlen.py``."""
+    from .varlen import attention_varlen as impl
+    return impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=is_causal, scale=scale,
+                enable_gqa=enable_gqa, return_lse=return_lse)
 
 
 @functools.lru_cache(maxsize=None)

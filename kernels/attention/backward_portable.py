@@ -49,11 +49,12 @@ LOG2E = 1.4426950408889634
 HEAD_DIMS = (16, 32, 64, 128)
 WARPS = 4
 PRE_THREADS = 256
-# Query rows per tile of the dK/dV kernel and key rows per tile of the dQ kernel, per head dim:
-# D = 128 halves them to keep the accumulators, operands and scores within 255 registers.
-BLOCK_M = {16: 64, 32: 64, 64: 64, 128: 32}
+# Query rows per tile of the dK/dV kernel, and whether it re-reads K/V from shared memory, per
+# head dim (ptxas, sm_80: D = 64 takes 162 registers so, 255 with 64-row tiles and K/V in
+# registers; D = 128 takes 254); key rows per tile of the dQ kernel (D = 128: 242 registers).
+BLOCK_M = {16: 64, 32: 64, 64: 32, 128: 32}
+KV_SMEM = {16: False, 32: False, 64: True, 128: True}
 BLOCK_N = {16: 64, 32: 64, 64: 64, 128: 32}
-KV_SMEM = {16: False, 32: False, 64: False, 128: True}
 
 
 def _threads(WARPS=WARPS, **_):
