@@ -193,6 +193,8 @@ CASES = {
     "d64-sweep-late-dk-smem": dict(n_q=96, schedule={"DQ_ORDER": "late", "DK_SMEM": True}),
     "d128-sweep-serial-3-stages": dict(D=128, n_q=200, n_k=64, schedule={"DQ_ORDER": "serial", "STAGES": 3}),
     "d64-negative-scale": dict(n_q=50, n_k=70, scale=-0.2),
+    "d128-deterministic-unpipelined": dict(D=128, n_q=130, n_k=300, deterministic=True,
+                                           schedule={"DQ_PIPELINE": False, "DQ_BLOCK_N": 128, "DQ_STAGES": 2}),
 }
 
 

@@ -20,7 +20,7 @@ import tylopy as ty
 from tylopy import hopper
 
 from .backward_hopper_common import (LOG2E, PANEL, REGISTER_SPLIT, ROW_BYTES, bar_at, kmajor_desc, load_tile, mask_bounds,
-                              masked_exp2, mnmajor_desc, rs_gemm, ss_gemm, stage_of, store_rows, user_mask_bits, zeros)
+                              masked_exp2, mnmajor_desc, rs_gemm, ss_gemm, stage_of, store_rows, user_mask_bits)
 
 BLOCK_M = 128                 # query rows per CTA: two consumers of 64
 ROWS_PER_CONSUMER = 64
@@ -124,51 +124,80 @@ def row_stats(values, rows_base, row0):
     return [values[rows_base + ty.cast(row0 + 16 * warp + g + 8 * h, ty.i64)] for h in range(2)]
 
 
+class Consumer:
+    """What one consumer's key tiles share (a plain holder of compile-time choices and IR values)."""
+
+    def __init__(self, smem, lay, prob, dtype, head_dim, stages, has_mask, pipeline, row0, hq, b, lse, dlt):
+        self.smem, self.lay, self.prob, self.dtype, self.head_dim = smem, lay, prob, dtype, head_dim
+        self.stages, self.has_mask, self.pipeline = stages, has_mask, pipeline
+        self.row0, self.hq, self.b, self.lse, self.dlt = row0, hq, b, lse, dlt
+
+
 @ty.func
-def consumer(smem, lay, prob, wg, dtype, head_dim, stages, has_mask, lse_log2, delta, dq_out, dq_strides):
+def key_tile(c, j, dq, prev_ops, q_desc, do_desc, base, leader, scale_log2):
+    """Key tile j: S and dP, P and dS, then dQ += dS K (issued, and with ``c.pipeline`` left in
+    flight). ``dq`` None starts the sum (the peeled first tile)."""
+    prob, lay, smem = c.prob, c.lay, c.smem
+    block_n = prob.block_n
+    atom_s = hopper.WgmmaAtom(block_n, c.dtype, "ss")
+    atom_q = hopper.WgmmaAtom(c.head_dim, c.dtype, "rs")
+    stage, phase = stage_of(j, c.stages)
+    k_off = lay.k + stage * lay.kv_bytes
+    col0 = j * block_n
+    bits = user_mask_bits(prob, c.row0, col0, c.hq, c.b, block_n) if c.has_mask else None
+    hopper.mbarrier_wait(bar_at(smem, lay.k_full + 8 * stage), phase, "k_full", stage)
+    s = ss_gemm(atom_s, q_desc, BLOCK_M, kmajor_desc(base, k_off), block_n, c.head_dim // 16)
+    hopper.mbarrier_wait(bar_at(smem, lay.v_full + 8 * stage), phase, "v_full", stage)
+    dp = ss_gemm(atom_s, do_desc, BLOCK_M, kmajor_desc(base, lay.v + stage * lay.kv_bytes), block_n,
+                 c.head_dim // 16)
+    if dq is not None and c.pipeline:  # S is ready and so is the previous tile's dQ product
+        s, dq, prev_ops = hopper.wgmma_wait(1, s, dq, prev_ops)
+        if leader:                                       # ... which has read the previous K tile
+            hopper.mbarrier_arrive(bar_at(smem, lay.k_empty + 8 * ((j - 1) % c.stages)))
+    else:
+        s = hopper.wgmma_wait(1, s)
+    bounds = mask_bounds(prob, c.row0, col0, False)
+    slots = s.layout.row_slots
+    p = s.with_data([masked_exp2(x, scale_log2, c.lse[slots[i]], bounds[slots[i]], i, False, bits)
+                     for i, x in enumerate(s.values)])
+    dp = hopper.wgmma_wait(0, dp)
+    if leader:
+        hopper.mbarrier_arrive(bar_at(smem, lay.v_empty + 8 * stage))
+    ds = p.with_data([x * (y - c.dlt[slots[i]]) for i, (x, y) in enumerate(zip(p.values, dp.values))])
+    ops = [ty.pack_operand_a(atom_q, ds, kk) for kk in range(block_n // 16)]
+    dq = rs_gemm(atom_q, dq, ops, mnmajor_desc(base, k_off, block_n * ROW_BYTES))
+    if not c.pipeline:
+        dq, ops = hopper.wgmma_wait(0, dq, ops)
+        if leader:
+            hopper.mbarrier_arrive(bar_at(smem, lay.k_empty + 8 * stage))
+    return dq, ops
+
+
+@ty.func
+def consumer(smem, lay, prob, wg, dtype, head_dim, stages, has_mask, pipeline, lse_log2, delta, dq_out,
+             dq_strides):
     hopper.setmaxnreg(REGISTER_SPLIT[1], increase=True)
     wi = wg - 1
-    block_n = prob.block_n
-    panels = head_dim // PANEL
     m0, hq, hk, b, n_tiles = tile_of_this_cta(prob)
     row0 = m0 + ROWS_PER_CONSUMER * wi
     base = ty.address(smem)
     leader = (ty.thread_idx() & 127) == 0
     scale_log2 = prob.scale * LOG2E
     stats_base = ty.cast(b * prob.n_heads + hq, ty.i64) * ty.cast(prob.n_pad, ty.i64)
-    lse = row_stats(lse_log2, stats_base, row0)
-    dlt = row_stats(delta, stats_base, row0)
-    atom_s = hopper.WgmmaAtom(block_n, dtype, "ss")
-    atom_q = hopper.WgmmaAtom(head_dim, dtype, "rs")
+    c = Consumer(smem, lay, prob, dtype, head_dim, stages, has_mask, pipeline, row0, hq, b,
+                 row_stats(lse_log2, stats_base, row0), row_stats(delta, stats_base, row0))
     mine = ROWS_PER_CONSUMER * ROW_BYTES * wi
     q_desc = kmajor_desc(base, lay.q + mine)
     do_desc = kmajor_desc(base, lay.do + mine)
-    dq = zeros(head_dim)
     hopper.mbarrier_wait(bar_at(smem, lay.q_full), 0, "q_full")
-    for j in range(n_tiles):
-        stage, phase = stage_of(j, stages)
-        k_off = lay.k + stage * lay.kv_bytes
-        col0 = j * block_n
-        bits = user_mask_bits(prob, row0, col0, hq, b, block_n) if has_mask else None
-        hopper.mbarrier_wait(bar_at(smem, lay.k_full + 8 * stage), phase, "k_full", stage)
-        s = ss_gemm(atom_s, q_desc, BLOCK_M, kmajor_desc(base, k_off), block_n, head_dim // 16)
-        hopper.mbarrier_wait(bar_at(smem, lay.v_full + 8 * stage), phase, "v_full", stage)
-        dp = ss_gemm(atom_s, do_desc, BLOCK_M, kmajor_desc(base, lay.v + stage * lay.kv_bytes), block_n,
-                     head_dim // 16)
-        s = hopper.wgmma_wait(1, s)
-        bounds = mask_bounds(prob, row0, col0, False)
-        slots = s.layout.row_slots
-        p = s.with_data([masked_exp2(x, scale_log2, lse[slots[i]], bounds[slots[i]], i, False, bits)
-                         for i, x in enumerate(s.values)])
-        dp = hopper.wgmma_wait(0, dp)
-        if leader:
-            hopper.mbarrier_arrive(bar_at(smem, lay.v_empty + 8 * stage))
-        ds = p.with_data([x * (y - dlt[slots[i]]) for i, (x, y) in enumerate(zip(p.values, dp.values))])
-        ops = [ty.pack_operand_a(atom_q, ds, kk) for kk in range(block_n // 16)]
-        dq = rs_gemm(atom_q, dq, ops, mnmajor_desc(base, k_off, block_n * ROW_BYTES))
-        dq, ops = hopper.wgmma_wait(0, dq, ops)
-        if leader:
-            hopper.mbarrier_arrive(bar_at(smem, lay.k_empty + 8 * stage))
+    # PIPELINE: tile j's dQ product stays in flight (with its A registers) while tile j + 1's S and
+    # dP are issued; the wait for S then also covers it. Tile 0 is peeled (there is always one),
+    # so the accumulator enters the loop as the pending result of a wgmma.
+    dq, ops = key_tile(c, 0, None, None, q_desc, do_desc, base, leader, scale_log2)
+    for j in range(1, n_tiles):
+        dq, ops = key_tile(c, j, dq, ops, q_desc, do_desc, base, leader, scale_log2)
+    if pipeline:
+        dq, ops = hopper.wgmma_wait(0, dq, ops)            # the last tile's K is never reloaded
     out_base = ty.cast(b, ty.i64) * dq_strides[0] + ty.cast(hq, ty.i64) * dq_strides[1]
     store_rows(dq * prob.scale, dq_out, row0, prob.n_q, out_base, dq_strides[2], 0, dtype)
 
@@ -185,7 +214,7 @@ def attention_bwd_dq_sm90(
     dq_stride_b: ty.i64, dq_stride_h: ty.i64, dq_stride_n: ty.i64,
     mb_stride_b: ty.i64, mb_stride_h: ty.i64, mb_stride_row: ty.i64,
     DTYPE: ty.constexpr = ty.bf16, HEAD_DIM: ty.constexpr = 64, BLOCK_N: ty.constexpr = 128,
-    STAGES: ty.constexpr = 2, HAS_MASK: ty.constexpr = False,
+    STAGES: ty.constexpr = 2, HAS_MASK: ty.constexpr = False, PIPELINE: ty.constexpr = True,
     Q_ORDER: ty.constexpr = ("n", "h", "b"), KV_ORDER: ty.constexpr = ("n", "h", "b"),
 ):
     """Grid (query blocks of 128, query heads, batch); ``n_pad`` is the padded length of the L and
@@ -200,5 +229,5 @@ def attention_bwd_dq_sm90(
     if wg == 0:
         producer(smem, lay, prob, tm_q, tm_k, tm_v, tm_do, STAGES, HEAD_DIM // PANEL, Q_ORDER, KV_ORDER)
     else:
-        consumer(smem, lay, prob, wg, DTYPE, HEAD_DIM, STAGES, HAS_MASK, lse_log2, delta, dq,
+        consumer(smem, lay, prob, wg, DTYPE, HEAD_DIM, STAGES, HAS_MASK, PIPELINE, lse_log2, delta, dq,
                  (dq_stride_b, dq_stride_h, dq_stride_n))

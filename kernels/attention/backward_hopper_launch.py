@@ -43,9 +43,9 @@ MAX_SMEM = 232448             # dynamic shared memory a block may opt into on an
 # ``schedule=`` overrides any of them (bench_backward.py --sweep measures them).
 SCHEDULE = {
     64: {"BLOCK_M": 128, "STAGES": 2, "DQ": "tma", "DQ_ORDER": "early", "DK_SMEM": False, "DQ_BLOCK_N": 128,
-         "DQ_STAGES": 2},
+         "DQ_STAGES": 2, "DQ_PIPELINE": True},
     128: {"BLOCK_M": 64, "STAGES": 2, "DQ": "tma", "DQ_ORDER": "early", "DK_SMEM": False, "DQ_BLOCK_N": 64,
-          "DQ_STAGES": 2},
+          "DQ_STAGES": 2, "DQ_PIPELINE": True},
 }
 # With a user mask the consumers also hold its bits: dQ = dS K waits until dV and dK completed
 # (DQ_ORDER "serial"), which keeps them within 240 registers (other orders spill).
@@ -63,9 +63,12 @@ SWEEP = {
     128: [dict(STAGES=st, DQ="tma", DQ_ORDER=order, DK_SMEM=dk)
           for st in (2, 3) for order in ("early", "late", "serial") for dk in (False, True) if st == 3 or not dk],
 }
-# The deterministic dQ kernel's key tile and ring depth, where they fit in shared memory.
-DQ_SWEEP = {d: [dict(DQ_BLOCK_N=bn, DQ_STAGES=st) for bn in (64, 128) for st in (2, 3)
-                if dq_smem_bytes(HEAD_DIM=d, BLOCK_N=bn, STAGES=st) <= MAX_SMEM] for d in HEAD_DIMS}
+# The deterministic dQ kernel's key tile, ring depth and pipelining, where they fit in shared
+# memory; at head dim 128 a pipelined 128-key tile lacks the registers to overlap (C7512).
+DQ_SWEEP = {d: [dict(DQ_BLOCK_N=bn, DQ_STAGES=st, DQ_PIPELINE=pipe) for bn in (64, 128) for st in (2, 3)
+                for pipe in (True, False)
+                if dq_smem_bytes(HEAD_DIM=d, BLOCK_N=bn, STAGES=st) <= MAX_SMEM and not (d == bn == 128 and pipe)]
+            for d in HEAD_DIMS}
 PAD = 128                     # L/delta rows are padded to a multiple of every query tile
 _DIMS = {"b": 0, "h": 1, "n": 2}
 _U32 = getattr(torch, "uint32", torch.int32)
@@ -241,7 +244,7 @@ def plan_backward_hopper(q, k, v, out, dout, lse, dq, dk, dv, *, is_causal, scal
                           (tm_q2, tm_k2, tm_v2, tm_do2, lse_log2, delta, dq.view(i16), q_bits[0], n_q, n_k, *common,
                            *dq.stride()[:3], *q_bits[1]),
                           dict(DTYPE=dtype, HEAD_DIM=D, BLOCK_N=bn, STAGES=sched["DQ_STAGES"], HAS_MASK=masked,
-                               Q_ORDER=q_order, KV_ORDER=kv_order)))
+                               PIPELINE=sched["DQ_PIPELINE"], Q_ORDER=q_order, KV_ORDER=kv_order)))
     else:
         steps.append(Step(attention_bwd_dq_convert, (n_pad // 64 * (D // 64), H, B),
                           (dq_accum, dq.view(i16), n_q, H, n_pad, float(scale), *dq.stride()[:3]),
