@@ -367,3 +367,86 @@ def test_seeded_schedules_are_reproducible():
         outs.append(out)
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
     assert np.array_equal(outs[0].numpy(), x.view(4, 64).flip(1).reshape(-1).numpy())
+
+
+# -- the operation most likely at fault -------------------------------------------------------------------
+
+@ty.kernel(threads=128)
+def turn_handoff(out: ty.ptr(ty.i32), NEXT: ty.constexpr):
+    """Warps 0-1 and 2-3 alternate on barriers 1 and 2; a pair passes the turn with bar.arrive on NEXT."""
+    pair = ty.warp_idx() // 2
+    if pair == 0:
+        ty.barrier_arrive(NEXT, 128)  # <- handoff
+    else:
+        ty.barrier_sync(pair + 1, 128)  # <- turn_wait
+    out[ty.thread_idx()] = 1
+
+
+def test_deadlock_names_a_hand_off_to_the_wrong_barrier():
+    turn_handoff.emulate(torch.zeros(128, dtype=torch.int32), grid=1, NEXT=2)
+    with pytest.raises(ProtocolError) as e:
+        turn_handoff.emulate(torch.zeros(128, dtype=torch.int32), grid=1, NEXT=1)
+    msg = str(e.value)
+    assert re.search(f"Most likely at fault: bar.sync 2 waits for 64 more threads, but no warp ever arrives on named "
+                     f"barrier 2 with bar.arrive; bar.arrive went to barrier 1 \\(warps 0, 1 at .*:"
+                     f"{line_of(HERE, 'handoff')}\\)", msg), msg
+    assert re.search(f"warps 2, 3 \\(warpgroup 0\\) of CTA \\(0, 0, 0\\) wait at {at('turn_wait')}", msg), msg
+
+
+@ty.kernel(threads=64)
+def release_ring(COUNT: ty.constexpr, SKIP_LAST: ty.constexpr):
+    """Warp 1 frees a buffer (``empty``) four times, warp 0 hands it back (``full``) after each."""
+    bars = ty.shared(ty.u64, 2, align=8)
+    if ty.thread_idx() == 0:
+        ty.hopper.mbarrier_init(bars, COUNT, label="empty")  # <- counted
+        ty.hopper.mbarrier_init(bars + 1, 1, label="full")
+    ty.syncthreads()
+    first = ty.lane_id() == 0
+    if ty.warp_idx() == 0:
+        for j in range(4):
+            ty.hopper.mbarrier_wait(bars, j & 1, "empty")  # <- release_wait
+            if first:
+                mbar_arrive(bars + 1)
+    else:
+        if first:
+            mbar_arrive(bars)
+        for j in range(3 - SKIP_LAST):
+            ty.hopper.mbarrier_wait(bars + 1, j & 1, "full")
+            if first:
+                mbar_arrive(bars)  # <- release
+
+
+def test_phase_that_cannot_complete_names_the_missing_arrival_or_the_count():
+    release_ring.emulate(grid=1, COUNT=1, SKIP_LAST=0)
+    with pytest.raises(ProtocolError) as e:
+        release_ring.emulate(grid=1, COUNT=1, SKIP_LAST=1)
+    assert re.search(f"mbarrier empty still needs 1 arrival\\(s\\) in phase 3; in phase 2 they came from warps 1 at "
+                     f".*:{line_of(HERE, 'release')}, but warp 1 exited without arriving again", str(e.value))
+    with pytest.raises(ProtocolError) as e:
+        release_ring.emulate(grid=1, COUNT=2, SKIP_LAST=0)
+    assert re.search(f"deadlock .*Most likely at fault: mbarrier empty got 1 arrival\\(s\\) in phase 0 \\(warps 1 at "
+                     f".*\\) and still needs 1: the count of its mbarrier_init at {at('counted')} .* \\(2\\) is larger",
+                     str(e.value), re.S), str(e.value)
+
+
+@ty.kernel(threads=32)
+def ahead_of_the_ring(src: ty.tensormap):
+    """A producer that fills the same stage twice without waiting for it to be consumed."""
+    tile = ty.dynamic_shared(ty.bf16, 8192, align=1024)
+    bars = ty.shared(ty.u64, 1, align=8)
+    if ty.lane_id() == 0:
+        mbar_init(bars, 1)
+        fence_mbarrier_init()
+        for j in range(2):
+            mbar_expect_tx(bars, 8192)  # <- refill
+            tma_load(tile, src, bars, 0, 64 * j)
+    mbar_wait(bars, 0)
+    mbar_wait(bars, 1)
+
+
+def test_too_many_arrivals_points_at_the_missing_empty_wait():
+    t = torch.randn(128, 64).to(torch.bfloat16)
+    with pytest.raises(ProtocolError) as e:
+        ahead_of_the_ring.emulate(tile_map(t, 64), grid=1)
+    assert re.search(f"too many arrivals on mbarrier smem0\\[0\\] at {at('refill')} .*Most likely at fault: A producer "
+                     "refilling a ring is a whole lap ahead: its wait for the stage to be free", str(e.value))

@@ -391,6 +391,6 @@ def test_wgmma_waits_for_the_whole_warpgroup():
         partial_wgmma.emulate(torch.zeros(128), grid=1)
     msg = str(e.value)
     assert msg.startswith("deadlock")
-    assert re.search(f"warp 0 .* waits at {at('partial')} .*: wgmma \\(warpgroup-collective\\): warps 3 of "
+    assert re.search(f"warps 0, 1, 2 .* wait at {at('partial')} .*: wgmma \\(warpgroup-collective\\): warps 3 of "
                      "warpgroup 0 have not issued it", msg)
     assert "exited warps: 3" in msg

@@ -22,6 +22,7 @@ import numpy as np
 
 from . import diagnose
 from .asynccopy import AsyncCopies
+from .deadlock import deadlock_error
 from .errors import ProtocolError, where
 from .memory import shared_layout
 from .compiled import run_block
@@ -151,6 +152,7 @@ class CTA:
         self.agent_mbar: dict[int, MBarrier] = {}  # agent column -> the mbarrier it stands for now
         self._agents_by_addr: dict[int, int] = {}
         self.barriers: dict[int, NamedBarrier] = {}
+        self.bar_arrivers: dict[int, dict] = {}  # named barrier id -> {warp: op} of its bar.arrive arrivals
         self.mbars: dict[int, MBarrier] = {}
         self.regpool = RegisterPool(kir, self.nwarps)
         self.wg_logs: dict[int, dict] = {}
@@ -282,24 +284,4 @@ class CTA:
                     f"reached {op.opcode} at {where(op)} (all 4 warps must execute it)")
 
     def deadlock(self, live) -> ProtocolError:
-        lines = [f"  {w.describe()} waits at {where(w.wait.op)}: {w.wait.describe()}" for w in live]
-        exited = [w.wid for w in self.warps if w.exited]
-        tail = "\n".join(lines) + f"\n  exited warps: {warps_text(exited)}"
-        for w in live:
-            obj = w.wait.obj
-            if isinstance(obj, tuple) and obj and isinstance(obj[0], MBarrier):
-                short = obj[0].tx_shortfall()
-                if short:
-                    return ProtocolError(f"{short}\nwaiting warps (the kernel would hang here):\n{tail}")
-        mb_waits = [w for w in live if isinstance(w.wait.obj, tuple) and isinstance(w.wait.obj[0], MBarrier)]
-        first = live[0]
-        if len(mb_waits) == len(live) and exited:
-            mb, parity = first.wait.obj
-            return ProtocolError(
-                f"mbarrier phase can never complete: {first.describe()} waits at {where(first.wait.op)} on "
-                f"{mb.label()} (parity {parity}, phase {mb.phase}), which still needs {mb.pending} arrival(s)"
-                f"{' and ' + str(mb.tx) + ' bytes' if mb.tx > 0 else ''}, but only waiting warps remain "
-                f"(warps {warps_text(exited)} exited)\n{tail}")
-        return ProtocolError(
-            f"deadlock in CTA {self.coord}: every live warp is waiting and none can continue (the GPU would hang); "
-            f"first: {first.describe()} at {where(first.wait.op)}\n{tail}")
+        return deadlock_error(self, live)

@@ -156,8 +156,9 @@ class SharedMemory:
             j = int(np.argmax(never))
             raise ProtocolError(
                 f"read of uninitialized shared memory at {where(op)}: {who.describe()} {what} {self.span(bi[never], 0)}"
-                f", which nothing wrote before (no store, cp.async or TMA copy landed there; the emulator fills "
-                f"shared memory with 0x{POISON:02X} bytes, NaN as a float)")
+                f", which nothing wrote before (no store, cp.async or TMA copy landed there; if another warp writes "
+                f"it later, a barrier between that write and this read is missing). The emulator fills shared "
+                f"memory with 0x{POISON:02X} bytes (NaN as a float)")
         other = prev != warp
         if not other.any():
             return

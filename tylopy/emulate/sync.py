@@ -77,6 +77,8 @@ class NamedBarrier:
         cta.release(w.wid, self.clock)
         self.arrived += 32
         self.parts.append((w.wid, op, sync))
+        if not sync:
+            cta.bar_arrivers.setdefault(self.id, {})[w.wid] = op
         gen = self.generation
         if self.arrived >= self.expected:
             self.clocks[gen] = self.clock.copy()
@@ -161,11 +163,16 @@ class MBarrier:
                 self.expects.append((op, tx_each, w.wid))
             if self.pending == 0:
                 who = warps_text(a for a, _ in self.arrivals)
+                ahead = (" A producer refilling a ring is a whole lap ahead: its wait for the stage to be free "
+                         "(the empty barrier) is missing or passes too early (wrong parity); or the count of the "
+                         "mbarrier_init is too small" if tx_each else
+                         " This arrival comes a phase early (an extra release, or one before the wait it should "
+                         "follow), or the count of the mbarrier_init is too small")
                 raise ProtocolError(
                     f"too many arrivals on {self.label()} at {where(op)} ({w.describe()}): phase {self.phase} "
                     f"expects {self.count} arrivals (mbarrier_init at {where(self.init_op)}), all of which came "
                     f"(from warps {who}), and it is still waiting for {self.tx} transaction bytes. Most likely at "
-                    f"fault: this arrival, or the count of the mbarrier_init")
+                    f"fault:{ahead}")
             take = 1 if tx_each else min(k, self.pending)
             self.pending -= take
             k -= take

@@ -22,9 +22,13 @@ def _bar(bar) -> Value:
     return lang.ptr_cast(bar, lang.u64)
 
 
-def mbarrier_init(bar, count) -> None:
-    """mbarrier.init: expect ``count`` arrivals per phase. One thread initializes."""
-    emit("mbarrier_init", (_bar(bar), as_value(count, i32)))
+def mbarrier_init(bar, count, label: str = "") -> None:
+    """mbarrier.init: expect ``count`` arrivals per phase. One thread initializes. ``label`` names
+    the barrier in the emulator's protocol messages (as a wait's label does)."""
+    if label:
+        emit("mbarrier_init", (_bar(bar), as_value(count, i32)), label=str(label))
+    else:
+        emit("mbarrier_init", (_bar(bar), as_value(count, i32)))
 
 
 def mbarrier_arrive(bar) -> None:
