@@ -274,3 +274,13 @@ def test_empty_lengths_give_zero_gradients():
         t.fill_(float("nan"))
     assert L.plan_backward_hopper(q, k, v, out, dout, lse, dq, dk, dv, is_causal=False, scale=0.1, encode=False) == []
     assert (dk == 0).all() and (dv == 0).all()
+
+
+def test_supports():
+    q = torch.zeros(1, 4, 8, 128, dtype=torch.bfloat16)
+    k = torch.zeros(1, 2, 8, 128, dtype=torch.bfloat16)
+    assert L.supports(q, k, k)
+    assert L.supports(q[..., :64], k[..., :64], k[..., :64])
+    assert not L.supports(q.float(), k.float(), k.float())
+    assert not L.supports(q[..., :32], k[..., :32], k[..., :32])
+    assert not L.supports(q[:, :3], k, k)

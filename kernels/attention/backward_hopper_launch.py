@@ -5,7 +5,8 @@
 fills dq, dk, dv (views of the input dtype, last dim contiguous) from the forward's inputs, its
 output ``out``, the output gradient ``dout`` and its LSE (fp32 (B, H, N), natural log). K and V
 may have fewer heads than Q (GQA/MQA: H_q a multiple of H_kv; query head h uses key/value head
-h // (H_q / H_kv)); dk and dv have K's shape and receive the sum over each group.
+h // (H_q / H_kv)); dk and dv have K's shape and receive the sum over each group. ``supports(q,
+k, v)`` says whether the inputs are within these limits.
 
 Two modes (``kernels/attention/backward_hopper.py`` has the algorithm):
 
@@ -250,6 +251,15 @@ def plan_backward_hopper(q, k, v, out, dout, lse, dq, dk, dv, *, is_causal, scal
                           (dq_accum, dq.view(i16), n_q, H, n_pad, float(scale), *dq.stride()[:3]),
                           dict(DTYPE=dtype, HEAD_DIM=D)))
     return steps
+
+
+def supports(q, k, v) -> bool:
+    """Whether ``launch_backward_hopper`` takes these inputs (on a Hopper GPU): head dim 64 or 128,
+    bf16/fp16, key/value heads dividing the query heads. Strides never matter (copies are made
+    where TMA cannot read a view); masks, causal and lengths are all supported."""
+    return (q.dim() == k.dim() == v.dim() == 4 and q.shape[-1] in HEAD_DIMS and k.shape[-1] == v.shape[-1] ==
+            q.shape[-1] and q.dtype in (torch.bfloat16, torch.float16) and k.dtype == v.dtype == q.dtype and
+            k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0 and k.shape[1] == v.shape[1])
 
 
 def launch_backward_hopper(q, k, v, out, dout, lse, dq, dk, dv, *, is_causal, scale, attn_mask=None,
