@@ -234,3 +234,25 @@ def test_deterministic_mode_is_bitwise_repeatable():
     b = run_backward(n_q=100, n_k=200, deterministic=True, seed=7)
     for x, y in zip(a, b):
         assert torch.equal(x.view(torch.int16), y.view(torch.int16))
+
+
+def test_expanded_key_value_heads_run_as_one_head():
+    """K and V expanded over the heads (stride 0): head 0 of dk/dv gets the sum, the others 0."""
+    torch.manual_seed(9)
+    B, H, n, D = 1, 3, 80, 64
+    q, dout = (torch.randn(B, H, n, D).to(torch.bfloat16) for _ in range(2))
+    k1, v1 = (torch.randn(B, 1, n, D).to(torch.bfloat16) for _ in range(2))
+    k, v = k1.expand(B, H, n, D), v1.expand(B, H, n, D)
+    o64, lse64, dq64, dk64, dv64 = attention_grads(q, k1, v1, dout)
+    out = o64.to(torch.bfloat16)
+    grads = [torch.full((B, H, n, D), float("nan")).to(torch.bfloat16) for _ in range(3)]
+    steps = L.plan_backward_hopper(q, k, v, out, dout, lse64.float(), *grads, is_causal=False, scale=1 / 8,
+                                   encode=False)
+    assert steps[1].grid[1] == 1                                   # one key/value head
+    for step in steps:
+        step.emulate()
+    base = attention_grads(q, k1, v1, dout, dtype=torch.bfloat16)[2:]
+    for got, want, low in zip((grads[0], grads[1][:, :1], grads[2][:, :1]), (dq64, dk64, dv64), base):
+        ok, msg = gradient_rule(got, want, low)
+        assert ok, msg
+    assert (grads[1][:, 1:] == 0).all() and (grads[2][:, 1:] == 0).all()

@@ -5,8 +5,11 @@
 fills dq, dk, dv (views of the input dtype, last dim contiguous) from the forward's inputs, its
 output ``out``, the output gradient ``dout`` and its LSE (fp32 (B, H, N), natural log). K and V
 may have fewer heads than Q (GQA/MQA: H_q a multiple of H_kv; query head h uses key/value head
-h // (H_q / H_kv)); dk and dv have K's shape and receive the sum over each group. ``supports(q,
-k, v)`` says whether the inputs are within these limits.
+h // (H_q / H_kv)); dk and dv have K's shape and receive the sum over each group. K and V expanded
+over the query heads (stride 0: MQA by ``expand``) run as one head without a copy: head 0 of dk
+and dv receives the sum and the other heads 0, so the expand's own backward (a sum over the
+heads) gives the right gradient. ``supports(q, k, v)`` says whether the inputs are within these
+limits.
 
 Two modes (``kernels/attention/backward_hopper.py`` has the algorithm):
 
@@ -198,6 +201,13 @@ def plan_backward_hopper(q, k, v, out, dout, lse, dq, dk, dv, *, is_causal, scal
         for t in (dq, dk, dv):
             t.zero_()
         return []
+    if H_kv == H > 1 and k.stride(1) == 0 and v.stride(1) == 0:
+        # K and V expanded over the heads (MQA by ``expand``): run as one key/value head, without a
+        # copy. Head 0 of dk/dv gets the group's sum and the others 0, which is what the expand's
+        # backward sums to.
+        dk[:, 1:].zero_()
+        dv[:, 1:].zero_()
+        k, v, dk, dv, H_kv = k[:, :1], v[:, :1], dk[:, :1], dv[:, :1], 1
     masked = attn_mask is not None
     sched = schedule_for(D, masked, schedule)
     block_m = sched["BLOCK_M"]
