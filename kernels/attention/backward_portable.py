@@ -51,9 +51,10 @@ WARPS = 4
 PRE_THREADS = 256
 # Query rows per tile of the dK/dV kernel, and whether it re-reads K/V from shared memory, per
 # head dim (ptxas, sm_80: D = 64 takes 162 registers so, 255 with 64-row tiles and K/V in
-# registers; D = 128 takes 254); key rows per tile of the dQ kernel (D = 128: 242 registers).
+# registers; D = 32 with K/V in registers spills a few bytes once a mask is read; D = 128 takes
+# 254); key rows per tile of the dQ kernel (D = 128: 242 registers).
 BLOCK_M = {16: 64, 32: 64, 64: 32, 128: 32}
-KV_SMEM = {16: False, 32: False, 64: True, 128: True}
+KV_SMEM = {16: False, 32: True, 64: True, 128: True}
 BLOCK_N = {16: 64, 32: 64, 64: 64, 128: 32}
 
 

@@ -1,0 +1,86 @@
+"""Checking attention gradients the way FlashAttention's tests do.
+
+For inputs in bf16 or fp16, a result passes when its largest error against a float64 reference
+is at most twice the largest error of the same computation done by torch in the input dtype,
+plus a small floor (half a unit in the last place of the reference's largest magnitude):
+
+    max |ours - ref64|  <=  2 max |torch_in_dtype - ref64|  +  u max(1, max |ref64|)
+
+Both references are ``autograd.py``'s reference formulas (the ones the kernels implement,
+checked against torch autograd by the tests): ``ref64`` in float64, the other in the inputs'
+dtype. ``check`` applies the rule to out, lse (against float64 only: its rule is relative),
+dq, dk and dv, and raises AssertionError naming every quantity that fails; varlen inputs
+(packed (total, H, D) tensors and cu_seqlens) are compared over the rows of their sequences.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import autograd as A
+
+UNIT_ROUNDOFF = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+LSE_RTOL = 1e-5
+
+
+def references(q, k, v, dout, mask=None, causal=False, scale=1.0, dlse=None, varlen=None):
+    """{name: tensor} in float64 and {name: tensor} in the inputs' dtype (out, lse, dq, dk, dv)."""
+    result = []
+    for dtype in (torch.float64, q.dtype):
+        t = [x.to(dtype) for x in (q, k, v, dout)]
+        d = None if dlse is None else dlse.to(torch.float64 if dtype == torch.float64 else torch.float32)
+        if varlen is None:
+            out, lse = A.reference_forward(*t[:3], mask, causal, scale)
+            grads = A.reference_backward(t[3], *t[:3], out, lse, mask, d, causal, scale)
+        else:
+            cu_q, cu_k = (c.cpu() for c in varlen)
+            out, lse = A.reference_varlen_forward(*t[:3], cu_q, cu_k, causal, scale)
+            grads = A.reference_varlen_backward(t[3], *t[:3], out, lse, cu_q, cu_k, d, causal, scale)
+        result.append(dict(zip(("out", "lse", "dq", "dk", "dv"), (out, lse, *grads))))
+    return result
+
+
+def _rows(name, varlen):
+    """The rows of a packed tensor that belong to sequences: (dim, count) or None for all."""
+    if varlen is None:
+        return None
+    cu_q, cu_k = varlen
+    n = int((cu_q if name in ("out", "dq", "lse") else cu_k)[-1])
+    return (1 if name == "lse" else 0), n
+
+
+def _valid(t, name, varlen):
+    rows = _rows(name, varlen)
+    return t if rows is None else t.narrow(rows[0], 0, rows[1])
+
+
+def check(got: dict, q, k, v, dout, mask=None, causal=False, scale=1.0, dlse=None, varlen=None) -> str:
+    """Apply the rule to every entry of ``got`` (out, lse, dq, dk, dv); returns a one-line summary."""
+    ref64, same = references(q.cpu(), k.cpu(), v.cpu(), dout.cpu(), None if mask is None else mask.cpu(), causal,
+                             scale, None if dlse is None else dlse.cpu(), varlen)
+    u = UNIT_ROUNDOFF[q.dtype]
+    problems, parts = [], []
+    for name, value in got.items():
+        mine = _valid(value.detach().cpu().double(), name, varlen)
+        ref = _valid(ref64[name], name, varlen)
+        if name == "lse":
+            finite = torch.isfinite(ref)
+            if not torch.equal(torch.isinf(mine), torch.isinf(ref)) or torch.isnan(mine).any():
+                problems.append("lse: -inf where the reference is finite, or the other way, or NaN")
+                continue
+            err = ((mine - ref).abs() / ref.abs().clamp_min(1.0))[finite].max().item() if finite.any() else 0.0
+            parts.append(f"lse {err:.1e}")
+            if err > LSE_RTOL:
+                problems.append(f"lse: relative error {err:.2e} > {LSE_RTOL:.0e}")
+            continue
+        if not torch.isfinite(mine).all():
+            problems.append(f"{name}: not finite")
+            continue
+        err = (mine - ref).abs().max().item() if ref.numel() else 0.0
+        base = (_valid(same[name].double(), name, varlen) - ref).abs().max().item() if ref.numel() else 0.0
+        floor = u * max(1.0, ref.abs().max().item() if ref.numel() else 0.0)
+        parts.append(f"{name} {err:.1e}/{base:.1e}")
+        if err > 2 * base + floor:
+            problems.append(f"{name}: error {err:.3e} > 2 x {base:.3e} (torch in {q.dtype}) + {floor:.1e}")
+    if problems:
+        raise AssertionError("; ".join(problems))
+    return ", ".join(parts)
