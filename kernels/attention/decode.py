@@ -87,16 +87,18 @@ def _threads(WARPS=4, **_):
 # -- copies: one warp's key block into its ring -----------------------------------------------------------
 
 @ty.func
-def copy_block(src, base, stride_n, dst, key0, row0_in_src, kv_len, lane, warp_keys, head_dim):
+def copy_block(src, base, stride_n, dst, key0, row0_in_src, row_cap, kv_len, lane, warp_keys, head_dim):
     """Copy ``warp_keys`` rows (keys key0 ..) from ``src`` rows row0_in_src .. into ``dst`` (swizzled);
-    keys at or past kv_len are zero-filled without reading."""
+    keys at or past kv_len are zero-filled without reading (their source row is clamped to
+    ``row_cap``, so no address past the cache is ever formed)."""
     chunks = head_dim // 8
     rows_per_pass = 32 // chunks
     chunk = lane % chunks
     for p in range(warp_keys // rows_per_pass):
         r = lane // chunks + p * rows_per_pass
         ok = key0 + r < kv_len
-        g = src + (base + ty.cast(row0_in_src + r, ty.i64) * stride_n + ty.cast(chunk * 8, ty.i64))
+        row = ty.minimum(row0_in_src + r, row_cap)
+        g = src + (base + ty.cast(row, ty.i64) * stride_n + ty.cast(chunk * 8, ty.i64))
         ty.cp_async(dst + decode_swizzle(r, chunk, head_dim), g, 16, src_bytes=ty.select(ok, 16, 0), cache="cg")
 
 
@@ -111,14 +113,17 @@ def copy_kv_block(k, v, kv, block_table, ring, stage, key0, kv_len, lane, cfg):
         # wholly past the end (zero-filled) reads the last page's entry, never one past it.
         page_idx = ty.minimum(key0, kv_len - 1) // page_size
         page = ty.cast(block_table[bt_base + ty.cast(page_idx, ty.i64)], ty.i64)
-        row0 = key0 - page_idx * page_size
-        copy_block(k, k_base + page * k_stride_page, k_stride_n, dst, key0, row0, kv_len, lane, warp_keys, head_dim)
-        copy_block(v, v_base + page * v_stride_page, v_stride_n, dst + warp_keys * head_dim * 2, key0, row0, kv_len,
-                   lane, warp_keys, head_dim)
-    else:
-        copy_block(k, k_base, k_stride_n, dst, key0, key0, kv_len, lane, warp_keys, head_dim)
-        copy_block(v, v_base, v_stride_n, dst + warp_keys * head_dim * 2, key0, key0, kv_len, lane, warp_keys,
+        row0 = ty.minimum(key0 - page_idx * page_size, page_size - warp_keys)
+        last = page_size - 1
+        copy_block(k, k_base + page * k_stride_page, k_stride_n, dst, key0, row0, last, kv_len, lane, warp_keys,
                    head_dim)
+        copy_block(v, v_base + page * v_stride_page, v_stride_n, dst + warp_keys * head_dim * 2, key0, row0, last,
+                   kv_len, lane, warp_keys, head_dim)
+    else:
+        last = kv_len - 1
+        copy_block(k, k_base, k_stride_n, dst, key0, key0, last, kv_len, lane, warp_keys, head_dim)
+        copy_block(v, v_base, v_stride_n, dst + warp_keys * head_dim * 2, key0, key0, last, kv_len, lane,
+                   warp_keys, head_dim)
 
 
 # -- the warp's work on one key block --------------------------------------------------------------------------
