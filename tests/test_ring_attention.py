@@ -166,16 +166,36 @@ def test_merge_partial_edges():
     assert acc_o[0, 0, 2].tolist() == [0.0, 0.0] and math.isinf(acc_lse[0, 0, 2].item())  # both empty
 
 
-def test_world_size_one_without_a_process_group():
+@pytest.mark.parametrize("causal", [False, True])
+def test_world_size_one_without_a_process_group(causal):
+    """No process group: one rank, through tylopy's operators (their float64 reference on the CPU),
+    forward and autograd backward against full attention."""
     ring = ra.ring_of(None)
     assert (ring.rank, ring.world) == (0, 1)
     with pytest.raises(ValueError, match="ring_attention: group expects None"):
         ra.ring_of(object())
-    q = torch.randn(1, 2, 8, 16).bfloat16()
-    with pytest.raises(ValueError, match="attention: query expects a CUDA tensor"):
-        ra.ring_attention(q, q, q, is_causal=True)
+    torch.manual_seed(11)
+    q = torch.randn(2, 4, 12, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 2, 12, 8, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 2, 12, 8, dtype=torch.float64, requires_grad=True)
+    out, lse = ra.ring_attention(q, k, v, is_causal=causal, scale=0.4, enable_gqa=True, return_lse=True)
+    rq, rk, rv, ref_out, ref_lse = full_reference(q, k, v, causal, 0.4)
+    assert (out - ref_out).abs().max().item() < 1e-12 and (lse - ref_lse).abs().max().item() < 1e-12
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ref_out.backward(dout)
+    for got, ref in ((q.grad, rq.grad), (k.grad, rk.grad), (v.grad, rv.grad)):
+        assert (got - ref).abs().max().item() < 1e-12
+
+
+def test_bad_inputs_are_named():
+    q = torch.randn(1, 2, 8, 16)
     with pytest.raises(ValueError, match="ring_attention: key/value local length"):
         ra.ring_attention(q, q[:, :, :4], q[:, :, :4])
+    with pytest.raises(ValueError, match="ring_attention: key/value heads expects 2"):
+        ra.ring_attention(q, q[:, :1], q[:, :1])
+    with pytest.raises(TypeError, match="ring_attention: scale expects a finite float"):
+        ra.ring_attention(q, q, q, scale=float("inf"))
 
 
 def _gloo_worker(rank, world, port, q, k, v, dout, results):

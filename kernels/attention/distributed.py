@@ -41,13 +41,17 @@ Shards and causal masking. The sequence is cut into chunks of equal length.
     attend to all 2c keys of the shard, no mask.
   Every step after the first costs 2c^2 scores on every rank: the work is balanced.
 
-Backward (``torch.autograd``): ring_attention is differentiable where the attention backward
-exists (``backward_hopper_launch.launch_backward_hopper``: Hopper, D in {64, 128}). The forward
-saves the global (merged) output and LSE; the backward walks the ring again: each step computes
-the pair's dQ, dK, dV with the global LSE and delta = rowsum(dO O) (so partial gradients simply
-add), dQ accumulates locally in fp32, and the fp32 dK/dV accumulators travel around the ring with
-their K/V shard, arriving back at their owner after W exchanges. Elsewhere (pre-Hopper GPUs,
-other head dims) the backward raises NotImplementedError.
+Each step runs tylopy's attention operators (``autograd.py``): ``tylopy::attention_fwd`` for the
+forward and ``tylopy::attention_bwd`` for the backward, i.e. the Hopper kernels for D in {64, 128}
+on sm_90 and the portable ones elsewhere; off CUDA the operators compute a reference in the
+inputs' dtype, so the whole ring also runs on CPU tensors (float64 in the tests).
+
+Backward (``torch.autograd``): the forward saves the global (merged) output and LSE; the backward
+walks the ring again: each step computes the pair's dQ, dK, dV with the global LSE and delta =
+rowsum(dO O) (so the partial gradients simply add), dQ accumulates locally in fp32, and the fp32
+dK/dV accumulators travel around the ring with their K/V shard (sent on after each step, so the
+transfer overlaps the next step's kernels), arriving back at their owner after W exchanges. The
+LSE output is not differentiable (its gradient is dropped).
 """
 from __future__ import annotations
 
@@ -238,22 +242,17 @@ def ring_backward(q, k, v, out, dout, lse, ring, attend_backward, is_causal, sca
 # -- the kernels behind each step ------------------------------------------------------------------------------------
 
 def tylopy_attend(q, k, v, causal, scale):
-    from . import attention
-    return attention(q, k, v, is_causal=causal, scale=scale, return_lse=True, enable_gqa=k.shape[1] != q.shape[1])
+    """One pair's (out, lse): the ``tylopy::attention_fwd`` operator (the kernels on CUDA, a
+    reference in the inputs' dtype elsewhere); K/V may have fewer heads (GQA)."""
+    from .autograd import attention_fwd
+    return attention_fwd(q, k, v, None, causal, float(scale), True)
 
 
 def tylopy_attend_backward(q, k, v, out, dout, lse, causal, scale):
-    try:
-        from .backward_hopper_launch import HEAD_DIMS, launch_backward_hopper
-    except ImportError as e:  # pragma: no cover - depends on what the tree holds
-        raise NotImplementedError(f"ring_attention backward needs the attention backward kernel: {e}") from None
-    D = q.shape[-1]
-    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9 or D not in HEAD_DIMS:
-        raise NotImplementedError(f"ring_attention backward needs the Hopper attention backward (sm_90, head dim in "
-                                  f"{HEAD_DIMS}); this call has head dim {D} on {q.device}")
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    launch_backward_hopper(q, k, v, out, dout.contiguous(), lse, dq, dk, dv, is_causal=causal, scale=scale)
-    return dq, dk, dv
+    """One pair's (dq, dk, dv) from the global out and lse: the ``tylopy::attention_bwd`` operator
+    (Hopper's backward for D 64/128 on sm_90, the portable one elsewhere, a reference off CUDA)."""
+    from .autograd import attention_bwd
+    return attention_bwd(dout.contiguous(), q, k, v, out, lse, None, None, causal, float(scale))
 
 
 class _RingAttention(torch.autograd.Function):
@@ -303,6 +302,9 @@ def ring_attention(q, k, v, group=None, is_causal=False, scale=None, load_balanc
     shards are in zig-zag order (``shard_sequence``)."""
     ring = ring_of(group)
     scale = check_ring_inputs(q, k, v, is_causal, scale, load_balance, enable_gqa, ring.world)
+    if q.device.type == "cuda":  # what the kernels accept (dtype, head dim, heads, devices), on the local shard
+        from . import check_inputs
+        check_inputs(q, k, v, None, False, scale, enable_gqa)
     zigzag = load_balance and is_causal and ring.world > 1
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         out, lse = _RingAttention.apply(q, k, v, ring, is_causal, scale, zigzag)
