@@ -9,8 +9,6 @@
 * dK, dV and dQ are bitwise the same under random warp schedules (no atomics anywhere);
 * the launcher's argument checks.
 """
-import math
-
 import pytest
 import torch
 
@@ -18,7 +16,6 @@ import tylopy as ty
 from tylopy_kernels.attention import backward_portable as bp
 from tylopy_kernels.attention import grad_check
 from tylopy_kernels.attention.backward_portable_launch import plan_backward_portable
-from tylopy_kernels.attention.portable_launch import plan_forward
 
 SM86_SMEM = 99 * 1024  # the most shared memory a block may opt into on sm_86/sm_89
 
@@ -87,30 +84,6 @@ def nan_padded(shape, dtype, gen, pad=(0, 0, 3, 0)):
     return view
 
 
-def emulate_attention(q, k, v, dout, mask=None, causal=False, scale=None, dlse=None, seed=None, varlen=None):
-    """out, lse, dq, dk, dv by the launchers' plans in the emulator (NaN-filled outputs before)."""
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    packed = varlen is not None
-    heads = q.shape[-2 if packed else 1]
-    out = torch.full(q.shape, float("nan"), dtype=q.dtype)
-    lse = torch.full((heads, q.shape[0]) if packed else q.shape[:3], float("nan"))
-    fwd_varlen = None if not packed else (varlen[0], varlen[1], varlen[2])
-    if packed:  # rows past every sequence are not written by the kernels
-        out.zero_()
-        lse.fill_(float("-inf"))
-    launch = plan_forward(q, k, v, out, lse, scale=scale, is_causal=causal, attn_mask=mask, varlen=fwd_varlen)
-    if launch is not None:
-        launch.run(emulate=True)
-    grads = [torch.full(t.shape, float("nan"), dtype=t.dtype) for t in (q, k, v)]
-    if packed:
-        for g in grads:
-            g.zero_()
-    for step in plan_backward_portable(q, k, v, out, dout, lse, *grads, is_causal=causal, scale=scale,
-                                       attn_mask=mask, dlse=dlse, varlen=varlen):
-        step.run(emulate=True, seed=seed)
-    return dict(out=out, lse=lse, dq=grads[0], dk=grads[1], dv=grads[2]), scale
-
-
 CASES = [
     # (name, B, H, H_kv, n_q, n_k, D, dtype, causal, mask kind, dlse)
     ("ragged-D16-f16", 1, 2, 2, 5, 70, 16, torch.float16, False, None, False),
@@ -151,7 +124,7 @@ def _case_inputs(B, H, H_kv, n_q, n_k, D, dtype, mask_kind, dlse, seed=0):
 def test_emulated_gradients_pass_the_flash_attention_rule(case):
     _, B, H, H_kv, n_q, n_k, D, dtype, causal, mask_kind, with_dlse = case
     q, k, v, dout, mask, dlse = _case_inputs(B, H, H_kv, n_q, n_k, D, dtype, mask_kind, with_dlse)
-    got, scale = emulate_attention(q, k, v, dout, mask, causal, dlse=dlse)
+    got, scale = grad_check.emulate(q, k, v, dout, mask, causal, dlse=dlse)
     summary = grad_check.check(got, q, k, v, dout, mask, causal, scale, dlse)
     assert summary
     if mask_kind == "rows":  # rows with no key: zeros out, -inf LSE, no gradient
@@ -162,9 +135,9 @@ def test_emulated_gradients_pass_the_flash_attention_rule(case):
 
 def test_gradients_are_bitwise_the_same_under_random_warp_schedules():
     q, k, v, dout, mask, _ = _case_inputs(1, 4, 2, 33, 40, 32, torch.bfloat16, None, False, seed=5)
-    first, _ = emulate_attention(q, k, v, dout, seed=None)
+    first, _ = grad_check.emulate(q, k, v, dout, seed=None)
     for seed in (1, 2):
-        again, _ = emulate_attention(q, k, v, dout, seed=seed)
+        again, _ = grad_check.emulate(q, k, v, dout, seed=seed)
         for name in ("dq", "dk", "dv"):
             assert torch.equal(first[name].view(torch.int16), again[name].view(torch.int16)), (name, seed)
 
@@ -173,7 +146,7 @@ def test_nonpositive_and_tiny_shapes_give_zero_or_exact_gradients():
     gen = torch.Generator().manual_seed(3)
     # one query, one key: P = 1, so dV = dO exactly, dQ = dK = 0 (dS = P (dP - delta) = 0)
     q, k, v, dout = (torch.randn(1, 1, 1, 16, generator=gen).to(torch.bfloat16) for _ in range(4))
-    got, _ = emulate_attention(q, k, v, dout)
+    got, _ = grad_check.emulate(q, k, v, dout)
     assert torch.equal(got["dv"], dout) and (got["dq"] == 0).all() and (got["dk"] == 0).all()
     # no keys: the launcher zeroes the gradients without a launch
     q = torch.randn(1, 2, 5, 32).to(torch.bfloat16)

@@ -14,6 +14,8 @@ dq, dk and dv, and raises AssertionError naming every quantity that fails; varle
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import autograd as A
@@ -84,3 +86,33 @@ def check(got: dict, q, k, v, dout, mask=None, causal=False, scale=1.0, dlse=Non
     if problems:
         raise AssertionError("; ".join(problems))
     return ", ".join(parts)
+
+
+def emulate(q, k, v, dout, mask=None, causal=False, scale=None, dlse=None, seed=None, varlen=None):
+    """({out, lse, dq, dk, dv}, scale) by the portable launchers' plans run in the emulator on CPU
+    tensors (``varlen=(cu_q, cu_k, max_seqlen_q, max_seqlen_k)`` for packed ones). Outputs start
+    NaN-filled, except the rows of packed tensors past every sequence (zeros, LSE -inf: the kernels
+    do not write them); ``seed`` picks a random warp schedule for the backward."""
+    from .backward_portable_launch import plan_backward_portable
+    from .portable_launch import plan_forward
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    packed = varlen is not None
+    heads = q.shape[-2 if packed else 1]
+    out = torch.full(q.shape, float("nan"), dtype=q.dtype)
+    lse = torch.full((heads, q.shape[0]) if packed else q.shape[:3], float("nan"))
+    fwd_varlen = None if not packed else (varlen[0], varlen[1], varlen[2])
+    if packed:  # rows past every sequence are not written by the kernels
+        n_q, n_k = int(varlen[0][-1]), int(varlen[1][-1])
+        out[n_q:] = 0
+        lse[:, n_q:] = float("-inf")
+    launch = plan_forward(q, k, v, out, lse, scale=scale, is_causal=causal, attn_mask=mask, varlen=fwd_varlen)
+    if launch is not None:
+        launch.run(emulate=True)
+    grads = [torch.full(t.shape, float("nan"), dtype=t.dtype) for t in (q, k, v)]
+    if packed:
+        for g, n in zip(grads, (n_q, n_k, n_k)):
+            g[n:] = 0
+    for step in plan_backward_portable(q, k, v, out, dout, lse, *grads, is_causal=causal, scale=scale,
+                                       attn_mask=mask, dlse=dlse, varlen=varlen):
+        step.run(emulate=True, seed=seed)
+    return dict(out=out, lse=lse, dq=grads[0], dk=grads[1], dv=grads[2]), scale

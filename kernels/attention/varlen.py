@@ -46,8 +46,6 @@ def check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, enable_gqa
             _fail(ValueError, name, f"the query's device {q.device}", t.device)
     if k.dtype != q.dtype or v.dtype != q.dtype:
         _fail(TypeError, "k/v", f"the query's dtype {q.dtype}", f"{k.dtype} and {v.dtype}")
-    if q.device.type not in ("cuda", "meta"):
-        _fail(ValueError, "q", "a CUDA tensor", f"a tensor on {q.device}")
     _, H, D = q.shape
     if k.shape != v.shape:
         _fail(ValueError, "v", f"the shape of k {tuple(k.shape)}", tuple(v.shape))
@@ -78,11 +76,13 @@ def check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, enable_gqa
     if not isinstance(is_causal, bool):
         _fail(TypeError, "is_causal", "a bool", type(is_causal).__name__)
     if scale is None:
-        return 1.0 / math.sqrt(D)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        scale = 1.0 / math.sqrt(D)
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
         _fail(TypeError, "scale", "a float or None", type(scale).__name__)
-    if not (abs(scale) <= 1.7976931348623157e308 if isinstance(scale, int) else math.isfinite(scale)):
+    elif not (abs(scale) <= 1.7976931348623157e308 if isinstance(scale, int) else math.isfinite(scale)):
         _fail(ValueError, "scale", "a finite number", scale if len(str(scale)) < 40 else "an int beyond the float range")
+    if q.device.type not in ("cuda", "meta"):  # last: bad input fails the same way without a GPU
+        _fail(ValueError, "q", "a CUDA tensor", f"a tensor on {q.device}")
     return float(scale)
 
 
