@@ -198,7 +198,7 @@ _counters: dict = {}
 def compiled_for(kernel, device, **constexprs):
     """The CompiledKernel of ``kernel`` for ``device``'s arch (cached; sm_80 PTX for the driver to JIT
     on an arch tylopy does not list)."""
-    from .portable import device_arch
+    from .portable_launch import device_arch
     index = device.index if device.index is not None else torch.cuda.current_device()
     arch = _archs.get(index)
     if arch is None:
@@ -230,72 +230,159 @@ def _aligned(t):
     return t if _rows_aligned(t) else t.contiguous()
 
 
-def plan_decode(q, k_cache, v_cache, cache_seqlens, out, lse, *, scale, block_table=None, is_causal=False,
-                num_splits=None, layout="bshd", merge="kernel", schedule=None, sm_count=132):
-    """The launches that fill ``out`` (and ``lse``): [main] or [main, merge]. CPU tensors give steps to
-    emulate; ``out`` must have q's layout and be contiguous in its last dim."""
+def _bnh(t, layout, paged=False):
+    """(b, n, h) strides of a 4-D tensor in ``layout`` (a paged cache is always (page, slot, head))."""
+    if layout == "bshd" or paged:
+        return t.stride(0), t.stride(1), t.stride(2)
+    return t.stride(0), t.stride(2), t.stride(1)
+
+
+@dataclasses.dataclass
+class DecodePlan:
+    """What a call's shapes, strides, dtypes and options decide: the specialization, grids and
+    scalar arguments. ``steps`` binds tensors to it; ``launch`` allocates the partials and runs."""
+
+    B: int
+    n_q: int
+    H_q: int
+    H_kv: int
+    D: int
+    cap: int
+    page_size: int
+    scale: float
+    is_causal: bool
+    layout: str
+    paged: bool
+    splits: int
+    row_blocks: int
+    fused: bool
+    cx: dict
+    merge_cx: dict
+    compiled: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def split(self) -> bool:
+        return self.splits > 1
+
+    @property
+    def n_rows(self) -> int:
+        return self.B * self.H_q * self.n_q
+
+    def steps(self, q, k, v, lens, table, out, lse, o_part, lse_part, counters):
+        """[main] or [main, merge] on the given (aligned) tensors."""
+        i16 = torch.int16
+        q_s, o_s = _bnh(q, self.layout), _bnh(out, self.layout)
+        k_s, v_s = _bnh(k, self.layout, self.paged), _bnh(v, self.layout, self.paged)
+        args = (q.view(i16), k.view(i16), v.view(i16), out.view(i16), lse, o_part, lse_part, lens, table, counters,
+                self.n_q, self.H_q // self.H_kv, self.H_q, self.cap, self.scale, int(self.is_causal), self.splits,
+                self.row_blocks, self.page_size, *q_s, *k_s, *v_s, *o_s, table.stride(0) if self.paged else 0)
+        steps = [Step(kd.attention_decode_fwd, (self.splits, self.H_kv * self.row_blocks, self.B), args, self.cx)]
+        if self.split and not self.fused:
+            grid = (-(-self.n_rows * (self.D // 4) // kd.MERGE_THREADS),)
+            steps.append(Step(kd.attention_decode_merge, grid, (o_part, lse_part, out.view(i16), lse, self.n_rows,
+                                                                self.n_q, self.H_q, self.splits, *o_s), self.merge_cx))
+        return steps
+
+    def buffers(self, device, lse):
+        """(o_part, lse_part, counters, lse or a placeholder) for a launch."""
+        f32 = torch.float32
+        n = self.n_rows * self.splits if self.split else 1
+        o_part = torch.empty(n * self.D if self.split else 4, dtype=f32, device=device)
+        lse_part = torch.empty(n if self.split else 4, dtype=f32, device=device)
+        groups = self.B * self.H_kv * self.row_blocks
+        counters = (_counter_buffer(device, groups) if device.type == "cuda" and self.fused else
+                    torch.zeros(max(groups, 4), dtype=torch.int32, device=device))
+        return o_part, lse_part, counters, (lse if lse is not None else _placeholder(device, f32))
+
+    def launch(self, q, k, v, lens, table, out, lse):
+        dev = q.device
+        o_part, lse_part, counters, lse_t = self.buffers(dev, lse)
+        table = table if table is not None else _placeholder(dev, torch.int32)
+        for step in self.steps(_aligned(q), _aligned(k), _aligned(v), lens, table, out, lse_t, o_part, lse_part,
+                               counters):
+            ck = self.compiled.get(step.kernel.name)
+            if ck is None:
+                ck = self.compiled[step.kernel.name] = compiled_for(step.kernel, dev, **step.constexprs)
+            ck(step.grid, *step.args)
+
+
+def _placeholder(device, dtype):
+    from .common import placeholder
+    return placeholder(device, dtype)
+
+
+def make_plan(q, k_cache, v_cache, cache_seqlens, *, scale, block_table=None, is_causal=False, num_splits=None,
+              layout="bshd", merge="kernel", schedule=None, sm_count=132, return_lse=False) -> DecodePlan:
+    """Check the inputs and decide the launch (see the module docstring)."""
     B, n_q, H_q, H_kv, D, cap, page_size, scale = check_decode_inputs(
         q, k_cache, v_cache, cache_seqlens, scale, block_table, is_causal, num_splits, layout, merge)
     cx, row_blocks, splits = plan_schedule(B, n_q, H_q, H_kv, D, cap, page_size, sm_count, num_splits, schedule)
-    dev = q.device
-    i16 = torch.int16
-    q, k_cache, v_cache = _aligned(q), _aligned(k_cache), _aligned(v_cache)
-    # (b, n, h) strides whatever the layout
-    qs = (q.stride(0), q.stride(1), q.stride(2)) if layout == "bshd" else (q.stride(0), q.stride(2), q.stride(1))
-    os_ = (out.stride(0), out.stride(1), out.stride(2)) if layout == "bshd" else (out.stride(0), out.stride(2),
-                                                                                   out.stride(1))
-    if block_table is None and layout == "bhsd":
-        ks = (k_cache.stride(0), k_cache.stride(2), k_cache.stride(1))
-        vs = (v_cache.stride(0), v_cache.stride(2), v_cache.stride(1))
-    else:
-        ks, vs = k_cache.stride()[:3], v_cache.stride()[:3]
-    split = splits > 1
-    fused = split and merge == "atomic"
-    n_rows = B * H_q * n_q
-    o_part = torch.empty((n_rows * splits * D,) if split else (4,), dtype=torch.float32, device=dev)
-    lse_part = torch.empty((n_rows * splits,) if split else (4,), dtype=torch.float32, device=dev)
-    table = block_table if block_table is not None else torch.zeros(4, dtype=torch.int32, device=dev)
-    counters = (_counter_buffer(dev, B * H_kv * row_blocks) if dev.type == "cuda" and fused else
-                torch.zeros(max(B * H_kv * row_blocks, 4), dtype=torch.int32, device=dev))
-    lse_t = lse if lse is not None else torch.empty(4, dtype=torch.float32, device=dev)
     dtype = ty.bf16 if q.dtype == torch.bfloat16 else ty.f16
-    cx = dict(cx, DTYPE=dtype, PAGED=block_table is not None, SPLIT=split, FUSED_MERGE=fused,
-              RETURN_LSE=lse is not None)
-    args = (q.view(i16), k_cache.view(i16), v_cache.view(i16), out.view(i16), lse_t, o_part, lse_part,
-            cache_seqlens, table, counters, n_q, H_q // H_kv, H_q, cap, scale, int(is_causal), splits, row_blocks,
-            page_size, *qs, *ks, *vs, *os_, table.stride(0) if block_table is not None else 0)
-    steps = [Step(kd.attention_decode_fwd, (splits, H_kv * row_blocks, B), args, cx)]
-    if split and not fused:
-        grid = (-(-n_rows * (D // 4) // kd.MERGE_THREADS),)
-        steps.append(Step(kd.attention_decode_merge, grid,
-                          (o_part, lse_part, out.view(i16), lse_t, n_rows, n_q, H_q, splits, *os_),
-                          dict(DTYPE=dtype, HEAD_DIM=D, RETURN_LSE=lse is not None)))
-    return steps
+    fused = splits > 1 and merge == "atomic"
+    cx = dict(cx, DTYPE=dtype, PAGED=block_table is not None, SPLIT=splits > 1, FUSED_MERGE=fused,
+              RETURN_LSE=return_lse)
+    return DecodePlan(B, n_q, H_q, H_kv, D, cap, page_size, scale, is_causal, layout, block_table is not None,
+                      splits, row_blocks, fused, cx, dict(DTYPE=dtype, HEAD_DIM=D, RETURN_LSE=return_lse))
+
+
+def plan_decode(q, k_cache, v_cache, cache_seqlens, out, lse, *, scale, block_table=None, is_causal=False,
+                num_splits=None, layout="bshd", merge="kernel", schedule=None, sm_count=132):
+    """The launches that fill ``out`` (and ``lse``) as Steps: [main] or [main, merge]. CPU tensors give
+    steps to emulate; ``out`` must have q's layout and be contiguous in its last dim."""
+    plan = make_plan(q, k_cache, v_cache, cache_seqlens, scale=scale, block_table=block_table, is_causal=is_causal,
+                     num_splits=num_splits, layout=layout, merge=merge, schedule=schedule, sm_count=sm_count,
+                     return_lse=lse is not None)
+    dev = q.device
+    o_part, lse_part, counters, lse_t = plan.buffers(dev, lse)
+    table = block_table if block_table is not None else torch.zeros(4, dtype=torch.int32, device=dev)
+    return plan.steps(_aligned(q), _aligned(k_cache), _aligned(v_cache), cache_seqlens, table, out, lse_t, o_part,
+                      lse_part, counters)
 
 
 def _sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+_plans: dict = {}
+
+
+def _signature(t):
+    if t is None:
+        return None
+    return (tuple(t.shape), t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+
+
 def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, block_table=None, is_causal=False,
                      num_splits=None, return_lse=False, layout="bshd", merge="kernel", schedule=None):
     """Attention of q's n_q rows per head against each sequence's first cache_seqlens[b] cached keys
-    (see the module docstring); returns out, or (out, lse) with ``return_lse``."""
-    B, n_q, H_q, H_kv, D, cap, page_size, scale = check_decode_inputs(
-        q, k_cache, v_cache, cache_seqlens, scale, block_table, is_causal, num_splits, layout, merge)
-    if q.device.type != "cuda":
-        _fail(ValueError, "q", "a CUDA tensor", f"a tensor on {q.device}")
+    (see the module docstring); returns out, or (out, lse) with ``return_lse``. The plan of a call
+    is remembered by its shapes, strides, dtypes, devices and options: a repeat skips the checks."""
+    key = (_signature(q), _signature(k_cache), _signature(v_cache), _signature(cache_seqlens),
+           _signature(block_table), scale, is_causal, num_splits, return_lse, layout, merge,
+           tuple(sorted(schedule.items())) if schedule else None)
+    try:
+        plan = _plans.get(key)
+    except TypeError:  # an unhashable argument: the checks name it
+        plan = None
+    if plan is None:
+        if not isinstance(q, torch.Tensor) or q.device.type != "cuda":
+            check_decode_inputs(q, k_cache, v_cache, cache_seqlens, scale, block_table, is_causal, num_splits,
+                                layout, merge)
+            _fail(ValueError, "q", "a CUDA tensor", f"a tensor on {q.device}")
+        s = scale
+        if s is not None and not isinstance(s, bool) and isinstance(s, (int, float)) and s <= 0:
+            s = 1.0 if s == 0 else -s  # the kernels keep the maximum of raw scores: the sign goes into q
+        plan = make_plan(q, k_cache, v_cache, cache_seqlens, scale=s, block_table=block_table, is_causal=is_causal,
+                         num_splits=num_splits, layout=layout, merge=merge, schedule=schedule,
+                         sm_count=_sm_count(q.device), return_lse=return_lse)
+        _plans[key] = plan
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, H_q, n_q), dtype=torch.float32, device=q.device) if return_lse else None
+    lse = torch.empty((plan.B, plan.H_q, plan.n_q), dtype=torch.float32, device=q.device) if return_lse else None
     if out.numel() == 0:
         return (out, lse) if return_lse else out
-    if scale <= 0:  # the kernels keep the maximum of raw scores: fold the sign into q (as ty.attention)
+    if scale is not None and scale <= 0:
         q = torch.zeros_like(q) if scale == 0 else -q
-        scale = 1.0 if scale == 0 else -scale
-    for step in plan_decode(q, k_cache, v_cache, cache_seqlens, out, lse, scale=scale, block_table=block_table,
-                            is_causal=is_causal, num_splits=num_splits, layout=layout, merge=merge,
-                            schedule=schedule, sm_count=_sm_count(q.device)):
-        step.launch(q.device)
+    plan.launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse)
     return (out, lse) if return_lse else out
 
 
