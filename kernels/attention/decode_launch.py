@@ -159,9 +159,10 @@ def max_ctas_per_sm(constexprs, smem_per_sm=SMEM_PER_SM) -> int:
 
 
 def choose_splits(base_ctas: int, tiles: int, slots: int, max_splits: int = MAX_SPLITS) -> int:
-    """Splits per (batch, kv head, row block): FlashAttention's rule on the wave efficiency
-    (CTAs / (waves * slots)): the fewest splits within 85% of the best, each split at least
-    MIN_TILES_PER_SPLIT tiles of the capacity."""
+    """Splits per (batch, kv head, row block), after FlashAttention's rule on the wave efficiency
+    (CTAs / (waves * slots)): the fewest splits within 95% of the best (FlashAttention takes 85%;
+    the K/V stream does not care how many partials there are, and idle slots cost bandwidth at
+    long caches), each split at least MIN_TILES_PER_SPLIT tiles of the capacity."""
     if base_ctas >= slots:
         return 1
     limit = max(1, min(max_splits, tiles // MIN_TILES_PER_SPLIT, 65535))
@@ -170,7 +171,7 @@ def choose_splits(base_ctas: int, tiles: int, slots: int, max_splits: int = MAX_
         waves = base_ctas * s / slots
         eff.append(waves / math.ceil(waves))
     best = max(eff)
-    return next(s for s, e in enumerate(eff, start=1) if e >= 0.85 * best)
+    return next(s for s, e in enumerate(eff, start=1) if e >= 0.95 * best)
 
 
 def plan_schedule(B, n_q, H_q, H_kv, D, cap, page_size, sm_count, num_splits=None, schedule=None):
@@ -185,6 +186,9 @@ def plan_schedule(B, n_q, H_q, H_kv, D, cap, page_size, sm_count, num_splits=Non
     if num_splits is None:
         tiles = -(-cap // (cx["WARPS"] * cx["WARP_KEYS"]))
         num_splits = choose_splits(B * H_kv * row_blocks, tiles, sm_count * max_ctas_per_sm(cx))
+        # a full-length sequence gives each split ceil(tiles / splits) tiles: drop the splits that
+        # would be left empty (same longest split, fewer partials to merge)
+        num_splits = -(-tiles // -(-tiles // num_splits))
     return cx, row_blocks, num_splits
 
 
