@@ -4,7 +4,8 @@ on small shapes, against an FP64 oracle.
 * Every head dim, tile shape and schedule option the launcher or the sweep can pick: D = 64 and
   128, causal, masks, grouped-query and multi-query K/V (zero-stride ``expand`` views and batch
   broadcasts mapped over their storage), the (B, N, H, D) layout, split S, the polynomial exp2,
-  the exact exponent, eager rescaling, the persistent "lpt" order with TMA stores.
+  the exact exponent, eager rescaling, the persistent loop (more work tiles than CTAs: the
+  "lpt" order, TMA stores, each tile's output written under the next tile's first S product).
 * The exponent's edge cases: inputs all 133120 (every score 1.1e12), scores near the float
   limits, a warp whose rows switch between the FMA and the exact form (one row with huge scores
   forces the whole warp to the exact form), fp16 weights near the FMA form's limit, and a row
@@ -82,6 +83,9 @@ CASES = [
     ("D64-persistent-lpt-tma", dict(B=2, H=2, Hkv=1, n=200, D=64, causal=True),
      {"PERSISTENT": True, "ORDER": "lpt", "TMA_STORE": True}),
     ("D128-tma-mask", dict(B=1, H=2, Hkv=2, n=150, D=128, mask=True), {"TMA_STORE": True}),
+    ("D64-persistent-epilogue-inline", dict(B=2, H=2, Hkv=2, n=300, D=64), {"PERSISTENT": True,
+                                                                           "DEFER_EPILOGUE": False}),
+    ("D128-persistent-causal", dict(B=1, H=3, Hkv=1, n=300, D=128, causal=True), {"PERSISTENT": True}),
 ]
 
 

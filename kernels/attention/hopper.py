@@ -100,6 +100,13 @@ def producer(smem, plan, prob, tm_q, tm_k, tm_v, persistent, coord_order, tile_o
                     it = it + n_tiles
 
 
+def defer_epilogue(plan, wanted, persistent, return_lse):
+    """Whether a persistent CTA writes a tile's O under the next tile's first S product. At D=128
+    the carried O (64 registers) spills next to a mask or a TMA store (ptxas: 32-60 bytes), so
+    only D=64 defers."""
+    return bool(wanted and persistent and plan.head_dim == 64)
+
+
 def _threads(CONSUMERS=3, **_):
     return 128 * (CONSUMERS + 1)
 
@@ -109,7 +116,7 @@ def attention_fwd_sm90(
     tm_q: ty.tensormap, tm_k: ty.tensormap, tm_v: ty.tensormap, tm_o: ty.tensormap,
     out: ty.ptr(ty.i16), lse_ptr: ty.ptr(ty.f32), mask: ty.ptr(ty.u8),
     n_q: ty.i32, n_k: ty.i32, n_heads: ty.i32, n_batch: ty.i32, kv_group: ty.i32, kv_batch: ty.i32,
-    head_group: ty.i32, scale: ty.f32, causal: ty.i32,
+    head_group_log2: ty.i32, scale: ty.f32, causal: ty.i32,
     o_stride_b: ty.i64, o_stride_h: ty.i64, o_stride_n: ty.i64,
     m_stride_b: ty.i64, m_stride_h: ty.i64, m_stride_q: ty.i64, m_stride_k: ty.i64,
     DTYPE: ty.constexpr = ty.bf16, HEAD_DIM: ty.constexpr = 64, BLOCK_N: ty.constexpr = 128,
@@ -118,19 +125,22 @@ def attention_fwd_sm90(
     PERSISTENT: ty.constexpr = False, ORDER: ty.constexpr = "heads", EXPONENT: ty.constexpr = "ffma",
     RESCALE_THRESHOLD: ty.constexpr = 8.0, SPLIT_S: ty.constexpr = False, PV_WAIT: ty.constexpr = "pinned",
     POLY_EXP2: ty.constexpr = 0, TMA_STORE: ty.constexpr = False, O_ORDER: ty.constexpr = None,
+    DEFER_EPILOGUE: ty.constexpr = True,
 ):
     """One CTA works through tiles (query block, head, batch): one per CTA when the grid covers
     them all, or a persistent loop when the grid is the number of SMs.
 
     Q, K, V and O (``tm_o``, read only with TMA_STORE) come as tensor maps over (D, then n, h, b
     in ``COORD_ORDER``); K/V have ``n_heads / kv_group`` heads and, with ``kv_batch`` = 0, one
-    batch shared by all. ``head_group`` sizes the "lpt" persistent order.
+    batch shared by all. 2^``head_group_log2`` (a divisor of heads x batch) sizes the "lpt"
+    persistent order.
     """
     plan = Plan(HEAD_DIM, BLOCK_N, STAGES, CONSUMERS, TMA_STORE)
     sched = Schedule(DTYPE, HAS_MASK, RETURN_LSE, PERSISTENT, ORDER, COORD_ORDER, O_ORDER, EXPONENT,
-                     RESCALE_THRESHOLD, SPLIT_S, PV_WAIT, POLY_EXP2, TMA_STORE)
+                     RESCALE_THRESHOLD, SPLIT_S, PV_WAIT, POLY_EXP2, TMA_STORE, defer_epilogue(plan, DEFER_EPILOGUE,
+                                                                                           PERSISTENT, RETURN_LSE))
     smem = ty.dynamic_shared(ty.u8, plan.total, align=1024)
-    prob = Problem(n_q, n_k, n_heads, n_batch, kv_group, kv_batch, head_group, scale, causal, out, lse_ptr, mask,
+    prob = Problem(n_q, n_k, n_heads, n_batch, kv_group, kv_batch, head_group_log2, scale, causal, out, lse_ptr, mask,
                    tm_o, (o_stride_b, o_stride_h, o_stride_n), (m_stride_b, m_stride_h, m_stride_q, m_stride_k),
                    plan.block_m, BLOCK_N)
     init_barriers(smem, plan)

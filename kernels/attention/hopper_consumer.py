@@ -192,11 +192,14 @@ def consumer(smem, plan, prob, sched, wg):
     if wg == 1:
         ty.barrier_arrive(1, TURN_THREADS)  # consumer 1 takes the first turn
     it = 0
+    done = no_output(plan, sched) if sched.defer_epilogue else None
     for k in range(tiles_of_this_cta(prob, sched.persistent)):
         valid, m0, h, b, n_tiles = next_tile(prob, k, sched.persistent, sched.tile_order)
         if valid:
-            consumer_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles)
+            done = consumer_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles, done)
             it = it + n_tiles
+    if sched.defer_epilogue:
+        write_output(smem, plan, prob, sched, wg, done)  # the last tile's
     if sched.tma_store:
         if (ty.thread_idx() & 127) == 0:
             hopper.bulk_wait(0)
@@ -228,10 +231,12 @@ def first_masked_tile(prob, row0, has_mask):
 
 
 @ty.func
-def consumer_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles):
+def consumer_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles, done):
     """One work tile for one consumer: 64 query rows against every key tile of the tile's range.
 
     ``it`` is the ring iteration of this tile's first key tile (the ring runs on across tiles).
+    ``done`` is the previous tile's output (``no_output``'s structure); with DEFER_EPILOGUE it is
+    written under this tile's first S product. Returns this tile's output, live unless written.
     """
     block_n = plan.block_n
     sm = softmax.Softmax(prob.scale, sched.dtype.name, sched.exponent, sched.threshold, sched.poly)
@@ -249,6 +254,8 @@ def consumer_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles):
     # Tile 0: scores and softmax only; its PV product is issued with tile 1's scores.
     parts = issue_scores(smem, plan, sched, descs, it, turn)
     ty.barrier_arrive(turn.next, TURN_THREADS)
+    if sched.defer_epilogue:  # the previous tile's output goes out while S_0 is on the tensor cores
+        write_output(smem, plan, prob, sched, wg, done)
     parts = hopper.wgmma_wait(0, parts)
     release(smem, plan.k_empty, it, plan.stages, leader)
     if mask_from == 0:
@@ -299,11 +306,32 @@ def consumer_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles):
     pass_dead_tiles(smem, plan, it + my_tiles, it + n_tiles, turn, leader)
     inv, lse = softmax.finish(sm, st, sched.return_lse)
     o = o.with_data(softmax.scale_rows(o.values, inv))
-    store_lse(prob, lse, row0, h, b)
-    if sched.tma_store:
-        store_tma(smem, plan, prob, sched, o, wg, row0, h, b, leader)
-    else:
-        store_direct(prob, sched, o, row0, h, b)
+    store_lse(prob, lse, row0, h, b)  # two values a row: not worth carrying into the next tile
+    out = {"o": o, "row0": row0, "h": h, "b": b, "live": ty.cast(1, ty.i1)}
+    if sched.defer_epilogue:
+        return out
+    write_output(smem, plan, prob, sched, wg, out)
+    return None
+
+
+@ty.func
+def no_output(plan, sched):
+    """The output slot before any tile: same structure as a finished tile's, not live."""
+    zero = ty.cast(0.0, ty.f32)
+    o = ty.Fragment(tuple(zero for _ in range(plan.head_dim // 2)), ty.WARPGROUP, ty.wgmma_acc(plan.head_dim))
+    z = ty.cast(0, ty.i32)
+    return {"o": o, "row0": z, "h": z, "b": z, "live": ty.cast(0, ty.i1)}
+
+
+@ty.func
+def write_output(smem, plan, prob, sched, wg, out):
+    """Store a finished tile's normalized O if the slot is live."""
+    if out["live"]:
+        if sched.tma_store:
+            store_tma(smem, plan, prob, sched, out["o"], wg, out["row0"], out["h"], out["b"],
+                      (ty.thread_idx() & 127) == 0)
+        else:
+            store_direct(prob, sched, out["o"], out["row0"], out["h"], out["b"])
 
 
 @ty.func

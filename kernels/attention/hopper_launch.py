@@ -26,7 +26,7 @@ from .hopper_tiles import Plan
 # docs/performance.md, "v5", has what each option is predicted to change.
 SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 3, "PERSISTENT": "auto", "EXPONENT": "ffma",
             "RESCALE_THRESHOLD": 8.0, "SPLIT_S": False, "PV_WAIT": "pinned", "POLY_EXP2": 0, "TMA_STORE": False,
-            "ORDER": "auto"}
+            "ORDER": "auto", "DEFER_EPILOGUE": True}
 # D=128: O takes 64 registers a thread, so two consumers (240 registers) as FA3; 128 x 128 tiles
 # for causal, and non-causal too until the sweep says whether 176-key tiles (FA3's) win here.
 SCHEDULE_128 = dict(SCHEDULE, CONSUMERS=2)
@@ -34,8 +34,9 @@ SCHEDULE_128 = dict(SCHEDULE, CONSUMERS=2)
 # persistent grid (one CTA per SM looping over work tiles, the next Q loading under the current
 # epilogue) wins only where each work tile is short (results/*-v3-persistent.json); it needs a
 # few more live registers than 160 a consumer thread allow, so it runs with two consumers.
+# At D=128 the persistent loop spills with more than 128 keys a tile (ptxas: 24-56 bytes at 176).
 LENGTH_TABLE = {64: [(1024, {"PERSISTENT": True, "CONSUMERS": 2})],
-                128: [(1024, {"PERSISTENT": True, "CONSUMERS": 2})]}
+                128: [(1024, {"PERSISTENT": True, "CONSUMERS": 2, "BLOCK_N": 128})]}
 # With a user mask the per-element mask loads need more registers than 160 per consumer thread
 # (3 consumers spill 96-200 bytes); two consumers get 240.
 MASKED_SCHEDULE = {"CONSUMERS": 2}
@@ -168,9 +169,10 @@ def plan_launch(q, k, v, attn_mask, is_causal, scale, out, lse, schedule=None, m
     num_m = (n_q + block_m - 1) // block_m
     kv_group = H // kk.shape[1]
     kv_bytes = 2 * n_k * D * q.element_size()
-    head_group = max(1, min(B * H, int(l2_bytes * L2_SHARE) // max(kv_bytes, 1)))
+    fit = max(1, min(B * H, int(l2_bytes * L2_SHARE) // max(kv_bytes, 1)))
+    head_group_log2 = max(g for g in range(fit.bit_length()) if (B * H) % (1 << g) == 0 and (1 << g) <= fit)
     grid = (min(num_m * H * B, sm_count or 132),) if sched["PERSISTENT"] else (num_m, H, B)
-    args = (*maps, out.view(torch.int16), lse_t, mask_t, n_q, n_k, H, B, kv_group, int(k_batched), head_group,
+    args = (*maps, out.view(torch.int16), lse_t, mask_t, n_q, n_k, H, B, kv_group, int(k_batched), head_group_log2,
             scale, int(is_causal), out.stride(0), out.stride(1), out.stride(2), ms[0], ms[1], ms[2], ms[3])
     cx = dict(sched, DTYPE=ty.bf16 if q.dtype == torch.bfloat16 else ty.f16, HEAD_DIM=D,
               HAS_MASK=attn_mask is not None, RETURN_LSE=lse is not None, COORD_ORDER=order,

@@ -49,7 +49,7 @@ class Schedule:
     """The compile-time options the consumers read (see ``attention_fwd_sm90``'s constexprs)."""
 
     def __init__(self, dtype, has_mask, return_lse, persistent, tile_order, coord_order, out_order, exponent,
-                 threshold, split_s, pv_wait, poly, tma_store):
+                 threshold, split_s, pv_wait, poly, tma_store, defer_epilogue):
         if pv_wait not in ("pinned", "free"):
             raise ValueError(f"PV_WAIT expects 'pinned' or 'free', but got {pv_wait!r}")
         if tile_order not in ("heads", "lpt"):
@@ -59,6 +59,7 @@ class Schedule:
         self.out_order = coord_order if out_order is None else out_order
         self.exponent, self.threshold, self.split_s = exponent, threshold, split_s
         self.pv_wait, self.poly, self.tma_store = pv_wait, poly, tma_store
+        self.defer_epilogue = defer_epilogue
 
 
 @ty.func
@@ -76,10 +77,10 @@ def tma_coords(order, n, h, b):
 class Problem:
     """The run-time sizes, strides and pointers every role needs (a plain holder of IR values)."""
 
-    def __init__(self, n_q, n_k, n_heads, n_batch, kv_group, kv_batch, head_group, scale, causal, out, lse_ptr,
+    def __init__(self, n_q, n_k, n_heads, n_batch, kv_group, kv_batch, head_group_log2, scale, causal, out, lse_ptr,
                  mask, tm_o, o_strides, m_strides, block_m, block_n):
         self.n_q, self.n_k, self.n_heads, self.n_batch = n_q, n_k, n_heads, n_batch
-        self.kv_group, self.kv_batch, self.head_group = kv_group, kv_batch, head_group
+        self.kv_group, self.kv_batch, self.head_group_log2 = kv_group, kv_batch, head_group_log2
         self.scale, self.causal = scale, causal
         self.out, self.lse_ptr, self.mask, self.tm_o = out, lse_ptr, mask, tm_o
         self.o_strides, self.m_strides = o_strides, m_strides
@@ -135,17 +136,15 @@ def work_tile(prob, pos, order):
 
     "heads": the query blocks of one (batch, head) are neighbours (K and V reused from L2), the
     last block first. "lpt" (longest processing time first, for causal masking): (batch, head)
-    pairs in groups of ``head_group`` whose K and V fit in L2; inside a group, every pair's last
+    pairs in groups of 2^``head_group_log2`` (dividing B H) whose K and V fit in L2; inside a group, every pair's last
     query block, then every pair's block before it, and so on.
     """
     if order == "lpt":
-        heads = prob.n_heads * prob.n_batch
-        per_group = prob.head_group * prob.num_m
-        grp = pos // per_group
-        size = ty.minimum(prob.head_group, heads - grp * prob.head_group)
+        per_group = prob.num_m << prob.head_group_log2
+        grp = pos // per_group  # the one division, as in the "heads" order
         inside = pos - grp * per_group
-        m_block = prob.num_m - 1 - inside // size
-        hb = grp * prob.head_group + inside % size
+        m_block = prob.num_m - 1 - (inside >> prob.head_group_log2)
+        hb = (grp << prob.head_group_log2) + (inside & ((1 << prob.head_group_log2) - 1))
     else:
         m_block = prob.num_m - 1 - pos % prob.num_m
         hb = pos // prob.num_m
