@@ -34,7 +34,7 @@ def references(q, k, v, dout, mask=None, causal=False, scale=1.0, dlse=None, var
             out, lse = A.reference_forward(*t[:3], mask, causal, scale)
             grads = A.reference_backward(t[3], *t[:3], out, lse, mask, d, causal, scale)
         else:
-            cu_q, cu_k = (c.cpu() for c in varlen)
+            cu_q, cu_k = varlen
             out, lse = A.reference_varlen_forward(*t[:3], cu_q, cu_k, causal, scale)
             grads = A.reference_varlen_backward(t[3], *t[:3], out, lse, cu_q, cu_k, d, causal, scale)
         result.append(dict(zip(("out", "lse", "dq", "dk", "dv"), (out, lse, *grads))))
@@ -57,13 +57,12 @@ def _valid(t, name, varlen):
 
 def check(got: dict, q, k, v, dout, mask=None, causal=False, scale=1.0, dlse=None, varlen=None) -> str:
     """Apply the rule to every entry of ``got`` (out, lse, dq, dk, dv); returns a one-line summary."""
-    ref64, same = references(q.cpu(), k.cpu(), v.cpu(), dout.cpu(), None if mask is None else mask.cpu(), causal,
-                             scale, None if dlse is None else dlse.cpu(), varlen)
+    ref64, same = references(q, k, v, dout, mask, causal, scale, dlse, varlen)  # on the inputs' device
     u = UNIT_ROUNDOFF[q.dtype]
     problems, parts = [], []
     for name, value in got.items():
         mine = _valid(value.detach().cpu().double(), name, varlen)
-        ref = _valid(ref64[name], name, varlen)
+        ref = _valid(ref64[name].cpu(), name, varlen)
         if name == "lse":
             finite = torch.isfinite(ref)
             if not torch.equal(torch.isinf(mine), torch.isinf(ref)) or torch.isnan(mine).any():
@@ -78,7 +77,7 @@ def check(got: dict, q, k, v, dout, mask=None, causal=False, scale=1.0, dlse=Non
             problems.append(f"{name}: not finite")
             continue
         err = (mine - ref).abs().max().item() if ref.numel() else 0.0
-        base = (_valid(same[name].double(), name, varlen) - ref).abs().max().item() if ref.numel() else 0.0
+        base = (_valid(same[name].cpu().double(), name, varlen) - ref).abs().max().item() if ref.numel() else 0.0
         floor = u * max(1.0, ref.abs().max().item() if ref.numel() else 0.0)
         parts.append(f"{name} {err:.1e}/{base:.1e}")
         if err > 2 * base + floor:
