@@ -298,23 +298,38 @@ def merged_slice(buf, warp, lane, states, scale, head_dim, row_tiles, warps):
 
 # -- merging split partials: (O_s, LSE_s) as summaries (m = LSE_s, l = 1) in natural-log units --------------
 
+MERGE_UNROLL = 16  # partials loaded together: the loads of a group are in flight at once
+
+
 @ty.func
 def merge_partials(o_part, lse_part, prow, d0, num_splits, head_dim):
-    """Four columns d0 .. d0 + 3 of one row's merged output and its LSE, over ``num_splits`` partials."""
+    """Four columns d0 .. d0 + 3 of one row's merged output and its LSE, over ``num_splits`` partials.
+
+    The partials are read in groups of MERGE_UNROLL (all loads of a group issued before the first
+    merge, so a group costs one memory latency); within a group they are merged in split order
+    with ``softmax_merge``; slots past num_splits read as empty partials (LSE -inf, O 0)."""
     zero = ty.cast(0.0, ty.f32)
     own = ty.LocalOwnership(2, 1)
     state = ty.SoftmaxState(ty.Fragment((ty.cast(NEG_INF, ty.f32),), own), ty.Fragment((zero,), own))
     acc = ty.Fragment((zero, zero, zero, zero), ty.LocalOwnership(2, 4))
     first = ty.cast(prow, ty.i64) * ty.cast(num_splits, ty.i64)
-    for s in range(num_splits):
-        idx = first + ty.cast(s, ty.i64)
-        lse = lse_part[idx]
-        o = ty.load(o_part + (idx * head_dim + ty.cast(d0, ty.i64)), vec=4)
-        part = ty.SoftmaxState(ty.Fragment((lse,), own), ty.Fragment((ty.select(lse > NEG_INF, 1.0, 0.0),), own))
-        state, ra, rb = ty.softmax_merge(state, part, 1.0)
-        a = ra.values[0]
-        b = rb.values[0]
-        acc = acc.with_data([x * a + y * b for x, y in zip(acc.values, o)])
+    for g in range((num_splits + (MERGE_UNROLL - 1)) // MERGE_UNROLL):
+        lses = []
+        outs = []
+        for u in range(MERGE_UNROLL):
+            s = g * MERGE_UNROLL + u
+            ok = s < num_splits
+            idx = first + ty.cast(s, ty.i64)
+            lses.append(ty.select(ok, ty.load(lse_part + idx, mask=ok), NEG_INF))
+            outs.append(ty.load(o_part + (idx * head_dim + ty.cast(d0, ty.i64)), vec=4, mask=ok))
+        for u in range(MERGE_UNROLL):
+            lse = lses[u]
+            part = ty.SoftmaxState(ty.Fragment((lse,), own),
+                                   ty.Fragment((ty.select(lse > NEG_INF, 1.0, 0.0),), own))
+            state, ra, rb = ty.softmax_merge(state, part, 1.0)
+            a = ra.values[0]
+            b = rb.values[0]
+            acc = acc.with_data([x * a + y * b for x, y in zip(acc.values, outs[u])])
     result = ty.softmax_normalize(acc, state)
     return result.values, ty.softmax_lse(state, 1.0).values[0]
 
