@@ -150,3 +150,16 @@ def test_portable_backward_reads_expand_views_in_place():
     for step in steps[1:]:
         assert step.args[1].data_ptr() == one.data_ptr() and step.args[2].data_ptr() == one.data_ptr()
     assert steps[1].grid == (math.ceil(30 / 64), 4, 1)
+
+
+def test_training_benchmark_is_registered_and_needs_a_gpu(capsys):
+    from tylopy import cli
+    from tylopy_kernels.attention import bench_training
+    assert cli.main(["bench", "attention_training", "--batch", "1"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    block = bench_training.make_block(256, 4, 2, bench_training._tylopy, torch.bfloat16, "meta")
+    x = torch.randn(2, 64, 256, dtype=torch.bfloat16, device="meta")
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(block)(x)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+    assert bench_training.step_flops(4, 4096, 2048, 16, 128) > 3 * 2 * 4 * 4096 * 12 * 2048 ** 2
