@@ -20,7 +20,8 @@ Algorithm (one CTA per (query block, head, batch), or a persistent loop over the
    a row's reference maximum moved, and convert S_j's registers in the same lanes into the
    16-bit A operand P_j of the next PV product.
 3. After the last tile: O += P V, normalize by the row sums, store O (directly, or through
-   shared memory and a TMA store) and LSE for the rows that exist.
+   shared memory and a TMA store) and LSE for the rows that exist. A persistent CTA (D=64) stores
+   a tile's O after issuing the next tile's first S product, so the epilogue runs under it.
 
 Constraints: D in {64, 128}; bf16 or fp16; Q/K/V as (B, H, N, D) views whose last dim is
 contiguous and whose other strides are multiples of 16 bytes. Lengths, heads, batch, the K/V
