@@ -461,15 +461,6 @@ def attention_decode_fwd(
     total = smem_bytes(HEAD_DIM=HEAD_DIM, WARPS=WARPS, WARP_KEYS=WARP_KEYS, STAGES=STAGES, ROW_TILES=ROW_TILES,
                        Q_SMEM=Q_SMEM)
     smem = ty.dynamic_shared(ty.u8, total, align=128)
-    qp = (b64 * q_stride_b, q_stride_n, q_stride_h, group, h0)
-    if Q_SMEM:
-        qa = smem + (total - 16 - q_tile_bytes(HEAD_DIM, ROW_TILES, True))
-        stage_q(q, qp, qa, row0, n_rows, tid, threads, HEAD_DIM, ROW_TILES)
-        ty.syncthreads()
-    else:
-        qa = load_q(q, qp, row0, n_rows, lane, HEAD_DIM, ROW_TILES, DTYPE)
-    limits = row_limits(row0, n_rows, group, n_q, kv_len, causal, lane, ROW_TILES)
-    all_visible = kv_len - ty.select(causal != 0, n_q - 1, 0)  # keys below it: visible to every row
     sb = stage_bytes(WARP_KEYS, HEAD_DIM)
     ring = smem + warp * (STAGES * sb)
     if PAGED:
@@ -480,11 +471,20 @@ def attention_decode_fwd(
               k_stride_b, v_stride_b, b64 * bt_stride, page_size)
     cfg = (WARP_KEYS, HEAD_DIM, PAGED)
     first_key = t0 * block_n + warp * WARP_KEYS
-
+    # The K/V stream starts first; Q's load and the row limits overlap its latency.
     for s in range(STAGES - 1):
         if s < count:
             copy_kv_block(k, v, kv, block_table, ring, s, first_key + s * block_n, kv_len, lane, cfg)
         ty.cp_async_commit()
+    qp = (b64 * q_stride_b, q_stride_n, q_stride_h, group, h0)
+    if Q_SMEM:
+        qa = smem + (total - 16 - q_tile_bytes(HEAD_DIM, ROW_TILES, True))
+        stage_q(q, qp, qa, row0, n_rows, tid, threads, HEAD_DIM, ROW_TILES)
+        ty.syncthreads()
+    else:
+        qa = load_q(q, qp, row0, n_rows, lane, HEAD_DIM, ROW_TILES, DTYPE)
+    limits = row_limits(row0, n_rows, group, n_q, kv_len, causal, lane, ROW_TILES)
+    all_visible = kv_len - ty.select(causal != 0, n_q - 1, 0)  # keys below it: visible to every row
     atom = ty.MmaSyncAtom(DTYPE)
     states = [ty.SoftmaxState(tiled([zero_atom() for _ in range(WARP_KEYS // 8)]), partial_sum=True)
               for _ in range(ROW_TILES)]
