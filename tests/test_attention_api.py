@@ -163,3 +163,18 @@ def test_training_benchmark_is_registered_and_needs_a_gpu(capsys):
     explained = torch._dynamo.explain(block)(x)
     assert explained.graph_count == 1 and explained.graph_break_count == 0
     assert bench_training.step_flops(4, 4096, 2048, 16, 128) > 3 * 2 * 4 * 4096 * 12 * 2048 ** 2
+
+
+def test_portable_plans_copy_what_they_cannot_read_in_place():
+    q = torch.randn(1, 2, 20, 32).to(torch.bfloat16)
+    lse = torch.zeros(1, 2, 20)
+    grads = [torch.empty_like(q) for _ in range(3)]
+    scalar = torch.ones(()).to(torch.bfloat16).expand(1, 2, 20, 32)  # the gradient of out.sum(): stride 0 everywhere
+    with pytest.raises(ValueError, match="dout expects a contiguous last dimension"):  # the API copies it first
+        plan_backward_portable(q, q, q, q, scalar, lse, *grads, is_causal=False, scale=0.5)
+    one_head = torch.randn(1, 1, 20, 32).to(torch.bfloat16).expand(1, 2, 20, 32)
+    steps = plan_backward_portable(q, q, q, q, one_head, lse, *grads, is_causal=False, scale=0.5)
+    assert steps[0].args[1].data_ptr() == one_head.data_ptr()  # read in place
+    odd = torch.randn(1, 2, 20, 36).to(torch.bfloat16)[..., :32]  # rows of 72 bytes: not 16-byte aligned
+    launch = plan_forward(odd, q, q, torch.empty_like(q), None, scale=0.5)
+    assert launch.args[0].data_ptr() != odd.data_ptr() and launch.args[1].data_ptr() == q.data_ptr()

@@ -119,6 +119,16 @@ def test_nonpositive_scale_gradients(scale):
     grad_check.check(got, q.detach(), k.detach(), v.detach(), dout, None, False, scale)
 
 
+@pytest.mark.parametrize("D", [32, 64, 128])
+def test_gradient_of_a_plain_sum_has_zero_strides_and_still_works(D):
+    q, k, v, _, _ = make_case(1, 2, 2, 100, 120, D, torch.bfloat16, seed=7)
+    out = tylopy.attention(q, k, v)
+    out.sum().backward()  # dout is a zero-stride expand of one element
+    ones = torch.ones_like(out)
+    grad_check.check(dict(dq=q.grad, dk=k.grad, dv=v.grad), q.detach(), k.detach(), v.detach(), ones, None, False,
+                     1 / math.sqrt(D))
+
+
 # -- determinism --------------------------------------------------------------------------------------------------
 
 def _grads(q, k, v, dout, causal, gqa):

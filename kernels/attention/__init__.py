@@ -169,6 +169,8 @@ def backward(dout, query, key, value, out, lse, attn_mask, dlse, is_causal, scal
         for t in (dq, dk, dv):
             t.zero_()
         return dq, dk, dv
+    if dout.stride(-1) != 1:  # e.g. the zero-stride gradient of out.sum()
+        dout = dout.contiguous()
     q, s = _nonpositive_scale(query, scale)
     launch = _hopper_backward(query, dlse)
     if launch is not None:

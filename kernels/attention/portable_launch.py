@@ -57,9 +57,10 @@ def compiled_for(device, kernel=None, **constexprs):
 
 
 def _in_place_ok(t) -> bool:
-    """16-byte aligned rows: cp.async copies 16 bytes and Q is read as 32-bit words (a zero
-    stride, an ``expand`` view, is fine)."""
-    return t.data_ptr() % 16 == 0 and all(t.shape[d] == 1 or t.stride(d) % 8 == 0 for d in range(t.dim() - 1))
+    """Contiguous, 16-byte aligned rows: cp.async copies 16 bytes and Q is read as 32-bit words (a
+    zero stride over rows, heads or batch, an ``expand`` view, is fine; over the head dim it is not)."""
+    return (t.data_ptr() % 16 == 0 and (t.stride(-1) == 1 or t.shape[-1] == 1)
+            and all(t.shape[d] == 1 or t.stride(d) % 8 == 0 for d in range(t.dim() - 1)))
 
 
 def aligned(t):

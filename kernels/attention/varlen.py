@@ -118,6 +118,8 @@ def backward_varlen(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dlse, is_
     dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     if q.shape[0] * q.shape[1] == 0 or max_q == 0 or max_k == 0:
         return dq, dk, dv
+    if dout.stride(-1) != 1:  # e.g. the zero-stride gradient of out.sum()
+        dout = dout.contiguous()
     q_used, s = _nonpositive_scale(q, scale)
     launch_backward_portable(q_used, k, v, out, dout, lse, dq, dk, dv, is_causal=is_causal, scale=s, dlse=dlse,
                              varlen=(cu_q, cu_k, max_q, max_k))
