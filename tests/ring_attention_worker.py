@@ -9,7 +9,6 @@ of single-GPU ``tylopy.attention`` on the whole sequence, plus a floor). On Hopp
 {64, 128} the backward too: gathered dQ, dK, dV against the float64 oracle by the same rule,
 with torch's autograd in the input dtype as the baseline. Rank 0 prints RING_WORKER_OK at the end.
 """
-import math
 import os
 import sys
 
@@ -39,7 +38,8 @@ def gather(x, world, load_balance):
 
 def check_forward(name, q, k, v, causal, lb, rank, world):
     sh = lambda t: ra.shard_sequence(t, rank, world, lb and causal)  # noqa: E731
-    out = ra.ring_attention(sh(q), sh(k), sh(v), is_causal=causal, load_balance=lb, enable_gqa=k.shape[1] != q.shape[1])
+    gqa = k.shape[1] != q.shape[1]
+    out = ra.ring_attention(sh(q), sh(k), sh(v), is_causal=causal, load_balance=lb, enable_gqa=gqa)
     full = gather(out, world, lb and causal)
     single = tylopy.attention(q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
     oracle = attention_grads(q, k, v, torch.zeros_like(q), is_causal=causal)[0]

@@ -50,7 +50,8 @@ def _torchrun(nproc):
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", WORKER]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
-    assert res.returncode == 0 and f"RING_WORKER_OK world={nproc}" in res.stdout, res.stdout[-4000:] + res.stderr[-4000:]
+    ok = res.returncode == 0 and f"RING_WORKER_OK world={nproc}" in res.stdout
+    assert ok, res.stdout[-4000:] + res.stderr[-4000:]
 
 
 def test_torchrun_one_process():

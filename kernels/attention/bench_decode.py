@@ -64,7 +64,6 @@ def copy_bandwidth_gbs(nbytes=2 << 30):
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     ms = graph_time_ms([lambda: dst.copy_(src)] * 4)
-    del src, dst
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
@@ -106,8 +105,6 @@ def candidates():
 
 def check(fn, dtype):
     """Error of ``fn`` against the FP64 reference on a short cache (None if it ran fine)."""
-    import torch
-
     from .decode_launch import reference_decode
     q, caches, lens = make_caches(2, 1000, 1, dtype, seed=1)
     k, v = caches[0]

@@ -82,7 +82,6 @@ def run(lengths, heads, dim, causal, load_balance, reps):
         single = timed(lambda: tylopy.attention(*full, is_causal=causal), reps, lambda: None) if rank == 0 else 0.0
         barrier()
         shards = [ra.shard_sequence(t, rank, world, zigzag).contiguous() for t in full]
-        del full
         ring_ms = timed(lambda: ra.ring_attention(*shards, is_causal=causal, load_balance=load_balance), reps,
                         barrier)
         compute = timed(lambda: ra.ring_forward(*shards, NoCommRing(rank, world), ra.tylopy_attend, causal,
@@ -104,8 +103,6 @@ def run(lengths, heads, dim, causal, load_balance, reps):
                   f"compute {row['compute_ms']:9.2f} ms  comm {row['comm_ms']:8.2f} ms  speedup "
                   f"{row['speedup']:.2f}  hidden {hidden}", flush=True)
         rows.append(row)
-        del shards
-        torch.cuda.empty_cache()
     return dict(rows=rows, heads=heads, head_dim=dim, batch=1, causal=causal, load_balance=load_balance)
 
 

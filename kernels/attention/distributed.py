@@ -85,7 +85,6 @@ def shard_sequence(x, rank: int, world: int, load_balance: bool = True, dim: int
 
 def unshard_sequence(shards, load_balance: bool = True, dim: int = 2):
     """The full sequence from every rank's shard (the inverse of ``shard_sequence``)."""
-    world = len(shards)
     if not load_balance:
         return torch.cat(list(shards), dim=dim)
     halves = [s.chunk(2, dim=dim) for s in shards]
