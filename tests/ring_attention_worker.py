@@ -66,9 +66,9 @@ def check_backward(name, q, k, v, causal, lb, rank, world):
 
 
 def main():
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))  # before NCCL binds a device
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     hopper = torch.cuda.get_device_capability()[0] == 9
     failures = 0
     for name, B, H, H_kv, N, D, causal, lb in CASES:

@@ -122,8 +122,8 @@ def main(argv=None) -> int:
         return 2
     import torch.distributed as dist
     if "RANK" in os.environ and not dist.is_initialized():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))  # before NCCL binds a device
         dist.init_process_group("nccl")
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank())))
     data = run(args.lengths, args.heads, args.dim, not args.no_causal, not args.contiguous, args.reps)
     if not dist.is_initialized() or dist.get_rank() == 0:
         from tylopy.benchmarking import write_results
