@@ -40,6 +40,12 @@ that holds keys p * page_size .. of sequence b (page_size a multiple of WARP_KEY
 block lies in one page and costs one table read). Pages and table entries past L_b are never
 read.
 
+Schedule (constexprs; ``decode_launch.SCHEDULE`` has the defaults, ``bench_decode.py --sweep``
+measures others): WARPS, WARP_KEYS (16 or 32 keys per warp block), STAGES (ring depth),
+ROW_TILES (1 or 2 M tiles of 16 rows), Q_SMEM (Q kept in shared memory and read by ldmatrix per
+block, which frees the 32 registers per M tile that Q fragments would hold: two M tiles at D = 128
+fit in 255 registers only this way). Each CTA issues its first K/V copies before it loads Q.
+
 Run: ``tylopy dump kernels/attention/decode.py:attention_decode_fwd -D HEAD_DIM=128`` (PTX + ptxas).
 """
 
