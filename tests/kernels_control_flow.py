@@ -237,3 +237,27 @@ def bad_float_then_int(x: ty.ptr(ty.f32), n: ty.i32):
     if n > 0:  # <- float_then_int
         m = n
     x[0] = m
+
+
+@ty.kernel(threads=32)
+def bad_runtime_assert(x: ty.ptr(ty.f32)):
+    assert x[0] > 0.0, "positive"  # <- runtime_assert
+
+
+@ty.kernel(threads=32)
+def compile_time_assert(x: ty.ptr(ty.f32), N: ty.constexpr = 4):
+    assert N % 2 == 0, "N must be even"  # <- ct_assert
+    x[0] = 1.0
+
+
+@ty.kernel(threads=32)
+def bad_runtime_range_in_comprehension(x: ty.ptr(ty.f32), n: ty.i32):
+    vals = [x[i] for i in range(n)]  # <- comprehension
+    x[0] = vals[0]
+
+
+@ty.kernel(threads=32)
+def bad_chained_comparison(x: ty.ptr(ty.f32), n: ty.i32):
+    i = ty.thread_idx()
+    if 0 <= i < n:  # <- chained
+        x[i] = 1.0

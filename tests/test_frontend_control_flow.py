@@ -225,9 +225,19 @@ def points_at(err, marker):
     ("bad_falls_off", "falls_off", r"returns a value on some paths, but on others it reaches its end"),
     ("bad_return_in_try", "try_return", r"return, break and continue inside try are not supported"),
     ("bad_float_then_int", "float_then_int", r"'m' is the Python float 0\.0 on one path and a i32 value"),
+    ("bad_runtime_assert", "runtime_assert", r"assert needs a compile-time condition"),
+    ("bad_runtime_range_in_comprehension", "comprehension", r"can only drive a for statement"),
+    ("bad_chained_comparison", "chained", r"a chained comparison"),
 ])
 def test_control_flow_errors(name, marker, message):
     with pytest.raises(KernelSourceError) as info:
         getattr(K, name).trace()
     assert re.search(message, str(info.value)), str(info.value)
     points_at(info.value, marker)
+
+
+def test_compile_time_assert_keeps_python_meaning():
+    K.compile_time_assert.trace()
+    with pytest.raises(AssertionError, match="N must be even") as info:
+        K.compile_time_assert.trace(N=3)
+    assert info.value.loc.lineno == line_of("ct_assert")

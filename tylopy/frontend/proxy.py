@@ -46,8 +46,9 @@ class RuntimeValue:
     def __bool__(self):
         current_builder().error(
             "a run-time value was used where Python needs a compile-time bool "
-            "(and/or/not, or a condition outside a rewritten if/while)",
-            hint="use ty.select(c, a, b), the & | ~ operators, or make the value a ty.constexpr")
+            "(and/or/not, a chained comparison, x if c else y, or bool())",
+            hint="write a & b for `a and b`, a | b for `a or b`, ~a for `not a`, (a < b) & (b < c) for "
+                 "`a < b < c`, ty.select(c, x, y) for `x if c else y`; or make the value a ty.constexpr")
 
     def __index__(self):
         current_builder().error(

@@ -157,6 +157,14 @@ class _Rewriter(ast.NodeTransformer):
     def _fresh(self, kind: str) -> str:
         return f"__ty_{kind}_{next(_counter)}"
 
+    def visit_Call(self, node: ast.Call):
+        """``range(...)`` anywhere in kernel code is tylopy's (a run-time bound then says where it
+        cannot go, e.g. a comprehension), unless the module defines its own ``range``."""
+        self.generic_visit(node)
+        if isinstance(node.func, ast.Name) and node.func.id == "range" and self.builtin_range:
+            node.func = jumps.at(_rt("range"), node.func)
+        return node
+
     def _call_stmt(self, names, call) -> ast.stmt:
         if names:
             return ast.Assign(targets=[_tuple(names, ast.Store)], value=call)
@@ -189,9 +197,7 @@ class _Rewriter(ast.NodeTransformer):
         body = [ast.Assign(targets=[node.target], value=ast.Name(iv, ast.Load()))] + node.body
         jumps.at(body[0], node)
         fn = _func(body_name, [iv] + names, body, names)
-        it = node.iter
-        if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range":
-            it = jumps.at(ast.Call(func=_rt("range"), args=it.args, keywords=it.keywords), it)
+        it = node.iter  # (a range call is already tylopy's: visit_Call)
         call = ast.Call(func=_rt("for_"), args=[it, ast.Name(body_name, ast.Load()), _names_tuple(names),
                                                 _lookups(names)],
                         keywords=_keywords(mutated, getattr(node, jumps.STOPS, ())))
@@ -199,6 +205,12 @@ class _Rewriter(ast.NodeTransformer):
         for s in out:
             jumps.at(s, node)
         return out
+
+    def visit_Assert(self, node: ast.Assert):
+        """``assert c, msg`` checks ``c`` at trace time; a run-time ``c`` is an error naming ty.device_assert."""
+        args = [node.test] + ([node.msg] if node.msg is not None else [])
+        call = jumps.at(ast.Call(func=_rt("assert_"), args=args, keywords=[]), node.test)
+        return jumps.at(ast.Expr(value=call), node)
 
     def visit_While(self, node: ast.While):
         self.generic_visit(node)
@@ -323,7 +335,9 @@ def rewrite_function(fn, record_closure: bool = False) -> Traceable:
     for a in fdef.args.args + fdef.args.kwonlyargs + fdef.args.posonlyargs:
         a.annotation = None
     jumps.lower_function(fdef, filename)
-    fdef = _Rewriter().visit(fdef)
+    rewriter = _Rewriter()
+    rewriter.builtin_range = "range" not in fn.__globals__ and "range" not in fn.__code__.co_freevars
+    fdef = rewriter.visit(fdef)
     # The traced function must not bind its own name in the factory: a recursive call (or one
     # through a closure variable of that name) has to reach the @ty.func wrapper, as in the original.
     fdef.name = f"{TRACED_PREFIX}{next(_counter)}_{fn.__name__}"

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from ..errors import LaunchTypeError, LaunchValueError
 from ..ir.types import SCALAR_TYPES, PointerType, ScalarType, i32, i64
+from ..runtime.launch import check_index_range  # (imports neither torch nor the driver)
 from .builder import current_builder
 from .proxy import RuntimeValue, as_value, emit, emit1
 
@@ -227,21 +228,6 @@ def _shape_and_strides(kname: str, name: str, spec: TensorSpec, x):
                                f"{strides[-1]}")
     check_index_range(kname, name, spec, shape, strides)
     return shape, strides
-
-
-def check_index_range(kname: str, name: str, spec: TensorSpec, shape, strides) -> None:
-    """With 32-bit indexing every shape, stride and element offset the tensor spans must fit i32."""
-    if spec.index.bits == 64:
-        return
-    extent = 0
-    for n, st in zip(shape, strides):
-        if n > 0:
-            extent += (n - 1) * abs(st)
-        if n > 2**31 - 1 or abs(st) > 2**31 - 1:
-            extent = 2**31
-    if extent > 2**31 - 1:
-        raise LaunchValueError(f"{kname}: argument {name!r} spans {extent + 1} elements, more than 32-bit indexing "
-                               "reaches; declare it ty.tensor(..., index=ty.i64)")
 
 
 __all__ = ["tensor", "TensorSpec", "TensorArg"]

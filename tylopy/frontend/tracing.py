@@ -54,6 +54,16 @@ def no_return():
     return NORET
 
 
+def assert_(cond, message=None):
+    """``assert`` in kernel code: a compile-time check; a run-time condition needs ty.device_assert."""
+    if isinstance(cond, RuntimeValue):
+        current_builder().error("assert needs a compile-time condition, but this one is a run-time value",
+                                hint="check it on the device with ty.device_assert(cond, \"message\") (compiled in "
+                                     "with TYLOPY_DEBUG=1)")
+    if not cond:
+        raise AssertionError(message) if message is not None else AssertionError()
+
+
 def finish_return(ret, rv, always_returns: bool):
     """The value a function with lowered returns gives back (see ``jumps.py``)."""
     if rv is NORET or rv is None:
@@ -165,6 +175,12 @@ class DynamicRange:
             start, stop = 0, start
         self.start, self.stop, self.step = start, stop, step
 
+    def __iter__(self):
+        current_builder().error(
+            "a range with a run-time bound (or unroll=False) can only drive a for statement, not a comprehension, "
+            "list(), zip() or a for loop whose target is not a name",
+            hint="write it as a for loop over names, or give the range compile-time bounds")
+
     def values(self):
         given = (("start", self.start), ("stop", self.stop), ("step", self.step))
         for name, x in given:
@@ -204,9 +220,7 @@ def range(*args, unroll=None):  # noqa: A001 - mirrors Python's range inside ker
         bld.error("range(..., unroll=True) expects compile-time bounds, but got a run-time value")
     if runtime or unroll is False:
         return DynamicRange(*args)
-    r = builtins.range(*args)
-    _check_unroll(builtins.len(r))
-    return r
+    return builtins.range(*args)  # (for_ checks the trip count before unrolling it)
 
 
 def _check_unroll(n: int):

@@ -16,9 +16,7 @@ import ctypes
 import operator
 import threading
 
-from ..codegen.targets import family
 from ..errors import ArchMismatchError, DriverError, LaunchTypeError, LaunchValueError, ResourceLimitError
-from ..frontend.tensor import TensorSpec, check_index_range
 from ..ir.types import PointerType, ScalarType, TensorMapType, int_range
 from . import driver as drv
 
@@ -37,6 +35,31 @@ def torch_dtype(t: ScalarType):
     return table[t.name]
 
 
+def _is_tensor(t) -> bool:
+    """A ``ty.tensor`` parameter (the frontend's TensorSpec: element type, rank, options)."""
+    return hasattr(t, "ndim") and hasattr(t, "contiguous") and hasattr(t, "index")
+
+
+def check_index_range(kname: str, name: str, spec, shape, strides) -> None:
+    """With 32-bit indexing every shape, stride and element offset the tensor spans must fit i32."""
+    if spec.index.bits == 64:
+        return
+    extent = 0
+    for n, st in zip(shape, strides):
+        if n > 0:
+            extent += (n - 1) * abs(st)
+        if n > 2**31 - 1 or abs(st) > 2**31 - 1:
+            extent = 2**31
+    if extent > 2**31 - 1:
+        raise LaunchValueError(f"{kname}: argument {name!r} spans {extent + 1} elements, more than 32-bit indexing "
+                               "reaches; declare it ty.tensor(..., index=ty.i64)")
+
+
+def _family(arch: str) -> tuple[int, int]:
+    digits = arch[3:].rstrip("a")  # sm_90a -> (9, 0)
+    return int(digits[:-1]), int(digits[-1])
+
+
 # -- which image runs on which device ------------------------------------------------------------------
 
 def load_plan(arch: str, capability: tuple[int, int]) -> str:
@@ -44,7 +67,7 @@ def load_plan(arch: str, capability: tuple[int, int]) -> str:
     driver must compile the PTX for it (a newer major architecture); ``ArchMismatchError`` when
     neither can run (an ``a`` target on another device, or a device older than the target)."""
     major, minor = capability
-    want = family(arch)
+    want = _family(arch)
     if arch.endswith("a"):
         if (major, minor) != want:
             raise ArchMismatchError(
@@ -101,7 +124,7 @@ def _pointer_packer(kernel: str, name: str, t: PointerType, i: int):
     return pack
 
 
-def _tensor_packer(kernel: str, name: str, spec: TensorSpec, i: int):
+def _tensor_packer(kernel: str, name: str, spec, i: int):
     import torch
     Tensor, want, n = torch.Tensor, torch_dtype(spec.dtype), spec.ndim
     strides_passed = n - 1 if spec.contiguous else n
@@ -185,7 +208,7 @@ def _slot_types(params) -> list:
     """One ctypes type per kernel parameter (None for a tensor map: its own memory is passed)."""
     out = []
     for _, t in params:
-        if isinstance(t, TensorSpec):
+        if _is_tensor(t):
             idx = _INT_CTYPES[t.index.name]
             out += [ctypes.c_void_p] + [idx] * t.ndim + [idx] * (t.ndim - 1 if t.contiguous else t.ndim)
         elif isinstance(t, PointerType):
@@ -236,7 +259,7 @@ class Launcher:
         name = compiled.name
         packers, i = [], 0
         for pname, t in compiled.params:
-            if isinstance(t, TensorSpec):
+            if _is_tensor(t):
                 packers.append(_tensor_packer(name, pname, t, i))
                 i += 1 + 2 * t.ndim - (1 if t.contiguous else 0)
                 continue
