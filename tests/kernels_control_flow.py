@@ -261,3 +261,41 @@ def bad_chained_comparison(x: ty.ptr(ty.f32), n: ty.i32):
     i = ty.thread_idx()
     if 0 <= i < n:  # <- chained
         x[i] = 1.0
+
+
+@ty.kernel(threads=32)
+def return_inside_loop(x: ty.ptr(ty.f32), n: ty.i32):
+    """Zero the row up to (not including) its first negative element, then stop the kernel."""
+    t = ty.thread_idx()
+    for k in range(n):
+        if x[t * n + k] < 0.0:
+            return
+        x[t * n + k] = 0.0
+
+
+@ty.func
+def ordered(a, b):
+    if a < b:
+        return a, b
+    return b, a
+
+
+@ty.kernel(threads=32)
+def tuple_returns(x: ty.ptr(ty.f32), out: ty.ptr(ty.f32)):
+    t = ty.thread_idx()
+    lo, hi = ordered(x[2 * t], x[2 * t + 1])
+    out[2 * t] = lo
+    out[2 * t + 1] = hi
+
+
+@ty.kernel(threads=32)
+def while_else(x: ty.ptr(ty.f32), out: ty.ptr(ty.i32), n: ty.i32):
+    t = ty.thread_idx()
+    k = 0
+    while k < n:
+        if x[t * n + k] < 0.0:
+            break
+        k += 1
+    else:
+        k = -1
+    out[t] = k

@@ -199,7 +199,7 @@ def test_pointer_returned_from_a_runtime_branch():
 
 COMPILED = ["reverse_walk", "runtime_step", "sum_until_negative", "sum_skipping_negative", "while_true_break",
             "early_exit", "func_returns", "list_accumulate", "dict_accumulate", "nested_break", "for_else",
-            "unrolled_break", "pointer_return"]
+            "unrolled_break", "pointer_return", "return_inside_loop", "tuple_returns", "while_else"]
 
 
 @pytest.mark.parametrize("name", COMPILED)
@@ -241,3 +241,32 @@ def test_compile_time_assert_keeps_python_meaning():
     with pytest.raises(AssertionError, match="N must be even") as info:
         K.compile_time_assert.trace(N=3)
     assert info.value.loc.lineno == line_of("ct_assert")
+
+
+def test_return_from_inside_a_runtime_loop_of_a_kernel():
+    n = 6
+    x = rows(n, 11)
+    got = x.copy().ravel()
+    K.return_inside_loop.emulate(got, n, grid=1)
+    want = x.copy()
+    for r in want:
+        for k in range(n):
+            if r[k] < 0:
+                break
+            r[k] = 0.0
+    np.testing.assert_array_equal(got.reshape(T, n), want)
+
+
+def test_func_returns_a_tuple_from_runtime_branches():
+    x = rows(2, 12).ravel()
+    out = np.full(2 * T, np.nan, np.float32)
+    K.tuple_returns.emulate(x, out, grid=1)
+    pairs = x.reshape(T, 2)
+    np.testing.assert_array_equal(out.reshape(T, 2), np.sort(pairs, axis=1))
+
+
+def test_while_else_runs_when_the_loop_did_not_break():
+    n = 4
+    x, out = rows(n, 13), np.full(T, -7, np.int32)
+    K.while_else.emulate(x.ravel(), out, n, grid=1)
+    assert out.tolist() == [k if k < n else -1 for k in (first_negative_index(r) for r in x)]
