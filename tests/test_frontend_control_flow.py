@@ -270,3 +270,28 @@ def test_while_else_runs_when_the_loop_did_not_break():
     x, out = rows(n, 13), np.full(T, -7, np.int32)
     K.while_else.emulate(x.ravel(), out, n, grid=1)
     assert out.tolist() == [k if k < n else -1 for k in (first_negative_index(r) for r in x)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["sum_until_negative", "sum_skipping_negative", "while_true_break", "nested_break",
+                                  "return_inside_loop"])
+def test_device_runs_the_control_flow_the_emulator_runs(name):
+    """The same kernel and data on the GPU and in the emulator give identical memory."""
+    import torch
+    from conftest import for_this_gpu
+    n = 7
+    x = rows(4 * n, 21)
+    kernel = getattr(K, name)
+    n_params = len(kernel.runtime_params)
+    ints = np.full(T, -7, np.int32)
+    floats = np.full(T, np.nan, np.float32)
+    out = ints if name in ("while_true_break", "nested_break") else floats
+    args = [x.ravel().copy()] + ([out.copy()] if n_params == 3 else []) + [n]
+    kernel.emulate(*args, grid=1)
+    dev = [torch.from_numpy(a.copy()).cuda() if isinstance(a, np.ndarray) else a
+           for a in ([x.ravel()] + ([out] if n_params == 3 else []) + [n])]
+    for_this_gpu(kernel)[(1,)](*dev)
+    torch.cuda.synchronize()
+    for emulated, device in zip(args, dev):
+        if isinstance(emulated, np.ndarray):
+            np.testing.assert_array_equal(device.cpu().numpy(), emulated)

@@ -330,3 +330,23 @@ def test_a_tensor_map_does_not_keep_its_tensor_alive():
     assert ref() is None
     with pytest.raises(LaunchValueError, match="the tensor this tensor map describes has been freed"):
         tm.spec
+
+
+@pytest.mark.gpu
+def test_an_sm80_kernel_runs_on_a_newer_gpu():
+    """No for_this_gpu: the sm_80 kernel's PTX is compiled by the driver for the device at hand."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("needs a GPU newer than sm_8x")
+    out = torch.full((32,), float("nan"), device="cuda")
+    K.tiny[(1,)](out)
+    torch.cuda.synchronize()
+    assert (out == 1.0).all()
+
+
+@pytest.mark.gpu
+def test_an_sm90a_kernel_on_another_gpu_says_why():
+    if torch.cuda.get_device_capability() == (9, 0):
+        pytest.skip("sm_90a runs here")
+    x = torch.zeros(1000, device="cuda")
+    with pytest.raises(ArchMismatchError, match="exist only on compute capability 9.0"):
+        vector_add[(4,)](x, x, x, 1000)
