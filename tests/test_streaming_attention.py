@@ -22,6 +22,7 @@ from tylopy_kernels.attention import reference as R
 from tylopy_kernels.attention import rules
 from tylopy_kernels.attention import scenarios
 from tylopy_kernels.attention import portable as sa
+from tylopy_kernels.attention import portable_launch as pl
 
 DTYPES = (ty.bf16, ty.f16)
 
@@ -223,7 +224,7 @@ def test_bad_inputs_are_rejected_naming_the_argument(change, exc, words):
     q, k, v = _qkv(change.get("n_q", 8), change.get("n_k", 8), change.get("D", 32),
                    change.get("dtype", torch.bfloat16))
     with pytest.raises(exc, match=words):
-        sa.streaming_attention(q, k, v, is_causal=change.get("causal", False), block_n=change.get("block_n"),
+        pl.streaming_attention(q, k, v, is_causal=change.get("causal", False), block_n=change.get("block_n"),
                                warps=change.get("warps"))
 
 
@@ -239,29 +240,29 @@ def test_mismatched_shapes_are_rejected(which, shape, words):
     args = dict(query=q, key=k, value=v)
     args[which] = bad
     with pytest.raises(ValueError, match=words):
-        sa.streaming_attention(**args)
+        pl.streaming_attention(**args)
 
 
 def test_mismatched_dtypes_and_masks_are_rejected():
     q, k, v = _qkv()
     with pytest.raises(TypeError, match="key/value"):
-        sa.streaming_attention(q, k.half(), v)
+        pl.streaming_attention(q, k.half(), v)
     with pytest.raises(TypeError, match="attn_mask"):
-        sa.streaming_attention(q, k, v, attn_mask=torch.zeros(8, 8))
+        pl.streaming_attention(q, k, v, attn_mask=torch.zeros(8, 8))
     with pytest.raises(ValueError, match="attn_mask"):
-        sa.streaming_attention(q, k, v, attn_mask=torch.ones(3, 8, dtype=torch.bool))
+        pl.streaming_attention(q, k, v, attn_mask=torch.ones(3, 8, dtype=torch.bool))
 
 
 @pytest.mark.parametrize("capability,expected", [((8, 0), ("sm_80", False)), ((8, 6), ("sm_86", False)),
                                                  ((8, 9), ("sm_89", False)), ((9, 0), ("sm_90", False)),
                                                  ((10, 0), ("sm_80", True)), ((12, 0), ("sm_80", True))])
 def test_arch_choice(capability, expected):
-    assert sa.device_arch(capability) == expected
+    assert pl.device_arch(capability) == expected
 
 
 def test_pre_ampere_is_rejected():
     with pytest.raises(ValueError, match="compute capability 8.0"):
-        sa.device_arch((7, 5))
+        pl.device_arch((7, 5))
 
 
 def test_checks_dispatch(capsys):

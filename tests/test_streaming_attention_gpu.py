@@ -9,6 +9,7 @@ import torch
 from tylopy_kernels.attention import cases
 from tylopy_kernels.attention import scenarios
 from tylopy_kernels.attention import portable as sa
+from tylopy_kernels.attention import portable_launch as pl
 
 pytestmark = pytest.mark.gpu
 
@@ -24,12 +25,12 @@ def test_checker_case(case):
 def test_seed_example_gives_6(head_dim, block_n):
     """Scores q.k * scale = [0, 0, log 2] and values [1, 3, 10]: every output is 6 (7 = a not rescaled)."""
     q, k, v, mask, scale = cases.seed_example_inputs(head_dim, "bfloat16", block_n, False)
-    out = sa.streaming_attention(q, k, v, scale=scale, block_n=block_n)
+    out = pl.streaming_attention(q, k, v, scale=scale, block_n=block_n)
     assert out.shape == (1, 1, 3, head_dim)
     torch.testing.assert_close(out.double(), torch.full_like(out.double(), 6.0), rtol=0, atol=1e-2)
     # the same numbers with the third key in the next tile: the maximum grows from 0 to log 2
     q, k, v, mask, scale = cases.seed_example_inputs(head_dim, "bfloat16", block_n, True)
-    out = sa.streaming_attention(q, k, v, attn_mask=mask, scale=scale, block_n=block_n)
+    out = pl.streaming_attention(q, k, v, attn_mask=mask, scale=scale, block_n=block_n)
     torch.testing.assert_close(out.double(), torch.full_like(out.double(), 6.0), rtol=0, atol=1e-2)
 
 
@@ -43,7 +44,7 @@ def test_cp_async_path_matches_the_ld_st_path_bit_for_bit(name):
     for async_copy in (True, False):
         out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)
         lse = torch.full(q.shape[:3], float("nan"), device=q.device)
-        sa.launch_streaming(q, k, v, mask, case.causal, 1.0 / math.sqrt(case.head_dim), out, lse, case.block_n,
+        pl.launch_streaming(q, k, v, mask, case.causal, 1.0 / math.sqrt(case.head_dim), out, lse, case.block_n,
                             case.warps, async_copy=async_copy)
         outs.append((out, lse))
     assert torch.equal(outs[0][0], outs[1][0])
@@ -60,14 +61,14 @@ def test_tylopy_attention_dispatches_here(head_dim):
     q = torch.randn(2, 3, 200, head_dim, device="cuda", dtype=torch.bfloat16)
     k, v = torch.randn_like(q), torch.randn_like(q)
     out, lse = tylopy.attention(q, k, v, is_causal=True, return_lse=True)
-    mine, my_lse = sa.streaming_attention(q, k, v, is_causal=True, return_lse=True)
+    mine, my_lse = pl.streaming_attention(q, k, v, is_causal=True, return_lse=True)
     assert torch.equal(out, mine) and torch.equal(lse, my_lse)
 
 
 def test_empty_inputs_launch_nothing():
     q = torch.zeros(1, 2, 0, 32, device="cuda", dtype=torch.bfloat16)
-    assert sa.streaming_attention(q, q, q).shape == (1, 2, 0, 32)
+    assert pl.streaming_attention(q, q, q).shape == (1, 2, 0, 32)
     q = torch.randn(1, 2, 5, 32, device="cuda", dtype=torch.bfloat16)
     k = torch.zeros(1, 2, 0, 32, device="cuda", dtype=torch.bfloat16)
-    out, lse = sa.streaming_attention(q, k, k, return_lse=True)
+    out, lse = pl.streaming_attention(q, k, k, return_lse=True)
     assert torch.equal(out, torch.zeros_like(out)) and torch.isinf(lse).all() and (lse < 0).all()

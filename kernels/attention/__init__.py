@@ -200,10 +200,19 @@ def _hopper_backward(query, dlse):
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False, scale=None,
                      enable_gqa=False, return_lse=False):
-    """Packed variable-length batches, like ``flash_attn_varlen_func``: see ``varlen.py``."""
-    from .varlen import attention_varlen as impl
-    return impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=is_causal, scale=scale,
-                enable_gqa=enable_gqa, return_lse=return_lse)
+    """Packed variable-length batches, like ``flash_attn_varlen_func`` (``varlen.py`` says more):
+    q (total_q, H, D), k/v (total_k, H_kv, D), int32 prefix sums cu_seqlens_q/k; (out, lse) with
+    ``return_lse``, lse of shape (H, total_q). Differentiable as ``attention``."""
+    from .varlen import check_varlen, forward_varlen
+    scale = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
+                         enable_gqa)
+    if _through_op(q, k, v):
+        from .autograd import varlen_op
+        return varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
+                         return_lse)
+    out, lse = forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
+                              return_lse)
+    return (out, lse) if return_lse else out
 
 
 @functools.lru_cache(maxsize=None)

@@ -39,7 +39,7 @@ def candidates(causal, schedules=((32, None, None), (64, None, None))):
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from tylopy_kernels.attention.portable import streaming_attention
+    from tylopy_kernels.attention.portable_launch import streaming_attention
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def tylopy(bn, warps, regs):
@@ -75,11 +75,13 @@ def _with_register_cap(q, k, v, causal, bn, warps, regs):
     from tylopy_kernels.attention import portable as sa
     B, H, n, D = q.shape
     out = torch.empty_like(q)
-    ck = sa.compiled_for(q.device, DTYPE=sa.ty.bf16 if q.dtype == torch.bfloat16 else sa.ty.f16, HEAD_DIM=D,
+    from tylopy_kernels.attention.common import placeholder
+    from tylopy_kernels.attention.portable_launch import compiled_for
+    ck = compiled_for(q.device, DTYPE=sa.ty.bf16 if q.dtype == torch.bfloat16 else sa.ty.f16, HEAD_DIM=D,
                          BLOCK_N=bn, WARPS=warps or sa.DEFAULT_WARPS, HAS_MASK=False, RETURN_LSE=False,
                          ASYNC_COPY=True, MAX_REGISTERS=regs)
     rows = sa.ROWS_PER_WARP * (warps or sa.DEFAULT_WARPS)
-    dummy8, dummy32 = sa._dummy(q.device, torch.uint8), sa._dummy(q.device, torch.float32)
+    dummy8, dummy32 = placeholder(q.device, torch.uint8), placeholder(q.device, torch.float32)
     ck(((n + rows - 1) // rows, H, B), q.view(torch.int16), k.view(torch.int16), v.view(torch.int16),
        out.view(torch.int16), dummy32, dummy8, n, n, H, 1.0 / math.sqrt(D), int(causal),
        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], 0, 0, 0, 0)

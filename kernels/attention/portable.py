@@ -5,7 +5,8 @@ writes ``out = softmax(scale * q k^T + mask) v`` and optionally the row log-sum-
 N x N scores living only in registers, one 16 x BLOCK_N tile per warp at a time. It is the
 fallback of ``tylopy.attention`` wherever the Hopper kernel does not apply (head dims 16 and 32,
 pre-Hopper GPUs, tensors TMA cannot describe, packed variable-length batches), and
-``streaming_attention()`` calls it directly. Its backward is ``backward_portable.py``.
+``streaming_attention()`` (``portable_launch.py``, the host side) calls it directly. Its
+backward is ``backward_portable.py``.
 
 The algorithm, per warp (one warp owns BM = 16 query rows; a CTA of ``WARPS`` warps owns
 16 * WARPS rows and shares each key/value tile between them):
@@ -453,17 +454,3 @@ def attention_fwd_portable(
     else:
         attend_rows(q, k, v, out, lse_ptr, mask, (b, 0, 0), n_q, n_k, ty.block_idx(1), kv_group, scale, causal,
                     strides, *args)
-
-
-# -- host side (portable_launch.py) ------------------------------------------------------------------------
-
-_HOST_NAMES = {"device_arch", "compiled_for", "check_schedule", "aligned", "_aligned", "_in_place_ok",
-               "launch_forward", "plan_forward", "launch_streaming", "streaming_attention"}
-
-
-def __getattr__(name):
-    # The launcher imports this module, so its names are looked up here on first use.
-    if name in _HOST_NAMES:
-        from . import portable_launch
-        return getattr(portable_launch, "aligned" if name == "_aligned" else name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

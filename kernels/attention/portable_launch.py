@@ -1,7 +1,6 @@
 """Host side of the portable attention forward (``portable.py``): arch choice, specializations,
 argument checks and launches for batched (B, H, N, D) and packed variable-length (total, H, D)
-tensors. ``portable.py`` re-exports these names (``streaming_attention``, ``launch_streaming``,
-``compiled_for``, ...).
+tensors (``streaming_attention``, ``launch_streaming``, ``compiled_for``, ``plan_forward``, ...).
 """
 from __future__ import annotations
 

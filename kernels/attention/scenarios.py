@@ -103,7 +103,7 @@ def run_case(case: Case, attention: Callable, device="cuda", block_n: int | None
 
 def run_portable(case: Case, q, k, v, mask, scale=None):
     """The portable kernel's (out, lse) into NaN-poisoned buffers; lse is None without ``case.lse``."""
-    from .portable import streaming_attention
+    from .portable_launch import streaming_attention
     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)
     res = streaming_attention(q, k, v, attn_mask=mask, is_causal=case.causal, scale=scale or case.resolved_scale,
                               return_lse=case.lse, block_n=case.block_n, warps=case.warps, out=out)

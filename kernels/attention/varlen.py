@@ -18,7 +18,8 @@ fp32. Rows past cu_seqlens_q[-1] get zeros (and LSE -inf), their gradients zeros
 It runs the portable kernels (``portable.py``, ``backward_portable.py``), which index each
 sequence by its offsets on a grid of (query blocks, heads, sequences), every CTA past its
 sequence's end returning at once. It is differentiable (``tylopy::attention_varlen_fwd``,
-``autograd.py``) and traceable by ``torch.compile``.
+``autograd.py``) and traceable by ``torch.compile``. This module holds the checks and the CUDA
+implementations; the entry point is ``tylopy_kernels.attention.attention_varlen``.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import math
 
 import torch
 
-from . import _fail, _nonpositive_scale, _through_op
+from . import _fail, _nonpositive_scale
 
 HEAD_DIMS = (16, 32, 64, 128)
 
@@ -84,20 +85,6 @@ def check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, enable_gqa
     if q.device.type not in ("cuda", "meta"):  # last: bad input fails the same way without a GPU
         _fail(ValueError, "q", "a CUDA tensor", f"a tensor on {q.device}")
     return float(scale)
-
-
-def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False, scale=None,
-                     enable_gqa=False, return_lse=False):
-    """Packed variable-length attention (see the module docstring); (out, lse) with ``return_lse``."""
-    scale = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
-                         enable_gqa)
-    if _through_op(q, k, v):
-        from .autograd import varlen_op
-        return varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
-                         return_lse)
-    out, lse = forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
-                              return_lse)
-    return (out, lse) if return_lse else out
 
 
 def forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, return_lse):
