@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: install, GPU tests, smoke checks, benchmarks. Logs and JSON land in $OUT.
-# Usage: bash tools/gpu_session.sh [tests|host|primitives|matrix|checks|sanitize|smoke|bench|bench_streaming|softmax|gemm|gemm_bench|gemm_bench_again|gemm_sweep|all ...]
+# Usage: bash tools/gpu_session.sh [tests|host|primitives|matrix|training|training_bench|checks|sanitize|smoke|bench|bench_streaming|softmax|gemm|gemm_bench|gemm_bench_again|gemm_sweep|all ...]
 set -u
 OUT=${OUT:-/tmp/tylopy-out}
 mkdir -p "$OUT"
@@ -65,6 +65,14 @@ if [[ " $steps " == *" gemm_sweep "* ]]; then  # every schedule on a few shapes,
 fi
 if want softmax; then
   timeout 200 python3 tools/bench_softmax.py --output "$OUT/softmax.json" 2>&1 | tee "$OUT/bench-softmax.log" | tail -20
+fi
+if [[ " $steps " == *" training "* ]]; then  # attention gradients, autograd, varlen, compile (not in all)
+  timeout 580 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_autograd_gpu.py \
+    tests/test_attention_varlen_gpu.py tests/test_attention_api_gpu.py 2>&1 | tee "$OUT/pytest-training.log" | tail -25
+fi
+if [[ " $steps " == *" training_bench "* ]]; then  # a block's compiled training step, tylopy against SDPA (not in all)
+  timeout 580 tylopy bench attention_training --eager --output "$OUT/attention-training.json" 2>&1 \
+    | tee "$OUT/bench-training.log" | tail -20
 fi
 if [[ " $steps " == *" host "* ]]; then  # launch and attention host overhead against the floors (not in all)
   timeout 300 python3 tools/bench_host_overhead.py --output "$OUT/host-overhead.json" 2>&1 | tee "$OUT/host-overhead.log"
