@@ -97,6 +97,24 @@ def test_lse_is_not_differentiable_unless_returned():
     assert lse.requires_grad
 
 
+def test_an_unused_lse_sends_no_gradient_to_the_backward(monkeypatch):
+    """So the backward can take the kernels that have no LSE gradient (Hopper's)."""
+    seen = []
+    real = A.attention_bwd
+
+    def spy(*args):
+        seen.append(args[7])
+        return real(*args)
+
+    monkeypatch.setattr(A, "attention_bwd", spy)
+    q, k, v = _inputs()
+    out, lse = A.attention_op(q, k, v, None, False, 0.5, return_lse=True)
+    out.sum().backward()
+    out, lse = A.attention_op(q, k, v, None, False, 0.5, return_lse=True)
+    (out.sum() + lse.sum()).backward()
+    assert seen[0] is None and seen[1] is not None
+
+
 def test_opcheck_of_every_operator():
     q, k, v = _inputs(H=4, H_kv=2, n_q=3, n_k=5)
     mask = torch.ones(3, 5, dtype=torch.bool)

@@ -127,12 +127,17 @@ def reference_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, dlse, is_caus
 
 # -- the operators -------------------------------------------------------------------------------------------
 
+def _rows_contiguous(*tensors):
+    """The kernels read rows of D contiguous elements; a compiler may hand over other strides."""
+    return [t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous() for t in tensors]
+
+
 @torch.library.custom_op("tylopy::attention_fwd", mutates_args=())
 def attention_fwd(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], is_causal: bool, scale: float,
                   return_lse: bool) -> tuple[Tensor, Tensor]:
     if q.device.type == "cuda":
         from . import forward
-        return forward(q, k, v, attn_mask, is_causal, scale, True)
+        return forward(*_rows_contiguous(q, k, v), attn_mask, is_causal, scale, True)
     return reference_forward(q, k, v, attn_mask, is_causal, scale)
 
 
@@ -148,7 +153,7 @@ def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
                   scale: float) -> tuple[Tensor, Tensor, Tensor]:
     if q.device.type == "cuda":
         from . import backward
-        return backward(dout, q, k, v, out, lse, attn_mask, dlse, is_causal, scale)
+        return backward(dout, *_rows_contiguous(q, k, v), out, lse, attn_mask, dlse, is_causal, scale)
     return reference_backward(dout, q, k, v, out, lse, attn_mask, dlse, is_causal, scale)
 
 
@@ -162,7 +167,7 @@ def attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Te
                          is_causal: bool, scale: float, return_lse: bool) -> tuple[Tensor, Tensor]:
     if q.device.type == "cuda":
         from .varlen import forward_varlen
-        return forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, True)
+        return forward_varlen(*_rows_contiguous(q, k, v), cu_q, cu_k, max_q, max_k, is_causal, scale, True)
     return reference_varlen_forward(q, k, v, cu_q, cu_k, is_causal, scale)
 
 
@@ -177,7 +182,8 @@ def attention_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Ten
                          scale: float) -> tuple[Tensor, Tensor, Tensor]:
     if q.device.type == "cuda":
         from .varlen import backward_varlen
-        return backward_varlen(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dlse, is_causal, scale)
+        return backward_varlen(dout, *_rows_contiguous(q, k, v), out, lse, cu_q, cu_k, max_q, max_k, dlse, is_causal,
+                               scale)
     return reference_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, dlse, is_causal, scale)
 
 
@@ -196,6 +202,7 @@ def _save(ctx, tensors, output, return_lse, **attrs):
         setattr(ctx, name, value)
     if not return_lse:
         ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no zeros, no slow path
 
 
 def _fwd_setup(ctx, inputs, output):
