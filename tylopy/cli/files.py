@@ -151,9 +151,9 @@ def find_kernels(module, dtype=None) -> dict:
     out, seen = {}, set()
 
     def add(name, k):
-        if id(k) in seen:
+        if id(k.fn) in seen:  # one kernel per function (copies such as a fresh Kernel over it are not listed)
             return
-        seen.add(id(k))
+        seen.add(id(k.fn))
         key = name if name not in out else f"{name}#{len(out)}"
         out[key] = k
 
