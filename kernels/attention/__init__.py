@@ -1,17 +1,23 @@
 """``attention``: the PyTorch entry point, a drop-in for ``scaled_dot_product_attention`` where
-the shapes are supported.
+the shapes are supported, and ``attention_varlen`` for packed variable-length batches.
 
-    out = tylopy.attention(q, k, v, attn_mask=None, is_causal=False, scale=None)
+    out = tylopy.attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None)
     out, lse = tylopy.attention(q, k, v, return_lse=True)
     out = tylopy.attention(q, k_few_heads, v_few_heads, enable_gqa=True)   # grouped-query attention
+    out = tylopy.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
 
-Inputs are (B, H, N, D) tensors, bf16 or fp16, on one CUDA device; any strides whose last
-dimension is contiguous (so a (B, N, H, D) buffer viewed with ``.transpose(1, 2)`` works without
-a copy). On Hopper with D = 64 or 128 it runs the warp-specialized kernel (``hopper.py``);
-elsewhere the portable mma.sync kernel (``portable.py``). With ``enable_gqa=True`` (as SDPA)
-key/value may have fewer heads than query, a divisor of them: query head h reads key/value head
-h // (H / H_kv); both kernels index them in place (the Hopper one also reads a zero-stride
-``expand`` view of one head without a copy).
+Inputs are (B, H, N, D) tensors, bf16 or fp16, D in {16, 32, 64, 128}, on one CUDA device; any
+strides whose last dimension is contiguous (so a (B, N, H, D) buffer viewed with
+``.transpose(1, 2)`` works without a copy). On Hopper with D = 64 or 128 it runs the
+warp-specialized kernel (``hopper.py``); elsewhere the portable mma.sync kernel (``portable.py``).
+With ``enable_gqa=True`` (as SDPA) key/value may have fewer heads than query, a divisor of them:
+query head h reads key/value head h // (H / H_kv); both kernels index them in place, and a
+zero-stride ``expand`` view too. ``dropout_p`` must be 0.
+
+Gradients: when an input requires grad, or under ``torch.compile``, the call goes through the
+``tylopy::attention_fwd`` operator (``autograd.py``), whose backward runs Hopper's backward
+kernels (D = 64, 128 on sm_90) or the portable ones (``backward_portable.py``); otherwise the
+forward kernel is launched directly. docs/attention-training.md has the whole picture.
 Launches go on the current stream, never synchronize the host, and can be captured in a graph.
 
 Every check below runs before the GPU is touched, so bad input fails the same way on a machine

@@ -8,7 +8,8 @@ loss + backward. Both blocks hold the same weights and are compiled with ``fullg
 (default inductor mode); before timing, one step of each is compared (loss and gradients) and
 dynamo is asked for graph breaks in the tylopy block (there must be none). Times are CUDA-event
 medians after warm-up; the attention forward+backward alone (eager) is timed too, so the step's
-difference can be traced to it. TFLOP/s count the matmuls (2 x 12 width^2 per token forward,
+difference can be traced to it, and the portable (mma.sync) backward alone, which GPUs without
+Hopper's backward kernels run. TFLOP/s count the matmuls (2 x 12 width^2 per token forward,
 x3 for forward+backward) and attention (4 B H N^2 D forward, halved for causal, x3.5 for
 forward+backward).
 
@@ -83,6 +84,19 @@ def _attention_alone(attention, q, k, v, dout, gqa):
     return run
 
 
+def _portable_backward(q, k, v, dout):
+    """The portable backward kernels alone (what GPUs without Hopper's kernels run)."""
+    import torch
+
+    import tylopy
+    from .backward_portable_launch import launch_backward_portable
+    q, k, v = (t.detach() for t in (q, k, v))
+    out, lse = tylopy.attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1], return_lse=True)
+    grads = [torch.empty_like(t) for t in (q, k, v)]
+    scale = q.shape[-1] ** -0.5
+    return lambda: launch_backward_portable(q, k, v, out, dout, lse, *grads, is_causal=True, scale=scale)
+
+
 def step_flops(B, N, dim, heads, head_dim):
     tokens = B * N
     matmul = 3 * 2 * tokens * 12 * dim * dim
@@ -127,6 +141,9 @@ def run(args) -> dict:
         ms = median_ms(_attention_alone(fn, q, k, v, dout, gqa), args.warmup_ms, args.rep_ms)
         rows.append(dict(attention=name, kind="attention fwd+bwd (eager)", step_ms=ms))
         print(f"{name:7s} attention forward+backward alone {ms:8.3f} ms")
+    ms = median_ms(_portable_backward(q, k, v, dout), args.warmup_ms, args.rep_ms)
+    rows.append(dict(attention="tylopy", kind="portable backward alone", step_ms=ms))
+    print(f"tylopy  portable (mma.sync) backward alone {ms:8.3f} ms")
     step = {r["attention"]: r["step_ms"] for r in rows if r["kind"] == "compiled"}
     print(f"compiled step: tylopy {step['tylopy']:.3f} ms, sdpa {step['sdpa']:.3f} ms, "
           f"tylopy / sdpa = {step['tylopy'] / step['sdpa']:.3f}")
