@@ -282,3 +282,23 @@ def test_equal_values_share_an_entry(tmp_path, cache_dir):
     b = load(tmp_path, kernel_source("namespace", 2.5)).k.compile()
     assert b.from_cache and a.cache_key == b.cache_key
     assert threading.current_thread()  # (the module imports threading for the case above)
+
+
+ARRAY = HEADER + """
+import numpy as np
+TABLE = np.array([2.5, 4.5], dtype=np.float32)
+
+
+@ty.kernel(threads=32)
+def k(x: ty.ptr(ty.f32)):
+    x[0] = x[0] * float(TABLE[0])
+"""
+
+
+def test_numpy_array_global_changed_in_memory_and_on_disk(tmp_path, cache_dir):
+    m = load(tmp_path, ARRAY)
+    assert f32_hex(2.5) in m.k.compile().ptx
+    m.TABLE[0] = 3.5
+    assert f32_hex(3.5) in m.k.compile().ptx
+    again = load(tmp_path, ARRAY)  # a new process sees the file's 2.5: the first entry
+    assert again.k.compile().from_cache and f32_hex(2.5) in again.k.compile().ptx

@@ -30,7 +30,7 @@ from ..ir.printer import format_ir
 from ..ir.types import PointerType, ScalarType, TensorMapType, Type
 from ..ir.values import KernelIR, LaunchBounds, Param
 from ..ir.verify import verify
-from . import capture, tracing
+from . import capture, guards, tracing
 from .builder import Builder, user_location
 from .diagnostics import (constexpr_note, def_loc, innermost_user_frame, locate, lowering_error, param_loc, relocated,
                           trace_error, verification_error, with_ptx_source_line)
@@ -379,14 +379,14 @@ class Kernel:
                                 entry.dynamic_shared_bytes, key, from_cache=True, options=options,
                                 wait_sites=entry.wait_sites,
                                 _retrace=functools.partial(self.trace, options, **cx))
-            ck._guards = capture.Guards.build(resolved, cells)
+            ck._guards = guards.Guards.build(resolved, cells)
         else:
             recorder = capture.Recorder(self.name)
             kir = self.trace(options, recorder, **cx)
             key = cache.full_key(base_key, recorder.key())
             ck = self._build(kir, cx, options, key)
             cache.store(key, base_key, components, recorder.key(), ck)
-            ck._guards = capture.Guards.build(
+            ck._guards = guards.Guards.build(
                 [(r, recorder.values[r], fp) for r, fp in recorder.reads.items()], cells)
         ck._env = env
         ck.compile_seconds = time.perf_counter() - t0

@@ -1,0 +1,229 @@
+"""Guards: is a specialization compiled earlier in this process still valid for the values now?
+
+The disk cache keys PTX by the fingerprints of what a trace read (``capture.py``); in memory,
+recomputing fingerprints on every launch would cost too much, so each compiled specialization
+keeps ``Guards`` over the same reads and the launch path re-checks them.
+"""
+from __future__ import annotations
+
+import enum
+import functools
+import operator
+import sys
+import types
+
+from ..errors import CaptureError
+from .capture import _SIMPLE, _is_user_module, _library_function, fingerprint, global_names, resolve, unwrap
+
+_MISSING = object()
+
+
+class Guards:
+    """The checks that keep a compiled specialization in memory valid for its process.
+
+    One check per value the trace read, and per global a plain helper function named (those
+    are fingerprinted, not traced): the value must still be the same object, and a mutable one
+    (list, dict, namespace, object) must still equal a copy taken when it was read. The checks
+    run on every launch: the immutable ones of one module are a single ``itemgetter`` call and a
+    tuple comparison.
+    """
+
+    __slots__ = ("_batches", "_mutable", "_count")
+
+    def __init__(self, batches=(), mutable=(), count=0):
+        self._batches = tuple(batches)  # (itemgetter over names, mapping, tuple of the values seen)
+        self._mutable = tuple(mutable)  # (getter, value seen, its snapshot or None, its fingerprint)
+        self._count = count
+
+    def __len__(self) -> int:
+        return self._count
+
+    def valid(self) -> bool:
+        try:
+            for get, d, seen in self._batches:
+                if get(d) != seen:
+                    return False
+            for get, witness, snap, fp in self._mutable:
+                v = get()
+                if v is not witness or not _same_content(v, snap, fp):
+                    return False
+        except Exception:  # noqa: BLE001 - a name or attribute that went away
+            return False
+        return True
+
+    @staticmethod
+    def build(reads, closure_cells: dict) -> "Guards":
+        """``reads``: (Read, value, fingerprint) triples; ``closure_cells``: the kernel's cells by name."""
+        checks = _GuardBuilder()
+        for read, value, fp in reads:
+            if read.kind == "closure":
+                cell = closure_cells.get(read.name)
+                if cell is not None:
+                    checks.add(_cell_getter(cell), None, None, value, fp)
+            elif read.kind == "global":
+                module = sys.modules.get(read.owner)
+                if module is not None:
+                    checks.add(None, vars(module), read.name, value, fp)
+            else:
+                checks.add(functools.partial(resolve, read, {}), None, None, value, fp)
+            checks.follow(value)
+        return checks.finish()
+
+
+class _GuardBuilder:
+    def __init__(self):
+        self.by_dict: dict = {}  # id(mapping) -> (mapping, {name: value})
+        self.mutable: list = []
+        self.seen: set = set()
+        self.keys: set = set()
+
+    def add(self, getter, d, name, value, fp=None, deep=True):
+        """One check. ``deep`` is False for the globals a helper names (not read by the trace itself): a
+        large container or array there is checked by identity only, so launches stay cheap."""
+        if d is not None:
+            if (id(d), name) in self.keys:
+                return
+            self.keys.add((id(d), name))
+        if _immutable(value) or (not deep and _large(value)):
+            if d is not None:
+                self.by_dict.setdefault(id(d), (d, {}))[1][name] = value
+            else:
+                self.mutable.append((getter, value, _IDENTITY, None))
+            return
+        if getter is None:
+            getter = functools.partial(d.__getitem__, name)
+        if fp is None:
+            fp = _fingerprint_or_none(value)
+        self.mutable.append((getter, value, _snapshot(value), fp))
+
+    def follow(self, value, depth: int = 0):
+        """Add checks for what a plain function or user class refers to (fingerprinted, not traced)."""
+        value = unwrap(value)
+        target = getattr(value, "fn", None)
+        if isinstance(target, types.FunctionType) and type(value).__module__.startswith("tylopy"):
+            value = target
+        if isinstance(value, (staticmethod, classmethod)):
+            value = value.__func__
+        if id(value) in self.seen or depth > 8:
+            return
+        if isinstance(value, types.FunctionType) and _library_function(value) is None:
+            self.seen.add(id(value))
+            g = value.__globals__
+            for name in global_names(value.__code__):
+                if name in g:
+                    self.add(None, g, name, g[name], deep=False)
+                    self.follow(g[name], depth + 1)
+        elif isinstance(value, type) and _is_user_module(sys.modules.get(value.__module__) or types):
+            self.seen.add(id(value))
+            members = vars(value)
+            for name, v in list(members.items()):
+                if not (name.startswith("__") and name.endswith("__")):
+                    self.add(None, members, name, v, deep=False)
+                    self.follow(v, depth + 1)
+
+    def finish(self) -> Guards:
+        batches = []
+        for d, named in self.by_dict.values():
+            names = tuple(named)
+            get = operator.itemgetter(*names)
+            seen = tuple(named.values()) if len(names) > 1 else named[names[0]]
+            batches.append((get, d, seen))
+        return Guards(batches, self.mutable, sum(len(n) for _, n in self.by_dict.values()) + len(self.mutable))
+
+
+_IDENTITY = object()  # snapshot marker: the identity test is the whole check
+
+
+def _same_content(value, snap, fp) -> bool:
+    if snap is _IDENTITY:
+        return True
+    if snap is not None:
+        try:
+            if type(snap) is _ArraySnapshot:
+                import numpy as np
+                old = snap[0]
+                if value.shape == old.shape and value.dtype == old.dtype and np.array_equal(value, old, equal_nan=True):
+                    return True
+            elif (vars(value) == snap[1]) if type(snap) is _VarsSnapshot else (value == snap):
+                return True
+        except Exception:  # noqa: BLE001 - a value whose comparison fails: its fingerprint decides
+            pass
+    return fp is not None and _fingerprint_or_none(value) == fp
+
+
+def _large(value) -> bool:
+    try:
+        return len(value) > 64 or type(value).__module__ == "numpy"
+    except TypeError:
+        return type(value).__module__ == "numpy"
+
+
+class _VarsSnapshot(tuple):
+    """(class, copy of the instance's __dict__): an object compared by its attributes."""
+
+
+class _ArraySnapshot(tuple):
+    """(a copy of a numpy array,): compared element by element."""
+
+
+def _snapshot(value):
+    """A copy of a mutable value made of plain data (numbers, strings, tylopy types, functions,
+    containers of them), compared with ``==`` later (at C speed); None when it holds something
+    else (then its fingerprint decides)."""
+    try:
+        if type(value).__module__ == "numpy" and hasattr(value, "copy") and hasattr(value, "shape"):
+            return _ArraySnapshot((value.copy(),))
+        if isinstance(value, (list, tuple, dict, set, frozenset)):
+            return _plain_copy(value)
+        if hasattr(value, "__dict__") and not isinstance(value, type):
+            return _VarsSnapshot((type(value), _plain_copy(dict(vars(value)))))
+    except _NotPlain:
+        pass
+    return None
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _plain_copy(value, depth: int = 0):
+    """A deep copy with the same container types (shared immutable leaves), or ``_NotPlain``."""
+    if depth > 16:
+        raise _NotPlain
+    if _immutable(value):
+        return value
+    if isinstance(value, list):
+        return [_plain_copy(x, depth + 1) for x in value]
+    if isinstance(value, tuple) and type(value) is tuple:
+        return tuple(_plain_copy(x, depth + 1) for x in value)
+    if isinstance(value, dict) and type(value) is dict:
+        return {k: _plain_copy(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (set, frozenset)):
+        return type(value)(_plain_copy(x, depth + 1) for x in value)
+    raise _NotPlain
+
+
+def _cell_getter(cell):
+    return lambda: cell.cell_contents
+
+
+def _fingerprint_or_none(value):
+    try:
+        return fingerprint(value, "")
+    except CaptureError:
+        return None
+
+
+def _immutable(value) -> bool:
+    """Is the identity of ``value`` enough to know its fingerprint did not change?"""
+    if isinstance(value, _SIMPLE) or isinstance(value, (types.ModuleType, types.FunctionType, type, enum.Enum,
+                                                       types.BuiltinFunctionType, staticmethod, classmethod,
+                                                       property)):
+        return True
+    if isinstance(value, (tuple, frozenset)):
+        return all(_immutable(x) for x in value)
+    cls = type(value)
+    if cls.__module__.startswith("tylopy"):
+        params = getattr(cls, "__dataclass_params__", None)
+        return params is None or params.frozen  # tylopy's types and wrappers are immutable values
+    return cls.__module__ == "torch" and cls.__name__ == "dtype"
