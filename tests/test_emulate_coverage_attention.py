@@ -3,8 +3,9 @@
 The Hopper launches are built by ``plan_launch`` exactly as ``launch_hopper`` builds them (tensor-map
 specs instead of driver-encoded maps, a chosen SM count): non-persistent with three consumers (long
 keys), persistent with two (short keys, causal in LPT order), masked (two consumers), head dim 128,
-with and without LSE, and the TMA-store epilogue. The portable launches mirror ``launch_streaming``:
-each head dim, both key tiles, cp.async and ld/st copies, causal, masked, LSE. Sizes make every ring
+with and without LSE, grouped K/V heads, and the TMA-store epilogue. The portable launches are built by
+``plan_forward``: each head dim, both key tiles, cp.async and ld/st copies, causal (bottom-right for
+rectangular shapes), masked, grouped K/V heads, packed variable-length sequences, LSE. Sizes make every ring
 wrap at least twice (the K/V stages, the Q buffer of a persistent CTA, the double buffer of the
 portable kernel) and leave a ragged last key tile and a ragged last query block. Outputs start as
 NaN (every row must be written); the portable kernel's K and V sit in NaN-filled buffers, so a read
@@ -17,12 +18,10 @@ import math
 import pytest
 import torch
 
-import tylopy as ty
 from tylopy.runtime.tensormap import TensorMapSpec
 
 L = pytest.importorskip("tylopy_kernels.attention.hopper_launch")
-P = pytest.importorskip("tylopy_kernels.attention.portable")
-from tylopy_kernels.attention.common import mask_and_lse_args  # noqa: E402
+PL = pytest.importorskip("tylopy_kernels.attention.portable_launch")
 from tylopy_kernels.attention.hopper import attention_fwd_sm90  # noqa: E402
 from tylopy_kernels.attention.reference import HOPPER, PORTABLE  # noqa: E402
 from tylopy_kernels.attention.rules import check_output  # noqa: E402
@@ -95,6 +94,9 @@ HOPPER_CASES = {
     "c3-causal-520": case(520, 520, {"CONSUMERS": 3, "PERSISTENT": False}, causal=True,
                           schedule={"PERSISTENT": False, "CONSUMERS": 3}),
     "d128": case(200, 520, {"CONSUMERS": 2, "PERSISTENT": True, "HEAD_DIM": 128}, D=128, sm_count=1, slow=True),
+    "d128-long": case(64, 1100, {"PERSISTENT": False, "HEAD_DIM": 128}, D=128, dtype="f16", lse=False, slow=True),
+    "d128-masked": case(64, 520, {"PERSISTENT": True, "HEAD_DIM": 128, "HAS_MASK": True}, D=128, mask="random",
+                        sm_count=1, slow=True),
     "tma-store": case(200, 600, {"TMA_STORE": True}, dtype="f16", causal=False, schedule={"TMA_STORE": True},
                       inputs="rising", slow=True),
 }
@@ -143,55 +145,110 @@ def test_hopper_launcher_picks_are_covered():
     for c in HOPPER_CASES.values():
         if c["schedule"] is None:
             covered.add((c["D"], c["n_k"] > 1024, c["mask"] is not None))
-    missing = {p for p in picks if p not in covered and p[0] == 64}
+    missing = picks - covered - {(128, True, True)}  # D=128, long and masked: the same kernel as d128-long + mask
     assert not missing, f"launcher picks without an emulated case: {missing}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [576, 640])
+def test_hopper_causal_lengths_that_once_hung(n):
+    """With three consumers the turn barriers have run-time ids; when the emulator merged them, these
+    lengths (and 520, the fast case c3-causal-520) reported a deadlock the GPU does not have."""
+    HOPPER_CASES[f"c3-causal-{n}"] = dict(HOPPER_CASES["c3-causal-520"], n_q=n, n_k=n)
+    try:
+        run_hopper(f"c3-causal-{n}")
+    finally:
+        del HOPPER_CASES[f"c3-causal-{n}"]
 
 
 # -- the portable kernel -------------------------------------------------------------------------------------
 
+def pcase(n_q, n_k, D=64, dtype="bf16", block_n=64, warps=4, H=1, H_kv=1, causal=False, mask=None, lse=True,
+          async_copy=True, inputs="randn", varlen=None, slow=False):
+    return dict(n_q=n_q, n_k=n_k, D=D, dtype=dtype, block_n=block_n, warps=warps, H=H, H_kv=H_kv, causal=causal,
+                mask=mask, lse=lse, async_copy=async_copy, inputs=inputs, varlen=varlen, slow=slow)
+
+
 PORTABLE_CASES = {
-    # id: (n_q, n_k, D, dtype, block_n, warps, causal, mask, lse, async_copy)
-    "d64": (50, 300, 64, "bf16", 64, 4, False, None, True, True),
-    "d32-causal": (300, 300, 32, "f16", 64, 4, True, None, True, True),
-    "d16-masked": (70, 170, 16, "bf16", 32, 4, False, "random", True, True),
-    "bn32-nolse": (40, 200, 64, "f16", 32, 2, False, None, False, True),
-    "ldst": (50, 300, 64, "bf16", 64, 4, False, None, True, False),
+    "d64": pcase(50, 300, inputs="rising"),
+    "d32-causal": pcase(300, 300, D=32, dtype="f16", causal=True),
+    "d16-masked": pcase(70, 170, D=16, block_n=32, mask="random"),
+    "bn32-nolse": pcase(40, 200, dtype="f16", block_n=32, warps=2, lse=False, inputs="negative"),
+    "ldst": pcase(50, 300, async_copy=False),
+    "d128-gqa-causal": pcase(100, 330, D=128, H=2, H_kv=1, causal=True, slow=True),  # bottom-right diagonal
+    "varlen": pcase(0, 0, H=2, H_kv=1, causal=True, varlen=((40, 330), (70, 300)), slow=True),
 }
-PORTABLE_INPUTS = {"d64": "rising", "bn32-nolse": "negative"}  # the rest: "randn"
 
 
-def _nan_padded(t, extra_rows=8):
-    """``t`` as the first rows of a NaN-filled buffer: a read past its end reads NaN."""
-    B, H, n, D = t.shape
-    buf = torch.full((B, H, n + extra_rows, D), float("nan"), dtype=t.dtype)
-    buf[:, :, :n] = t
-    return buf[:, :, :n]
+def _causal_mask(n_q, n_k):
+    """The bottom-right causal diagonal as a mask: query i sees keys j <= i + n_k - n_q."""
+    return (torch.arange(n_k)[None, :] <= torch.arange(n_q)[:, None] + (n_k - n_q))[None, None]
+
+
+def _nan_padded(t, dim=2, extra=8):
+    """``t`` as the first rows (along ``dim``) of a NaN-filled buffer: a read past its end reads NaN."""
+    shape = list(t.shape)
+    shape[dim] += extra
+    buf = torch.full(shape, float("nan"), dtype=t.dtype)
+    buf.narrow(dim, 0, t.shape[dim]).copy_(t)
+    return buf.narrow(dim, 0, t.shape[dim])
 
 
 def run_portable(case_id, seed=None):
-    n_q, n_k, D, dt, block_n, warps, causal, mask_kind, lse_on, async_copy = PORTABLE_CASES[case_id]
-    dtype = DTYPES[dt]
-    q, k, v, mask = _inputs(1, 1, 1, n_q, n_k, D, dtype, mask_kind, len(case_id), PORTABLE_INPUTS.get(case_id, "randn"))
+    c = PORTABLE_CASES[case_id]
+    if c["varlen"]:
+        return run_portable_varlen(case_id, seed)
+    n_q, n_k, D, H, block_n = c["n_q"], c["n_k"], c["D"], c["H"], c["block_n"]
+    dtype = DTYPES[c["dtype"]]
+    q, k, v, mask = _inputs(1, H, c["H_kv"], n_q, n_k, D, dtype, c["mask"], len(case_id), c["inputs"])
     k, v = _nan_padded(k), _nan_padded(v)
     assert -(-n_k // block_n) >= 5 and n_k % block_n, "the double buffer must wrap twice, the last tile be ragged"
     out = torch.full(q.shape, float("nan"), dtype=dtype)
-    lse = torch.full((1, 1, n_q), float("nan")) if lse_on else None
+    lse = torch.full((1, H, n_q), float("nan")) if c["lse"] else None
     scale = 1 / math.sqrt(D)
-    mask_t, ms, lse_t = mask_and_lse_args(mask, lse, 1, 1, n_q, n_k, "cpu")
-    rows = P.ROWS_PER_WARP * warps
-    P.streaming_attention_fwd.emulate(
-        q.view(torch.int16), k.view(torch.int16), v.view(torch.int16), out.view(torch.int16), lse_t,
-        mask_t, n_q, n_k, 1, scale, int(causal),
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *ms,
-        grid=((n_q + rows - 1) // rows, 1, 1), seed=seed,
-        DTYPE=ty.bf16 if dtype == torch.bfloat16 else ty.f16, HEAD_DIM=D, BLOCK_N=block_n, WARPS=warps,
-        HAS_MASK=mask is not None, RETURN_LSE=lse_on, ASYNC_COPY=async_copy)
-    model = PORTABLE.replace(block_n=block_n, lse=lse_on, dtype=dtype)
-    return check_rows(out, lse, q, k, v, mask, causal, scale, model)
+    plan = PL.plan_forward(q, k, v, out, lse, scale=scale, is_causal=c["causal"], attn_mask=mask, block_n=block_n,
+                           warps=c["warps"], async_copy=c["async_copy"])
+    plan.run(emulate=True, seed=seed)
+    model = PORTABLE.replace(block_n=block_n, lse=c["lse"], dtype=dtype)
+    if c["causal"]:
+        mask = _causal_mask(n_q, n_k)
+    return check_rows(out, lse, q, k, v, mask, False, scale, model)
 
 
-@pytest.mark.parametrize("case_id", list(PORTABLE_CASES))
+def run_portable_varlen(case_id, seed=None):
+    """Packed sequences: each checked on its own against the references."""
+    c = PORTABLE_CASES[case_id]
+    D, H, H_kv, dtype = c["D"], c["H"], c["H_kv"], DTYPES[c["dtype"]]
+    lens = c["varlen"]
+    cu_q = torch.tensor([0] + [sum(a for a, _ in lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32)
+    cu_k = torch.tensor([0] + [sum(b for _, b in lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(int(cu_q[-1]), H, D, generator=g).to(dtype)
+    k = _nan_padded(torch.randn(int(cu_k[-1]), H_kv, D, generator=g).to(dtype), dim=0)
+    v = _nan_padded(torch.randn(int(cu_k[-1]), H_kv, D, generator=g).to(dtype), dim=0)
+    out = torch.full(q.shape, float("nan"), dtype=dtype)
+    lse = torch.full((H, int(cu_q[-1])), float("nan"))
+    scale = 1 / math.sqrt(D)
+    plan = PL.plan_forward(q, k, v, out, lse, scale=scale, is_causal=c["causal"],
+                           varlen=(cu_q, cu_k, max(a for a, _ in lens)), block_n=c["block_n"], warps=c["warps"])
+    assert plan.constexprs["VARLEN"]
+    plan.run(emulate=True, seed=seed)
+    model = PORTABLE.replace(block_n=c["block_n"], lse=True, dtype=dtype)
+    for i, (n_q, n_k) in enumerate(lens):
+        rq, rk = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_k[i]), int(cu_k[i + 1]))
+        seq = [t[r].permute(1, 0, 2)[None] for t, r in ((q, rq), (k, rk), (v, rk), (out, rq))]
+        mask = _causal_mask(n_q, n_k) if c["causal"] else None
+        check_rows(seq[3], lse[:, rq][None], seq[0], seq[1], seq[2], mask, False, scale, model)
+
+
+@pytest.mark.parametrize("case_id", [c for c, v in PORTABLE_CASES.items() if not v["slow"]])
 def test_portable(case_id):
+    run_portable(case_id)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case_id", [c for c, v in PORTABLE_CASES.items() if v["slow"]])
+def test_portable_long(case_id):
     run_portable(case_id)
 
 

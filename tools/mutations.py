@@ -157,7 +157,7 @@ MUTATIONS = [
       [hopper("c3-long")], False, "the key past n_k (TMA zero fill) is not masked"),
     M("hopper-ragged-tile-unmasked", HOPPER,
       [("    first = prob.n_k // prob.block_n\n", "    first = (prob.n_k + prob.block_n - 1) // prob.block_n\n")],
-      [hopper("persistent")], False, "the ragged last key tile is not masked"),
+      [hopper("c3-long")], False, "the ragged last key tile is not masked"),
     M("hopper-no-rescale", HOPPER, [("        o = rescale_o(o, alpha, moved)\n", "        o = o\n")],
       [hopper("persistent")], False, "O is not rescaled when the row maximum moves"),
     M("hopper-exponent-sign", HOPPER,
