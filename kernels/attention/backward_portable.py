@@ -41,9 +41,8 @@ Run and check::
 
 import tylopy as ty
 
-from .portable import (NEG_INF, ROWS_PER_WARP, STAGES, Smem, atoms_of, copy_kv, copy_tile, load_q, mask_scores,
-                       maybe_mask, pv_tile, score_tile, shared_bytes, store_output, swizzled_offset, tiled,
-                       zero_atom)
+from .portable import (NEG_INF, ROWS_PER_WARP, STAGES, Smem, copy_kv, copy_tile, load_q, mask_scores, maybe_mask,
+                       pv_tile, score_tile, shared_bytes, store_output, swizzled_offset, tiled, zero_atom)
 
 LOG2E = 1.4426950408889634
 HEAD_DIMS = (16, 32, 64, 128)
