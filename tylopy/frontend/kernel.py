@@ -179,6 +179,7 @@ class Kernel:
         self._traceable = None
         self._compiled: dict[str, list[CompiledKernel]] = {}
         self._fast: dict[tuple, CompiledKernel] = {}
+        self._fast_by_dtype: dict[tuple, CompiledKernel] = {}
         functools.update_wrapper(self, fn)
         if _register:
             _defined.setdefault(os.path.realpath(self.source_file), weakref.WeakSet()).add(self)
@@ -197,6 +198,7 @@ class Kernel:
         """Forget the specializations compiled in this process (the disk cache stays)."""
         self._compiled.clear()
         self._fast.clear()
+        self._fast_by_dtype.clear()
 
     # -- specialization ---------------------------------------------------------------------
     @property
@@ -360,6 +362,24 @@ class Kernel:
                 pass
         return ck
 
+    def _compile_for_arguments(self, args, constexprs: dict) -> CompiledKernel:
+        """The launch path of a kernel with tensors of open dtype: the arguments' dtypes (torch
+        objects, cheap to hash) and the constexprs find the last specialization directly."""
+        try:
+            key = (tuple(constexprs.items()), *[args[i].dtype for i, _ in self._open_tensors])
+            ck = self._fast_by_dtype.get(key)
+        except (TypeError, IndexError, AttributeError):
+            key = ck = None
+        if ck is not None and ck._env == environment_snapshot() and ck._guards.valid():
+            return ck
+        for i, n in self._open_tensors:  # a tensor's dtype picks the specialization
+            if i < len(args):
+                constexprs[n] = argument_dtype(self.name, n, args[i])
+        ck = self.compile(**constexprs)
+        if key is not None:
+            self._fast_by_dtype[key] = ck
+        return ck
+
     def _compile(self, constexprs: dict) -> CompiledKernel:
         from . import cache
         env = environment_snapshot()
@@ -470,10 +490,9 @@ class _BoundLaunch:
     def __call__(self, *args, stream=None, **constexprs):
         k = self.kernel
         if k._open_tensors:
-            for i, n in k._open_tensors:  # a tensor's dtype picks the specialization
-                if i < len(args):
-                    constexprs[n] = argument_dtype(k.name, n, args[i])
-        ck = k.compile(**constexprs)
+            ck = k._compile_for_arguments(args, constexprs)
+        else:
+            ck = k.compile(**constexprs)
         grid = self.grid(constexprs) if callable(self.grid) else self.grid
         return ck.launcher().launch(grid, args, stream)
 

@@ -144,13 +144,17 @@ def _tensor_packer(kernel: str, name: str, spec, i: int):
         if spec.contiguous and shape[-1] > 1 and stride[-1] != 1:
             raise LaunchValueError(f"{kernel}: argument {name!r} is declared contiguous=True, but its last stride "
                                    f"is {stride[-1]}")
-        if not index64:
-            check_index_range(kernel, name, spec, shape, stride)
-        slots[i].value = x.data_ptr()
+        extent = 0  # the largest element offset the tensor spans (32-bit indexing must reach it)
         for k in range(n):
-            slots[i + 1 + k].value = shape[k]
-        for k in range(strides_passed):
-            slots[i + 1 + n + k].value = stride[k]
+            size, st = shape[k], stride[k]
+            if size > 1:
+                extent += (size - 1) * (st if st >= 0 else -st)
+            slots[i + 1 + k].value = size
+            if k < strides_passed:
+                slots[i + 1 + n + k].value = st
+        if not index64 and extent > 2**31 - 1:
+            check_index_range(kernel, name, spec, shape, stride)  # raises, naming the argument
+        slots[i].value = x.data_ptr()
         return device
     return pack
 
