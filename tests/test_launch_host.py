@@ -350,3 +350,31 @@ def test_an_sm90a_kernel_on_another_gpu_says_why():
     x = torch.zeros(1000, device="cuda")
     with pytest.raises(ArchMismatchError, match="exist only on compute capability 9.0"):
         vector_add[(4,)](x, x, x, 1000)
+
+
+@ty.kernel(threads=32)
+def takes_a_map(tm: ty.tensormap, out: ty.ptr(ty.f32), n: ty.i32):
+    out[0] = ty.cast(n, ty.f32)
+
+
+class MapHandle:
+    def __init__(self):
+        self.buffer = (ctypes.c_uint8 * 128)()
+
+    def getPtr(self):
+        return ctypes.addressof(self.buffer)
+
+
+def test_a_tensor_map_parameter_passes_the_maps_own_memory(fake):
+    from tylopy.runtime.tensormap import TensorMap, TensorMapSpec
+    t = on(0, torch.zeros(64, 64, dtype=torch.bfloat16))
+    t.device_index = 0
+    spec = TensorMapSpec(t, (64, 64), (128,), (64, 64), "bf16", 128)
+    tm = TensorMap(MapHandle(), spec)
+    tm.device = 0
+    out = on(0, torch.zeros(4))
+    fresh_kernel(takes_a_map)[(1,)](tm, out, 7)
+    ptrs = (ctypes.c_void_p * 3).from_address(fake.launches[0]["params"])
+    assert ptrs[0] == tm.getPtr()
+    assert ctypes.c_void_p.from_address(ptrs[1]).value == out.data_ptr()
+    assert ctypes.c_int32.from_address(ptrs[2]).value == 7
