@@ -178,7 +178,7 @@ def backward(dout, query, key, value, out, lse, attn_mask, dlse, is_causal, scal
     if dout.stride(-1) != 1:  # e.g. the zero-stride gradient of out.sum()
         dout = dout.contiguous()
     q, s = _nonpositive_scale(query, scale)
-    launch = _hopper_backward(query, dlse)
+    launch = _hopper_backward(query, key, value, dlse)
     if launch is not None:
         launch(q, key, value, out, dout, lse, dq, dk, dv, is_causal=is_causal, scale=s, attn_mask=attn_mask,
                deterministic=torch.are_deterministic_algorithms_enabled())
@@ -193,15 +193,15 @@ def backward(dout, query, key, value, out, lse, attn_mask, dlse, is_causal, scal
     return dq, dk, dv
 
 
-def _hopper_backward(query, dlse):
+def _hopper_backward(query, key, value, dlse):
     """Hopper's ``launch_backward_hopper`` when it applies to this call, else None."""
     if dlse is not None or query.shape[3] not in HOPPER_HEAD_DIMS or _capability(query.device.index)[0] != 9:
         return None
     try:
-        from .backward_hopper_launch import launch_backward_hopper
+        from .backward_hopper_launch import launch_backward_hopper, supports
     except ImportError:
         return None
-    return launch_backward_hopper
+    return launch_backward_hopper if supports(query, key, value) else None
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False, scale=None,
