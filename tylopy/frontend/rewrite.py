@@ -39,10 +39,32 @@ def _generated(name: str) -> bool:
     return name.startswith("__ty_") or name == RT
 
 
+def _carried_only_mutated(node) -> set:
+    """For ``(a, b) = __ty.if_(..., mutated=('b',))`` made by an inner rewrite: the names that the
+    inner statement only stores through (they stay "mutated", not rebound, for the outer one)."""
+    if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
+        return set()
+    func = node.value.func
+    if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == RT):
+        return set()
+    for kw in node.value.keywords:
+        if kw.arg == "mutated" and isinstance(kw.value, ast.Tuple):
+            return {e.value for e in kw.value.elts if isinstance(e, ast.Constant)}
+    return set()
+
+
 def _assigned_names(stmts) -> list[str]:
     names: list[str] = []
 
     class V(ast.NodeVisitor):
+        def visit_Assign(self, node):
+            skip = _carried_only_mutated(node)
+            for t in node.targets:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name) and n.id not in skip:
+                        self.visit_Name(n)
+            self.visit(node.value)
+
         def visit_Name(self, node):
             if isinstance(node.ctx, ast.Store) and not _generated(node.id) and node.id not in names:
                 names.append(node.id)
@@ -69,10 +91,14 @@ def _assigned_names(stmts) -> list[str]:
 
 
 def _mutated_names(stmts) -> list[str]:
-    """Names whose elements or attributes are assigned (``acc[i] = v``, ``st.m = v``, ``acc[i] += v``)."""
+    """Names whose elements or attributes are assigned (``acc[i] = v``, ``st.m = v``, ``acc[i] += v``),
+    also inside statements an inner rewrite already turned into calls."""
     names: list[str] = []
     for s in stmts:
         for node in ast.walk(s):
+            for n in sorted(_carried_only_mutated(node)):
+                if n not in names:
+                    names.append(n)
             if isinstance(node, (ast.Subscript, ast.Attribute)) and isinstance(node.ctx, (ast.Store, ast.Del)):
                 base = node.value
                 while isinstance(base, (ast.Subscript, ast.Attribute)):

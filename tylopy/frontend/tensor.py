@@ -92,6 +92,7 @@ class TensorArg:
     """What kernel code holds for a tensor parameter: ``ptr``, ``shape``, ``stride``, ``dtype``, indexing."""
 
     __slots__ = ("name", "ptr", "shape", "stride", "spec")
+    __tylopy_immutable__ = True  # storing through it (t[i] = v) changes memory, not the handle
 
     def __init__(self, name: str, spec: TensorSpec, ptr, shape, stride):
         self.name, self.spec = name, spec

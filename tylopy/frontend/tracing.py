@@ -78,8 +78,10 @@ def finish_return(ret, rv, always_returns: bool):
 # -- if ---------------------------------------------------------------------------------------
 
 def _passthrough(names, values, mutated) -> set:
-    """Names only stored through (``out[i] = v``) that hold no container: nothing to carry."""
-    return {n for n, v in zip(names, values) if n in mutated and not is_container(v)}
+    """Names only stored through (``out[i] = v``, ``t[i, j] = v``) that hold no container whose
+    elements can change (a pointer, a tensor argument): nothing to carry."""
+    return {n for n, v in zip(names, values)
+            if n in mutated and (not is_container(v) or getattr(type(v), "__tylopy_immutable__", False))}
 
 
 def if_(cond, then_fn, else_fn, names, values, mutated=()):
