@@ -16,8 +16,8 @@ The namespace holds the kernel language (``tylopy.frontend.lang``), the tile lib
 found through the ``tylopy.functions`` entry points of installed packages (docs/design.md).
 """
 from . import hopper  # noqa: F401  (ty.hopper.tma_load, ty.hopper.mbarrier_wait, ...)
-from .errors import (CaptureError, CompileError, CompileOptionError, DriverError, KernelSourceError, LaunchTypeError,
-                     LaunchValueError, NoDriverError, OwnershipError, ResourceLimitError, TylopyError)
+from .errors import (ArchMismatchError, CaptureError, CompileError, CompileOptionError, DriverError, KernelSourceError,
+                     LaunchTypeError, LaunchValueError, NoDriverError, OwnershipError, ResourceLimitError, TylopyError)
 from .frontend.kernel import CompiledKernel, Kernel, __version__, func, kernel
 from .frontend.autotune import Config, autotune
 from .frontend.lang import *  # noqa: F401,F403  (the kernel language is the package's namespace)
@@ -39,6 +39,7 @@ from ._plugins import names as _plugin_names
 
 __all__ = ["kernel", "func", "Kernel", "CompiledKernel", "CompileOptions", "TylopyError", "KernelSourceError",
            "CompileError", "CompileOptionError", "CaptureError", "DriverError", "NoDriverError", "LaunchTypeError",
+           "ArchMismatchError",
            "LaunchValueError", "OwnershipError", "ResourceLimitError", "__version__", "Fragment", "Layout",
            "Ownership", "LocalOwnership", "QUAD", "WARP", "WARPGROUP", "MMA_SYNC_A", "MMA_SYNC_B", "MMA_SYNC_C",
            "WGMMA_A_RS", "tiled_mma_c", "wgmma_acc", "MmaSyncAtom", "WgmmaAtom", "SoftmaxState", "SoftmaxUpdate",
