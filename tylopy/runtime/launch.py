@@ -100,12 +100,14 @@ def _same_device(kernel: str, name: str, dev: int, device):
 def _pointer_packer(kernel: str, name: str, t: PointerType, i: int):
     import torch
     Tensor, want = torch.Tensor, torch_dtype(t.pointee)
+    # b32 words (packed pairs of 16-bit floats) are raw bits: signed or unsigned 32-bit tensors both hold them.
+    also = (getattr(torch, "uint32", torch.int32),) if t.pointee.name == "b32" else ()
 
     def checked(x, device):
         if not isinstance(x, Tensor):
             raise LaunchTypeError(f"{kernel}: argument {name!r} expects a torch.Tensor of {want}, "
                                   f"but got {type(x).__name__}")
-        if x.dtype is not want:
+        if x.dtype is not want and x.dtype not in also:
             raise LaunchTypeError(f"{kernel}: argument {name!r} expects dtype {want}, but got {x.dtype}")
         return _same_device(kernel, name, _device_of(kernel, name, x), device)
 
