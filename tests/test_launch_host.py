@@ -317,12 +317,20 @@ def test_second_device_on_a_real_gpu():
         torch.testing.assert_close(out, x + y)
 
 
-def test_a_tensor_map_does_not_keep_its_tensor_alive():
+def test_a_tensor_map_holds_its_tensor_unless_told_not_to():
+    """A user's map keeps its memory alive; a launcher cache's map (hold=False) does not."""
     import gc
     import weakref
     from tylopy.runtime.tensormap import TensorMap, TensorMapSpec
     t = torch.zeros(64, 64, dtype=torch.bfloat16)
-    tm = TensorMap(Handle(0), TensorMapSpec(t, (64, 64), (128,), (64, 64), "bf16", 128))
+    held = TensorMap(Handle(0), TensorMapSpec(t, (64, 64), (128,), (64, 64), "bf16", 128))
+    ref = weakref.ref(t)
+    del t
+    gc.collect()
+    assert ref() is not None and held.spec.tensor is ref()
+    t = ref()
+    del held
+    tm = TensorMap(Handle(0), TensorMapSpec(t, (64, 64), (128,), (64, 64), "bf16", 128), hold=False)
     assert tm.spec.tensor is t and tm.device is None  # a CPU tensor has no CUDA index
     ref = weakref.ref(t)
     del t

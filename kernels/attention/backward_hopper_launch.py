@@ -144,7 +144,7 @@ def _map(t, shape, strides, box, dtype, swizzle, encode):
     if tm is None:
         if len(_maps) > 256:
             _maps.clear()
-        tm = _maps[key] = TensorMap.tiled(t, shape, strides, box, dtype, swizzle=swizzle)
+        tm = _maps[key] = TensorMap.tiled(t, shape, strides, box, dtype, swizzle=swizzle, hold=False)
     return tm
 
 

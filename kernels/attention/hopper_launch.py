@@ -88,7 +88,7 @@ def device_map(t: torch.Tensor, shape, strides, box) -> TensorMap:
     if tm is None:
         if len(_maps) > 256:
             _maps.clear()
-        tm = TensorMap.tiled(t, shape, strides, box, _dtype_name(t), swizzle=128)
+        tm = TensorMap.tiled(t, shape, strides, box, _dtype_name(t), swizzle=128, hold=False)
         _maps[key] = tm
     return tm
 

@@ -177,7 +177,7 @@ def _tensor_map(t: torch.Tensor, dims, strides_bytes, box) -> TensorMap:
     if tm is None:
         if len(_maps) > 256:
             _maps.clear()
-        tm = TensorMap.tiled(t, dims, strides_bytes, box, MAP_DTYPE[t.dtype], swizzle=128)
+        tm = TensorMap.tiled(t, dims, strides_bytes, box, MAP_DTYPE[t.dtype], swizzle=128, hold=False)
         _maps[key] = tm
     return tm
 

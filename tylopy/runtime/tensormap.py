@@ -79,16 +79,21 @@ class TensorMapSpec:
 class TensorMap:
     """A 128-byte CUtensorMap; pass it for a ``ty.tensormap`` parameter.
 
-    The map encodes an address and a geometry, not the tensor: it holds the tensor only weakly,
-    so a cache of maps (keyed by address, geometry, dtype and device) never keeps user tensors
-    alive. ``spec`` is available while the tensor lives (the emulator reads tiles through it).
+    The map encodes an address and a geometry. By default it holds its tensor, so the memory it
+    points at lives as long as the map (``TensorMap.tiled(torch.randn(...).cuda(), ...)`` is
+    safe). Launchers that cache maps by (address, geometry, dtype, device) make them with
+    ``hold=False``: such a map refers to its tensor only weakly and never keeps user tensors
+    alive; a map cached that way is still right for a new tensor at the same address, since it
+    encodes only the address and the geometry. ``spec`` is available while the tensor lives
+    (the emulator reads tiles through it).
     """
 
-    __slots__ = ("handle", "device", "_tensor", "_geometry")
+    __slots__ = ("handle", "device", "_tensor", "_held", "_geometry")
 
-    def __init__(self, handle, spec: TensorMapSpec):
+    def __init__(self, handle, spec: TensorMapSpec, hold: bool = True):
         self.handle = handle  # cuda.bindings.driver.CUtensorMap
         self.device = spec.tensor.device.index
+        self._held = spec.tensor if hold else None
         self._tensor = weakref.ref(spec.tensor)
         self._geometry = (spec.dims, spec.strides_bytes, spec.box, spec.dtype, spec.swizzle)
 
@@ -108,7 +113,7 @@ class TensorMap:
         return self.handle.getPtr()
 
     @staticmethod
-    def encode(spec: TensorMapSpec, l2_promotion: int = 2) -> "TensorMap":
+    def encode(spec: TensorMapSpec, l2_promotion: int = 2, hold: bool = True) -> "TensorMap":
         d = drv.driver()
         t = spec.tensor
         drv.ensure_context(t.device.index)
@@ -122,11 +127,11 @@ class TensorMap:
             d.CUtensorMapL2promotion(l2_promotion),
             d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         )
-        return TensorMap(tmap, spec)
+        return TensorMap(tmap, spec, hold)
 
     @staticmethod
-    def tiled(tensor, dims, strides_bytes, box, dtype: str, swizzle: int = 128) -> "TensorMap":
-        """Check and encode a tiled map over ``tensor``'s memory."""
+    def tiled(tensor, dims, strides_bytes, box, dtype: str, swizzle: int = 128, hold: bool = True) -> "TensorMap":
+        """Check and encode a tiled map over ``tensor``'s memory (``hold``: see the class docstring)."""
         spec = TensorMapSpec(tensor, tuple(int(x) for x in dims), tuple(int(x) for x in strides_bytes),
                              tuple(int(x) for x in box), dtype, swizzle)
-        return TensorMap.encode(spec)
+        return TensorMap.encode(spec, hold=hold)
