@@ -222,9 +222,6 @@ def test_backward_several_key_blocks_tma_reduce():
     run_backward(B=1, H=1, n_q=130, n_k=300, D=64, causal=False, check_races=False)
 
 
-@pytest.mark.xfail(strict=True, reason="the emulator reports TMA reduce-adds of different CTAs into the same dQ "
-                                       "elements as a global write race, but each element of cp.reduce.async.bulk "
-                                       "is an atomic reduction")
 def test_tma_reduce_from_several_ctas_passes_the_race_checks():
     run_backward(B=1, H=1, n_q=64, n_k=256, D=64)
 

@@ -251,6 +251,16 @@ def test_tma_store_reduce_add():
     assert torch.equal(out, (before.double() + x.double()).float().to(torch.bfloat16))
 
 
+def test_tma_stores_of_two_ctas_race_but_reductions_do_not():
+    x, out, spec = _store_args()
+    with pytest.raises(ProtocolError, match=f"global-memory write race at {at('store')} .*CTA \\(0, 0, 0\\) wrote them"):
+        tile_store.emulate(spec, x.view(-1), grid=2, MODE="ok", REDUCE=None)
+    before = out.clone()
+    tile_store.emulate(spec, x.view(-1), grid=2, MODE="ok", REDUCE="add")
+    once = (before.double() + x.double()).float().to(torch.bfloat16)
+    assert torch.equal(out, (once.double() + x.double()).float().to(torch.bfloat16))
+
+
 def test_tma_store_source_overwritten_before_its_read_wait():
     x, out, spec = _store_args()
     with pytest.raises(ProtocolError) as e:

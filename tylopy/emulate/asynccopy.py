@@ -85,7 +85,7 @@ class CpAsync(Copy):
     def conflict_text(self, reader: int) -> str:
         lane = int(self.lanes[int(np.argmax(self.open))])
         tid = self.wid * 32 + lane
-        after = "" if reader == self.wid else ", and a barrier after that wait orders it before other warps' accesses"
+        after = "" if reader == self.wid else " (then a barrier after that wait orders the bytes before other warps' accesses)"
         return (f"which the cp.async at {where(self.op)} (thread {tid}, warp {self.wid}) may still be writing: no "
                 f"cp_async_wait of that thread has covered its commit group{after}.")
 

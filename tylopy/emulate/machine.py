@@ -203,14 +203,17 @@ class CTA:
     def mbar_name(self, mb) -> str:
         """``k_full[1]``: the kernel's label (init or wait) and the index among the barriers initialized
         by the same line; without a label the shared-memory slot (``smem0[2]``)."""
-        label = mb.init_label or mb.wait_label
-        if not label:
-            return self.smem.slot_name(mb.addr, 8)
         loc = getattr(mb.init_op, "loc", None)
         key = (loc.filename, loc.lineno) if loc is not None else None
-        group = sorted(a for a, m in self.mbars.items()
-                       if (getattr(m.init_op, "loc", None) and (m.init_op.loc.filename, m.init_op.loc.lineno)) == key)
-        return f"{label}[{group.index(mb.addr)}]" if len(group) > 1 and mb.addr in group else label
+        group = [(a, m) for a, m in sorted(self.mbars.items())
+                 if (getattr(m.init_op, "loc", None) and (m.init_op.loc.filename, m.init_op.loc.lineno)) == key]
+        # The barriers one line initializes share a label: any member's init or wait label names them all.
+        label = mb.init_label or mb.wait_label or next((m.init_label or m.wait_label for _, m in group
+                                                        if m.init_label or m.wait_label), "")
+        if not label:
+            return self.smem.slot_name(mb.addr, 8)
+        addrs = [a for a, _ in group]
+        return f"{label}[{addrs.index(mb.addr)}]" if len(addrs) > 1 and mb.addr in addrs else label
 
     def named_barrier(self, bid: int) -> NamedBarrier:
         b = self.barriers.get(bid)

@@ -91,7 +91,8 @@ class TensorMapInfo:
         new = data[inb]
         if reduce is not None:
             new = reduce_elements(self.spec.dtype, self.raw[bi].reshape(-1, self.es), new, reduce, op)
-        self.gmem.track_write(self.key, bi, who.cta, who.wid, who.clock, op)
+        if reduce is None:  # a reduction is atomic per element: it races with nothing
+            self.gmem.track_write(self.key, bi, who.cta, who.wid, who.clock, op)
         self.raw[bi] = new.ravel()
 
 

@@ -149,7 +149,7 @@ class SharedMemory:
         """A read of ``bi`` by ``warp`` (full clock ``vc``): every other write must be ordered before it,
         no copy may still be writing it, and something must have written it."""
         if self.copies_w:
-            self._check_inflight(bi, self.inflight_w, self.copies_w, op, who, what, warp)
+            self._check_inflight(bi, self.inflight_w, self.copies_w, op, who, what, warp if warp >= 0 else who.wid)
         prev = self.writer_warp[bi]
         never = prev < 0
         if never.any():
