@@ -153,7 +153,6 @@ class SharedMemory:
         prev = self.writer_warp[bi]
         never = prev < 0
         if never.any():
-            j = int(np.argmax(never))
             raise ProtocolError(
                 f"read of uninitialized shared memory at {where(op)}: {who.describe()} {what} {self.span(bi[never], 0)}"
                 f", which nothing wrote before (no store, cp.async or TMA copy landed there; if another warp writes "
