@@ -5,7 +5,8 @@ must match bit for bit. The approximate MUFU ops are held to the PTX ISA's bound
 gives the correctly rounded value): ex2.approx relative 2**-22.5, lg2.approx absolute 2**-22.6
 on [0.5, 2] and relative 2**-22 elsewhere, rsqrt.approx relative 2**-22.9 (each plus half an
 ulp of rounding). Tensor-core results must be bit-identical too: the emulator's accumulation
-model (tylopy/emulate/tensorcore.py) was fitted on this GPU. The tests print what they measured.
+model (tylopy/semantics/tensorcore.py) was fitted on this GPU. Asynchronous copies (cp.async groups with
+zero fill, TMA stores and bf16 reduce-adds) must land the same bits. The tests print what they measured.
 """
 import math
 
@@ -168,3 +169,35 @@ def test_hopper_attention_matches_the_gpu(capsys):
         print(f"\n[emulate vs H200] attention_hopper N={n}: {100 * same:.1f}% of outputs bit-identical, "
               f"max |diff| {diff.max().item():.2e}")
     assert same == 1.0, diff.max().item()
+
+
+def test_cp_async_pipeline_and_zero_fill_match_the_gpu():
+    """cp.async groups (double buffering with wait_group 1) and src-size zero fill, on the GPU and emulated."""
+    from test_emulate_async import cp_pipeline, cp_zero_fill
+    torch.manual_seed(14)
+    x = torch.randn(5 * 64)
+    out_gpu, out_cpu = torch.zeros(5 * 64, device="cuda"), torch.zeros(5 * 64)
+    cp_pipeline[(1,)](x.cuda(), out_gpu, 5, MODE="wait")
+    cp_pipeline.emulate(x, out_cpu, 5, grid=1, MODE="wait")
+    assert torch.equal(out_cpu, out_gpu.cpu())
+    for n in (0, 5, 126):
+        xi = torch.arange(1, n + 1, dtype=torch.int32) if n else torch.zeros(1, dtype=torch.int32)
+        zi_gpu, zi_cpu = torch.full((128,), -1, dtype=torch.int32, device="cuda"), torch.full((128,), -1, dtype=torch.int32)
+        cp_zero_fill[(1,)](xi.cuda(), zi_gpu, n)
+        cp_zero_fill.emulate(xi, zi_cpu, n, grid=1)
+        assert torch.equal(zi_cpu, zi_gpu.cpu()), n
+
+
+@pytest.mark.skipif(not sm90(), reason="needs a Hopper GPU (sm_90) for TMA stores")
+@pytest.mark.parametrize("reduce", [None, "add"])
+def test_tma_store_matches_the_gpu(reduce):
+    """A TMA store (and a bf16 reduce-add) of a 64 x 16 tile, on the GPU and emulated: the same bits."""
+    from test_emulate_async import _store_args, tile_store
+    from tylopy.runtime.tensormap import TensorMap, TensorMapSpec
+    x, out_cpu, spec = _store_args()
+    out_gpu = out_cpu.clone().cuda()
+    gpu_map = TensorMap.encode(TensorMapSpec(out_gpu, spec.dims, spec.strides_bytes, spec.box, "bf16", 0))
+    tile_store[(1,)](gpu_map, x.view(-1).cuda(), MODE="ok", REDUCE=reduce)
+    tile_store.emulate(spec, x.view(-1), grid=1, MODE="ok", REDUCE=reduce)
+    torch.cuda.synchronize()
+    assert torch.equal(out_cpu.view(torch.int16), out_gpu.cpu().view(torch.int16))
