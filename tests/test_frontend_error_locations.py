@@ -152,3 +152,16 @@ def test_caret_width_is_clamped_to_the_line(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("a = 1\n")
     assert SourceLoc(str(f), 1, 4, "", 99).excerpt().endswith("    ^")
+
+
+def test_source_that_no_longer_matches_the_loaded_code(tmp_path):
+    import importlib.util
+    path = tmp_path / "edited_after_import.py"
+    path.write_text("import tylopy as ty\n\n\n@ty.kernel(threads=32)\ndef k(x: ty.ptr(ty.f32)):\n    x[0] = 1.0\n")
+    spec = importlib.util.spec_from_file_location("edited_after_import", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    path.write_text("import tylopy as ty\n\n\n@ty.kernel(threads=32)\ndef renamed(x: ty.ptr(ty.f32), n: ty.i32):\n"
+                    "    x[0] = 2.0\n")
+    with pytest.raises(KernelSourceError, match="does not match the code Python loaded"):
+        module.k.trace()

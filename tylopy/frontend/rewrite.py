@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import inspect
 import itertools
+import linecache
 import textwrap
 
 from ..errors import KernelSourceError, SourceLoc
@@ -352,10 +353,31 @@ class Traceable:
         return new_fn
 
 
+def _matches(fdef: ast.FunctionDef, fn) -> bool:
+    """Is the parsed ``def`` the one Python compiled ``fn`` from (name and parameters)?"""
+    code = fn.__code__
+    a = fdef.args
+    return (fdef.name == code.co_name and len(a.posonlyargs) + len(a.args) == code.co_argcount
+            and len(a.kwonlyargs) == code.co_kwonlyargcount)
+
+
+def _parsed_source(fn) -> tuple[ast.FunctionDef, str]:
+    """The function's ``def`` as the file has it now; if the cached file text no longer matches
+    the loaded code, the file is read again, and a real mismatch is an error that says so."""
+    for attempt in range(2):
+        src, filename = source_of(fn)
+        fdef = _parse(fn, src, filename)
+        if _matches(fdef, fn):
+            return fdef, filename
+        linecache.checkcache(filename)
+    raise KernelSourceError(
+        f"the source of {fn.__qualname__!r} in {filename} does not match the code Python loaded (the file changed "
+        "after it was imported?)", None, hint="re-import the module (or restart) after editing a kernel's file")
+
+
 def rewrite_function(fn, record_closure: bool = False) -> Traceable:
     """Rewrite ``fn``'s source so that its control flow can be traced (see ``Traceable``)."""
-    src, filename = source_of(fn)
-    fdef = _parse(fn, src, filename)
+    fdef, filename = _parsed_source(fn)
     fdef.decorator_list = []
     fdef.returns = None
     for a in fdef.args.args + fdef.args.kwonlyargs + fdef.args.posonlyargs:
