@@ -243,3 +243,51 @@ def test_pass_rules_need_the_lazy_reference():
     with pytest.raises(AssertionError, match="differ from the same-boundary"):
         rules.check_output(out, lse, q, k, v, mask, case.causal, case.scale, model.replace(rescale_threshold=None),
                            stats=case.stats)
+
+
+# -- the GPU pass rules on emulated launches -----------------------------------------------------------
+
+def _check_emulated_case(case, schedule=None, model_change=None):
+    """Run a GPU test's case in the emulator as ``tylopy.attention`` launches it (the launcher's own
+    schedule, a nonpositive scale mapped as the entry point maps it) and apply the GPU pass rules
+    with the launch's model (``model_change`` alters that model)."""
+    from tylopy_kernels.attention import _nonpositive_scale, cases as C, rules, scenarios as S
+    q, k, v, mask = C.make_inputs(case, "cpu")
+    query, scale = _nonpositive_scale(q, case.resolved_scale)
+    out = torch.full(q.shape, float("nan"), dtype=q.dtype)
+    lse = torch.full(q.shape[:3], float("nan")) if case.lse else None
+    plan = launch.plan_launch(query, k, v, mask, case.causal, scale, out, lse, schedule, make_map=_spec, sm_count=132)
+    attention_fwd_sm90.emulate(*plan.args, grid=plan.grid, **plan.constexprs)
+    model = S.hopper_model(case, plan.constexprs).replace(**(model_change or {}))
+    return rules.check_output(out, lse, q, k, v, mask, case.causal, case.scale, model, stats=case.stats)
+
+
+def test_rules_on_large_fp16_logits_with_a_mask():
+    """Logits up to 3e4 in fp16: with the lazy maximum measured in the wrong units (the threshold
+    multiplied by the scale once more) the same-boundary reference let weights grow past fp16's
+    65504 and judged the kernel against inf and NaN."""
+    from tylopy_kernels.attention import cases as C
+    _check_emulated_case(C.Case("f16", 2, 1, 300, 257, inputs="large", mask="random", lse=True))
+
+
+def test_rules_on_a_negative_scale():
+    """scale = -0.125: the entry point negates Q; the reference's lazy maximum (over the scaled
+    scores) moves where the kernel's does only when the threshold is compared in log2 units of the
+    scaled scores, whatever the scale's sign (it was off by 0.89 here)."""
+    from tylopy_kernels.attention import cases as C
+    _check_emulated_case(C.Case("bf16", 1, 2, 100, 300, scale=-0.125, lse=True))
+
+
+@pytest.mark.parametrize("poly", [2, 8])
+def test_rules_follow_the_polynomial_exp2(poly):
+    """POLY_EXP2 of every 8 exponentials on the FMA pipe (degree 3 in bf16, relative error 1e-4):
+    the same-boundary reference applies the same polynomial to the same accumulator registers and
+    the emulated kernel differs from it in ~0.2% of outputs. A reference with plain exponentials
+    sees 6-18% differ, which the statistical rule rejects at poly = 8."""
+    from tylopy_kernels.attention import cases as C
+    case = C.Case("bf16", 1, 1, 256, 1000)
+    summary = _check_emulated_case(case, {"POLY_EXP2": poly})
+    assert float(summary.split("round(sb) in ")[1].split("%")[0]) < 1.0, summary
+    if poly == 8:
+        with pytest.raises(AssertionError, match="differ from the same-boundary"):
+            _check_emulated_case(case, {"POLY_EXP2": poly}, {"poly_exp2": 0, "poly_coeffs": ()})

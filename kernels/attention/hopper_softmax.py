@@ -45,6 +45,7 @@ FFMA_LIMIT = {"bf16": 2.0 ** 30, "f16": 2.0 ** 26}
 # 2^f on [-1/2, 1/2] with q(0) = 1 exactly (so x = -127 gives +0); minimax in relative error.
 POLY_COEFFS = {3: (0.6932829022407532, 0.24221037328243256, 0.05500858277082443),
                4: (0.6931241750717163, 0.24024099111557007, 0.05590637028217316, 0.009582818485796452)}
+POLY_DEGREE = {"bf16": 3, "f16": 4}
 ROUND_MAGIC = 12582912.0  # 1.5 * 2^23: x + M rounds x to an integer held in the low mantissa bits
 
 # ty.vote_all / ty.vote_any when the toolkit has them (one instruction, and ptxas sees a uniform
@@ -130,7 +131,7 @@ class Softmax:
         self.threshold = threshold
         self.poly = poly
         self.limit = FFMA_LIMIT[dtype_name]
-        self.degree = 3 if dtype_name == "bf16" else 4
+        self.degree = POLY_DEGREE[dtype_name]
 
 
 @ty.func

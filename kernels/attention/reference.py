@@ -10,8 +10,11 @@ device, works on CPU or CUDA tensors, and imports no GPU code.
   input dtype once per tile before the PV product, l summing the unrounded p, numerator and l
   rescaled by exp(m_{j-1} - m_j). With ``model.rescale_threshold`` T the maximum is lazy, as the
   Hopper kernel's: m_j moves to the tile's maximum only when that exceeds m_{j-1} by more than T
-  in the log2 domain (weights up to 2^T are rounded then). A kernel that rounds P elsewhere, or on
-  other tile boundaries, lands measurably away from it (``rules.py`` says how far is too far).
+  in the log2 domain of the scaled scores, (t - m) log2(e) > T, whatever the scale's sign (weights
+  up to 2^T are rounded then). With ``model.poly_exp2`` the weights that the kernel computes with
+  its polynomial carry that polynomial's error (``poly_factor``, ``poly_lanes``). A kernel that
+  rounds P elsewhere, or on other tile boundaries, lands measurably away from it (``rules.py``
+  says how far is too far).
 
 ``KernelModel`` says which kernel arithmetic the same-boundary reference follows; its
 ``exponent`` picks one of two forms:
@@ -55,7 +58,10 @@ class KernelModel:
     oracle is measured against (``rules.py``): "math" (SDPA's math backend, float32 inside and
     one rounding) or "sdpa" (SDPA's default backend, which on a GPU rounds P as the kernel does).
     ``rescale_threshold``: None (the running maximum after every tile) or T >= 0, the lazy maximum
-    of the exact form (the module docstring).
+    of the exact form (the module docstring). ``poly_exp2``: how many of every 8 exponentials the
+    kernel computes with a polynomial on the FMA pipe (0: none), ``poly_coeffs`` its coefficients
+    (``poly_factor``); the exact form then follows the polynomial's own error (``poly_lanes``
+    says which scores take it).
     """
 
     block_n: int
@@ -65,6 +71,8 @@ class KernelModel:
     dtype: torch.dtype | None = None
     oracle_rule: str = "math"
     rescale_threshold: float | None = None
+    poly_exp2: int = 0
+    poly_coeffs: tuple = ()
 
     def __post_init__(self):
         if self.exponent not in ("exact", "fast"):
@@ -73,6 +81,11 @@ class KernelModel:
             raise ValueError(f"KernelModel.oracle_rule expects 'math' or 'sdpa', but got {self.oracle_rule!r}")
         if not (isinstance(self.block_n, int) and self.block_n > 0):
             raise ValueError(f"KernelModel.block_n expects a positive int, but got {self.block_n!r}")
+        if not (isinstance(self.poly_exp2, int) and 0 <= self.poly_exp2 <= 8):
+            raise ValueError(f"KernelModel.poly_exp2 expects an int 0..8, but got {self.poly_exp2!r}")
+        if self.poly_exp2 and (self.exponent != "exact" or not self.poly_coeffs):
+            raise ValueError("KernelModel.poly_exp2 expects the exact exponent form and poly_coeffs, but got "
+                             f"exponent={self.exponent!r}, poly_coeffs={self.poly_coeffs!r}")
 
     def replace(self, **changes) -> "KernelModel":
         """This model with some fields changed (e.g. the BLOCK_N a launcher chose)."""
@@ -209,6 +222,33 @@ def round_p(p: torch.Tensor, dtype) -> torch.Tensor:
     return p
 
 
+def poly_factor(x: torch.Tensor, coeffs) -> torch.Tensor:
+    """The kernel's polynomial 2^x in float64 (its float32 FMAs add ~2^-24): x clamped at -127,
+    r = x rounded half to even, f = x - r, 2^r q(f) with q(f) = 1 + f (c_1 + f (c_2 + ...)); 0 at
+    and below 2^-127 (the kernel's exponent bits underflow there; what it makes of (-127, -126.5)
+    is below 2^-125, nothing next to any tolerance)."""
+    x = torch.clamp(x, min=-127.0)
+    r = torch.round(x)
+    f = x - r
+    qf = torch.full_like(f, float(coeffs[-1]))
+    for c in reversed(coeffs[:-1]):
+        qf = qf * f + float(c)
+    qf = qf * f + 1.0
+    return torch.where(r > -127, torch.ldexp(qf, r), torch.zeros_like(qf))
+
+
+def poly_lanes(n_q: int, cols: int, poly: int, device=None) -> torch.Tensor:
+    """Bool (n_q, cols): which scores of a key tile take the polynomial when ``poly`` of every 8
+    do. The kernel picks by register index i mod 8 of the m64nN accumulator, i = 4 (col // 8) +
+    2 ((row mod 16) >= 8) + (col mod 2) (``tylopy.tile.layouts.wgmma_acc``), columns counted from
+    the tile's first key (as the kernel counts them, except in the second half of a split S whose
+    halves are not a multiple of 16 keys wide)."""
+    row = torch.arange(n_q, device=device)[:, None]
+    col = torch.arange(cols, device=device)[None, :]
+    reg = 4 * ((col // 8) % 2) + 2 * ((row % 16) >= 8).long() + col % 2
+    return reg < poly
+
+
 def same_boundary(q, k, v, mask=None, causal=False, scale=None, model: KernelModel = HOPPER) -> SameBoundary:
     """The kernel's tiling, P rounded per key tile of ``model.block_n`` where ``model`` says the
     kernel rounds it, in the model's exponent form."""
@@ -217,11 +257,13 @@ def same_boundary(q, k, v, mask=None, causal=False, scale=None, model: KernelMod
         return SameBoundary(*_empty_reference(q, v))
     p_dtype = model.p_dtype if model.p_dtype is not None else model.dtype if model.dtype is not None else q.dtype
     if model.exponent == "exact":
-        return _same_boundary_exact(q, k, v, mask, causal, scale, model.block_n, p_dtype, model.rescale_threshold)
+        poly = (model.poly_exp2, tuple(model.poly_coeffs)) if model.poly_exp2 else None
+        return _same_boundary_exact(q, k, v, mask, causal, scale, model.block_n, p_dtype, model.rescale_threshold,
+                                    poly)
     return _same_boundary_fast(q, k, v, mask, causal, scale, model.block_n, p_dtype)
 
 
-def _same_boundary_exact(q, k, v, mask, causal, scale, block_n, p_dtype, threshold=None) -> SameBoundary:
+def _same_boundary_exact(q, k, v, mask, causal, scale, block_n, p_dtype, threshold=None, poly=None) -> SameBoundary:
     B, H, n_q, _ = q.shape
     n_k = k.shape[2]
     m = torch.full((B, H, n_q, 1), NEG_INF, dtype=torch.float64, device=q.device)
@@ -234,11 +276,15 @@ def _same_boundary_exact(q, k, v, mask, causal, scale, block_n, p_dtype, thresho
         t = s.amax(-1, keepdim=True)
         if threshold is None:
             m_new = torch.maximum(m, t)
-        else:  # lazy: a NaN (both -inf) compares false and keeps -inf
-            m_new = torch.where((t - m) * (scale * LOG2E) > threshold, t, m)
+        else:  # lazy, in the log2 domain of the scaled scores s (the kernel: raw scores times
+            # scale log2 e); a NaN (both -inf) compares false and keeps -inf
+            m_new = torch.where((t - m) * LOG2E > threshold, t, m)
         m_use = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))  # never -inf - (-inf)
         alpha = torch.exp(m - m_use)
         p = torch.exp(s - m_use)
+        if poly is not None:  # those scores' weights carry the polynomial's error (1e-4 in bf16)
+            take = poly_lanes(n_q, p.shape[-1], poly[0], q.device)
+            p = torch.where(take, poly_factor((s - m_use) * LOG2E, poly[1]), p)
         l = alpha * l + p.sum(-1, keepdim=True)
         acc = alpha * acc + round_p(p, p_dtype) @ v[:, :, cols].double()
         m = m_new

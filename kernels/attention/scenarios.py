@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from .cases import Case, make_inputs, seed_example_inputs
+from .cases import Case, make_inputs, worked_example_inputs
 from .reference import HOPPER, NEG_INF, PORTABLE
 from .rules import check_output
 
@@ -72,30 +72,35 @@ def recorded_launches():
 
 
 def attend(attention, q, k, v, mask, case: Case, block_n: int | None = None):
-    """(result, block_n, rescale threshold): call ``attention`` on a case's tensors. With
-    ``block_n`` None it must launch the Hopper kernel, and block_n and the threshold are the
-    BLOCK_N and RESCALE_THRESHOLD that launch used (a given block_n: a model, eager rescaling)."""
+    """(result, launch): call ``attention`` on a case's tensors. With ``block_n`` None it must
+    launch the Hopper kernel, and ``launch`` holds that launch's constexprs (BLOCK_N,
+    RESCALE_THRESHOLD, POLY_EXP2, ...); with a given block_n (a model) it is {"BLOCK_N": block_n}:
+    eager rescaling, no polynomial."""
     if block_n is not None:
-        return _call(attention, q, k, v, mask, case), block_n, None
+        return _call(attention, q, k, v, mask, case), {"BLOCK_N": block_n}
     with recorded_launches() as seen:
         res = _call(attention, q, k, v, mask, case)
     if not seen:
         raise AssertionError("the Hopper kernel did not run (no launch of attention_fwd_sm90)")
-    return res, int(seen[-1]["BLOCK_N"]), seen[-1].get("RESCALE_THRESHOLD")
+    return res, seen[-1]
 
 
-def hopper_model(case: Case, block_n: int, threshold: float | None = None):
-    """The Hopper kernel's model for one launch of ``case`` with tiles of ``block_n`` keys (and
-    its lazy-rescale threshold)."""
-    return HOPPER.replace(block_n=block_n, lse=case.lse, dtype=case.torch_dtype, rescale_threshold=threshold)
+def hopper_model(case: Case, launch: dict):
+    """The Hopper kernel's model for one launch of ``case`` with the constexprs ``launch``: its
+    BLOCK_N, lazy-rescale threshold and polynomial share (with the dtype's coefficients)."""
+    from .hopper_softmax import POLY_COEFFS, POLY_DEGREE  # the kernel's numbers (imports tylopy)
+    poly = int(launch.get("POLY_EXP2") or 0)
+    coeffs = POLY_COEFFS[POLY_DEGREE["bf16" if case.torch_dtype == torch.bfloat16 else "f16"]] if poly else ()
+    return HOPPER.replace(block_n=int(launch["BLOCK_N"]), lse=case.lse, dtype=case.torch_dtype,
+                          rescale_threshold=launch.get("RESCALE_THRESHOLD"), poly_exp2=poly, poly_coeffs=coeffs)
 
 
 def run_case(case: Case, attention: Callable, device="cuda", block_n: int | None = None) -> str:
     """Run ``attention`` on a case and apply ``check_output`` with the Hopper kernel's model."""
     q, k, v, mask = make_inputs(case, device)
-    res, block_n, threshold = attend(attention, q, k, v, mask, case, block_n)
+    res, launch = attend(attention, q, k, v, mask, case, block_n)
     out, lse = res if case.lse else (res, None)
-    return check_output(out, lse, q, k, v, mask, case.causal, case.scale, hopper_model(case, block_n, threshold),
+    return check_output(out, lse, q, k, v, mask, case.causal, case.scale, hopper_model(case, launch),
                         stats=case.stats)
 
 
@@ -141,9 +146,9 @@ def check_portable_future(case: Case, device="cuda") -> str:
     return check_future_perturbation(case, portable_attention(case), cuts, device, magnitude=3.0, seed=7)
 
 
-def check_seed_example(case: Case, device="cuda") -> str:
+def check_worked_example(case: Case, device="cuda") -> str:
     """The worked example through the kernel: every output is 6 (7 would mean a was not rescaled)."""
-    q, k, v, mask, scale = seed_example_inputs(case.head_dim, case.dtype, case.block_n, "two_tiles" in case.extra,
+    q, k, v, mask, scale = worked_example_inputs(case.head_dim, case.dtype, case.block_n, "two_tiles" in case.extra,
                                                device)
     out, _ = run_portable(case, q, k, v, mask, scale=scale)
     worst = (out.double() - 6.0).abs().max().item()
@@ -153,7 +158,7 @@ def check_seed_example(case: Case, device="cuda") -> str:
     return msg
 
 
-PORTABLE_CHECKS = {"numerics": check_portable_numerics, "future": check_portable_future, "seed": check_seed_example}
+PORTABLE_CHECKS = {"numerics": check_portable_numerics, "future": check_portable_future, "worked": check_worked_example}
 
 
 def run_portable_case(case: Case, device="cuda"):
@@ -236,10 +241,10 @@ def check_transposed_layout(case: Case, attention, device="cuda", block_n: int |
     got = _call(attention, bnhd(q), bnhd(k), bnhd(v), mask, case)
     if not _equal(got, want):
         raise AssertionError("(B, N, H, D) memory gave different bits from (B, H, N, D)")
-    mixed, block_n, threshold = attend(attention, q, bnhd(k), bnhd(v), mask, case, block_n)
+    mixed, launch = attend(attention, q, bnhd(k), bnhd(v), mask, case, block_n)
     out, lse = mixed if case.lse else (mixed, None)
     return "bits equal; mixed layouts: " + check_output(out, lse, q, k, v, mask, case.causal, case.scale,
-                                                        hopper_model(case, block_n, threshold), stats=case.stats)
+                                                        hopper_model(case, launch), stats=case.stats)
 
 
 def check_empty(attention, dtype=torch.bfloat16, device="cuda") -> str:
