@@ -1,12 +1,12 @@
 """Two attention forward kernels run end to end in the emulator, against torch, with timings.
 
-``hopper_attention`` is a compact FA3-style warp-specialized kernel (hopper-reference.md):
+``hopper_attention`` is a compact FA3-style warp-specialized kernel (docs/hopper.md):
 384 threads, warpgroup 0 produces with TMA through a two-stage ring of full/empty mbarriers,
 warpgroups 1 and 2 consume with SS wgmma (S = Q K^T, K-major, 128B swizzle), an online
 softmax in the exp2 domain, and RS wgmma (O += P V, P from S's registers, V MN-major);
 setmaxnreg moves registers from the producer to the consumers. ``mma_sync_attention`` is the
 portable form: four warps of mma.sync m16n8k16, fragments loaded straight from global memory.
-Speed targets (issue): one head, N=256 in under a minute; N=128 portable in under ten seconds.
+Speed targets: one head, N=256 in under a minute; N=128 portable in under ten seconds.
 """
 import math
 import time

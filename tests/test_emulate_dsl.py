@@ -148,7 +148,7 @@ def ldmatrix(p, num, trans=False):
 
 
 def desc(addr, lbo=16, sbo=1024, swizzle=128):
-    """The wgmma descriptor of a u32 shared address (hopper-reference.md section 2)."""
+    """The wgmma descriptor of a u32 shared address (docs/hopper.md, shared-memory matrix descriptors)."""
     mode = {128: 1, 64: 2, 32: 3, 0: 0}[swizzle]
     high = ((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (mode << 62)
     low = ty.cast((addr & 0x3FFFF) >> 4, ty.u64)

@@ -1,6 +1,6 @@
 """TMA tile loads, mbarriers and wgmma (SS and RS) in the emulator.
 
-The 128B-swizzled shared-memory image is checked against the rule of hopper-reference.md
+The 128B-swizzled shared-memory image is checked against the rule of docs/hopper.md
 section 2 (the 16-byte chunk c of row r of a 1024-byte-aligned tile lands at chunk c ^ (r % 8));
 the wgmma products against torch, through TMA tiles and 64-bit descriptors.
 """
@@ -131,7 +131,7 @@ def chained_product(a, b_t, k_step=16):
 
 
 def swizzle128_model(img: np.ndarray) -> np.ndarray:
-    """Row r, chunk c of the dense tile goes to chunk c ^ (r % 8) (hopper-reference.md section 2)."""
+    """Row r, chunk c of the dense tile goes to chunk c ^ (r % 8) (docs/hopper.md, shared-memory matrix descriptors)."""
     out = np.zeros_like(img)
     rows = img.reshape(-1, 8, 16)
     res = out.reshape(-1, 8, 16)

@@ -1,7 +1,7 @@
 """The project's attention kernels (``kernels/``) run in the emulator, against torch.
 
 The arguments are built as the kernels' own launchers build them, with ``TensorMapSpec`` in
-place of driver-encoded tensor maps. Speed targets of the issue: the Hopper kernel for one
+place of driver-encoded tensor maps. Speed targets: the Hopper kernel for one
 head at N=256 under a minute, the portable mma.sync kernel at N=128 under ten seconds.
 """
 import math

@@ -133,7 +133,7 @@ def test_misdeclared_ownership_is_refused(cid, layout, own, oracle, dims):
 # -- online softmax: float64 oracle of the recurrence ----------------------------------------------------
 
 class OnlineSoftmax64:
-    """The seed's recurrence per row, in float64 with natural exp and explicit branches:
+    """The online-softmax recurrence per row, in float64 with natural exp and explicit branches:
     m' = max(m, rowmax(x)); alpha = exp(s(m - m')); p = exp(s(x - m')); l' = alpha l + rowsum(p);
     the empty state is (-inf, 0) and an update that leaves m' = -inf gives alpha = 0, p = 0."""
 
@@ -343,7 +343,7 @@ def test_seed_example():
     u = ty.softmax_update(s, f)
     triple = (u.state.maximum.item(), u.state.sum.item(), u.rescale.item())
     normalized = ty.softmax_normalize(u.weights, u.state).data
-    print("seed example:", triple, normalized)
+    print("worked example:", triple, normalized)
     assert triple == (0.0, 2.0, 0.0)
     assert normalized == (0.5, 0.5)
 

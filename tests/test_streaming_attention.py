@@ -1,6 +1,6 @@
 """CPU tier of the portable streaming attention (kernels/attention/portable.py).
 
-* the seed's worked example through the reference semantics of the online softmax (6; 7 when the
+* the worked example through the reference semantics of the online softmax (6; 7 when the
   numerator is not rescaled);
 * ptxas on every (BLOCK_N, D, dtype) variant: no spills, no stack frame; the key instructions
   are in the PTX;
@@ -27,7 +27,7 @@ from tylopy_kernels.attention import portable_launch as pl
 DTYPES = (ty.bf16, ty.f16)
 
 
-# -- the seed's example: logits [0, 0] then [log 2], values [1, 3] then [10] -----------------------------
+# -- the worked example: logits [0, 0] then [log 2], values [1, 3] then [10] -----------------------------
 
 def _tile(logits):
     return ty.Fragment(tuple(float(x) for x in logits), ty.LocalOwnership(2, len(logits)))
@@ -51,7 +51,7 @@ def _seed_recurrence(rescale_numerator=True):
     return ty.softmax_normalize(numerator, state).item(), trace
 
 
-def test_seed_example_recurrence_gives_6():
+def test_worked_example_recurrence_gives_6():
     out, trace = _seed_recurrence()
     (m1, l1, a1, _), (m2, l2, a2, alpha2) = trace
     assert (m1, l1, a1) == (0.0, 2.0, 4.0)
@@ -63,12 +63,12 @@ def test_seed_example_recurrence_gives_6():
     assert np.dot([0.25, 0.25, 0.5], [1.0, 3.0, 10.0]) == 6.0
 
 
-def test_seed_example_without_rescaling_the_numerator_gives_7():
+def test_worked_example_without_rescaling_the_numerator_gives_7():
     out, _ = _seed_recurrence(rescale_numerator=False)
     assert out == pytest.approx(7.0, rel=1e-6)
 
 
-def test_module_docstring_traces_the_seed_example():
+def test_module_docstring_traces_the_worked_example():
     doc = " ".join(sa.__doc__.split())
     for text in ("m = 0, l = e^0 + e^0 = 2, a = 1*1 + 1*3 = 4", "alpha = e^(0 - log 2) = 1/2",
                  "l = 1/2 * 2 + e^0 = 2, a = 1/2 * 4 + 1 * 10 = 12", "a / l = 6", "14 / 2 = 7"):
@@ -267,9 +267,9 @@ def test_pre_ampere_is_rejected():
 
 def test_checks_dispatch(capsys):
     from tylopy import cli
-    assert cli.main(["check", "streaming_attention", "--list", "-k", "seed"]) == 0
+    assert cli.main(["check", "streaming_attention", "--list", "-k", "worked"]) == 0
     names = capsys.readouterr().out.split()
-    assert names and all("seed" in n for n in names)
+    assert names and all("worked" in n for n in names)
     assert cli.main(["check", "no_such_checker"]) == 2
     assert "no check 'no_such_checker'" in capsys.readouterr().err
 
@@ -279,7 +279,7 @@ def test_checker_cases_cover_the_issue():
     for n in (1, 2, 15, 17, 63, 65, 2047, 2048, 4096, 5000):
         assert f"N{n}-" in names
     for text in ("BN32", "BN64", "D16", "D32", "D64", "bf16", "f16", "causal", "uniform", "large", "mask",
-                 "future", "seed", "poison", "rect", "bnhd"):
+                 "future", "worked", "poison", "rect", "bnhd"):
         assert text in names, text
     assert len({c.name for c in cases.PORTABLE_CASES}) == len(cases.PORTABLE_CASES)
 
@@ -287,7 +287,7 @@ def test_checker_cases_cover_the_issue():
 # -- emulated launches (the ld/st copy path), checked like the GPU checker checks -------------------------
 
 EMULATED = ["N17-D64-BN64-bf16", "N65-D32-BN32-bf16", "N63-D64-BN64-bf16-causal", "mask-hqk-D16-f16",
-            "ragged-rect-300x7-D64", "seed-example-two-tiles-D32-BN32"]
+            "ragged-rect-300x7-D64", "worked-example-two-tiles-D32-BN32"]
 
 
 @pytest.mark.parametrize("name", EMULATED)

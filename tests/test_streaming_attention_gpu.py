@@ -1,5 +1,5 @@
 """GPU tier of the portable streaming attention: every case of ``tylopy check streaming_attention``
-(the same functions), plus the seed example, the cp.async path against the ld/st path the CPU
+(the same functions), plus the worked example, the cp.async path against the ld/st path the CPU
 emulator runs, and ``tylopy.attention``'s dispatch to this kernel."""
 import math
 

@@ -8,8 +8,8 @@
 #       attention forward, backward, GEMM (twice: the second process must not re-tune), decode,
 #       the training step; each step time-boxed so the call ends inside the device limit.
 #
-# The wheels come from `bash ../shared/tools/fa3class-wheels.sh .wheels`-style downloads kept
-# out of git. Logs, JSON and PNG are packed into $OUT/final-<step>.tgz; a summary is printed last.
+# The wheels (flash-attn-4 4.0.0b36 and nvidia-cutlass-dsl 4.8.1 for Python 3.12, the large one split
+# in two parts) are downloaded into .wheels/ and kept out of git. Logs, JSON and PNG are packed into $OUT/final-<step>.tgz; a summary is printed last.
 set -u
 OUT=${OUT:-/tmp/tylopy-out}
 LOG=$OUT/logs

@@ -1,6 +1,6 @@
 """``tylopy bench streaming_attention``: the portable mma.sync kernel beside SDPA and a dense FP32 expression.
 
-Shapes follow shared/anchors.md: bf16, batch * N = 16384 tokens, 32 heads; D in {16, 32, 64};
+Shapes: bf16, batch * N = 16384 tokens, 32 heads; D in {16, 32, 64};
 N in {1024, 2048, 4096, 8192}; non-causal (``--causal`` adds causal rows). Candidates:
 
 * ``tylopy_bn32``, ``tylopy_bn64``: ``streaming_attention`` with 32- and 64-key tiles;
@@ -161,7 +161,7 @@ def print_row(r, rows=(), header=False):
 
 
 def targets(rows):
-    """The issue's targets: D=64, N >= 4096: >= 0.8x sdpa_flash; D=16, 32: >= 1.0x sdpa_auto (best tile size)."""
+    """The targets: D=64, N >= 4096: >= 0.8x sdpa_flash; D=16, 32: >= 1.0x sdpa_auto (best tile size)."""
     out = []
     for D, base, need in ((64, "sdpa_flash", 0.8), (32, "sdpa_auto", 1.0), (16, "sdpa_auto", 1.0)):
         for r in rows:

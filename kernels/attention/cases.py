@@ -49,7 +49,7 @@ class Case:
     "poison" (a slice of a NaN-filled larger buffer, 16-byte aligned), "poison_odd" (misaligned).
     ``block_n``/``warps``: the kernel's key tile and warps per CTA (None: the launcher's choice).
     ``kind`` (the portable suite's runner): "numerics", "future" (causal future perturbation),
-    "seed" (the worked example, ``seed_example_inputs``; ``extra`` may hold "two_tiles").
+    "worked" (the worked example, ``worked_example_inputs``; ``extra`` may hold "two_tiles").
     """
 
     dtype: str
@@ -224,7 +224,7 @@ def _in_layout(values, layout):
     return t
 
 
-def seed_example_inputs(D, dtype, block_n, two_tiles, device="cuda"):
+def worked_example_inputs(D, dtype, block_n, two_tiles, device="cuda"):
     """q, k, v, mask, scale whose scaled logits are [0, 0] then [log 2] and values [1, 3] then [10].
 
     q = e0 and the keys are 0, 0, e0 with scale = log 2, so q.k * scale = [0, 0, log 2]. With
@@ -347,10 +347,10 @@ def _portable_cases() -> list[Case]:
         P("warps2-N200x150-D32-BN32", 200, 150, D=32, block_n=32, warps=2),
         P("warps8-N300-D16-f16-causal", 300, D=16, dtype="f16", causal=True, warps=8, lse=True),
         P("warps8-N1000x70-D64-mask", 1000, 70, mask="qk", warps=8),
-        P("seed-example-D16", 3, D=16, kind="seed"),
-        P("seed-example-D64-BN32-f16", 3, D=64, block_n=32, dtype="f16", kind="seed"),
-        P("seed-example-two-tiles-D32-BN32", 1, D=32, block_n=32, kind="seed", extra=("two_tiles",)),
-        P("seed-example-two-tiles-D64-BN64", 1, D=64, block_n=64, kind="seed", extra=("two_tiles",)),
+        P("worked-example-D16", 3, D=16, kind="worked"),
+        P("worked-example-D64-BN32-f16", 3, D=64, block_n=32, dtype="f16", kind="worked"),
+        P("worked-example-two-tiles-D32-BN32", 1, D=32, block_n=32, kind="worked", extra=("two_tiles",)),
+        P("worked-example-two-tiles-D64-BN64", 1, D=64, block_n=64, kind="worked", extra=("two_tiles",)),
     ]
     for D, bn, dtype in ((16, 32, "bf16"), (64, 64, "bf16"), (32, 64, "f16"), (64, 32, "f16")):
         name = {"bf16": "bfloat16", "f16": "float16"}[dtype]

@@ -36,7 +36,7 @@ units, before scaling), l the sum of exp(scale (s - m)) over the keys seen so fa
 accumulators O) the same weights times the value rows. A new maximum multiplies both l and a by
 alpha = exp(scale (m_old - m_new)); forgetting to rescale a is a real bug, not a rounding issue.
 
-The seed's example, one query, scale folded into the logits, natural exp (the numbers of
+The worked example, one query, scale folded into the logits, natural exp (the numbers of
 ``tests/test_streaming_attention.py``): logits [0, 0] in the first tile, [log 2] in the second,
 values [1, 3] then [10].
 
