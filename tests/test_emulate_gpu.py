@@ -151,8 +151,24 @@ def test_tma_image_and_wgmma_match_the_gpu(capsys):
     assert torch.equal(s_cpu, s_gpu.cpu()) and torch.equal(o_cpu, o_gpu.cpu()), (ds, do)
 
 
+def bf16_ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise distance in bf16 ulps between finite bf16 tensors (+0 and -0 are the same)."""
+    def ordered(t):
+        bits = t.contiguous().view(torch.int16).to(torch.int32)
+        return torch.where(bits < 0, -(bits & 0x7FFF), bits)
+    return (ordered(a) - ordered(b)).abs()
+
+
 @pytest.mark.skipif(not sm90(), reason="needs a Hopper GPU (sm_90)")
 def test_hopper_attention_matches_the_gpu(capsys):
+    """The Hopper forward (N=256, bf16) on the GPU and emulated: at most 0.1% of the outputs
+    differ, each by one bf16 ulp. Everything but ex2.approx is bit-exact; the emulator gives the
+    correctly rounded 2^x, the hardware a value within 2^-22.5 of it. That moves a weight p by
+    at most two float32 ulps, which changes its bf16 rounding only within 2^-22.5 of a rounding
+    midpoint (under 1e-4 of the 65536 weights here), and moves each float32 output (and row sum)
+    by ~2^-20 relative: an output's bf16 rounding changes only where its float32 value lies that
+    close to a midpoint, and then by one ulp. Measured on an H200: 3 of 16384 outputs differ,
+    each by one ulp (2.4e-4)."""
     from test_emulate_kernels import emulate_hopper, qkv
     from tylopy_kernels.attention import hopper_launch as launch
     n = 256
@@ -164,11 +180,15 @@ def test_hopper_attention_matches_the_gpu(capsys):
     emulate_hopper(q, k, v, out_cpu, None, False)
     torch.cuda.synchronize()
     diff = (out_cpu.double() - out_gpu.cpu().double()).abs()
-    same = (out_cpu.view(torch.int16) == out_gpu.cpu().view(torch.int16)).float().mean().item()
+    dist = bf16_ulps(out_cpu, out_gpu.cpu())
+    differ = (dist > 0).double().mean().item()
     with capsys.disabled():
-        print(f"\n[emulate vs H200] attention_hopper N={n}: {100 * same:.1f}% of outputs bit-identical, "
-              f"max |diff| {diff.max().item():.2e}")
-    assert same == 1.0, diff.max().item()
+        print(f"\n[emulate vs H200] attention_hopper N={n}: {100 * (1 - differ):.2f}% of outputs bit-identical "
+              f"({int((dist > 0).sum())} differ), at most {int(dist.max())} bf16 ulp, max |diff| "
+              f"{diff.max().item():.2e}")
+    assert torch.isfinite(out_gpu).all()
+    assert int(dist.max()) <= 1, f"an output differs by {int(dist.max())} bf16 ulps (max |diff| {diff.max().item():.2e})"
+    assert differ <= 1e-3, f"{100 * differ:.3f}% of outputs differ (one ulp each), more than ex2.approx explains"
 
 
 def test_cp_async_pipeline_and_zero_fill_match_the_gpu():
