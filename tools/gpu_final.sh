@@ -30,11 +30,13 @@ if [[ " $* " == *" tests "* ]]; then
   step pytest-gpu ${TEST_SECONDS:-280} python3 -m pytest -q -m gpu -p no:cacheprovider -n ${WORKERS:-8} \
     --timeout=240 --timeout-method=thread tests
   step host-overhead 60 python3 tools/bench_host_overhead.py --output "$LOG/host-overhead.json"
+  step tma-store-variants 60 python3 tools/diagnose_tma_store.py
   tar czf "$OUT/final-tests.tgz" -C "$OUT" logs
   echo "=== tests"
   grep -E "^(FAILED|ERROR)" "$LOG/pytest-gpu.log" | cut -c1-180 | sort -u | head -40
   tail -2 "$LOG/pytest-gpu.log"
   tail -25 "$LOG/host-overhead.log"
+  cat "$LOG/tma-store-variants.log"
 fi
 
 if [[ " $* " == *" bench "* ]]; then
