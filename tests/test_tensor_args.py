@@ -51,7 +51,7 @@ def fresh_random(shape, dtype, seed):
 
 
 def scale_rows_reference(x, s):
-    rows = torch.arange(1, x.shape[0] + 1, dtype=torch.float32)[:, None]
+    rows = torch.arange(1, x.shape[0] + 1, dtype=torch.float32, device=x.device)[:, None]
     return (x.float() * (s * rows)).to(x.dtype)
 
 
