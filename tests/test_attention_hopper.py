@@ -46,18 +46,18 @@ def _launcher_specializations():
     (no tensor maps, no GPU): (specializations, error or None)."""
     seen = []
     try:
-        for dt, d, n_k, masked, lse, bnhd, kv_heads in itertools.product(
-                (torch.bfloat16, torch.float16), (64, 128), (128, 4096), (False, True), (False, True), (False, True),
-                (2, 1)):
+        for dt, d, n_k, causal, masked, lse, bnhd, kv_heads in itertools.product(
+                (torch.bfloat16, torch.float16), (64, 128), (128, 2048, 4096), (False, True), (False, True),
+                (False, True), (False, True), (2, 1)):
             q = torch.zeros((1, 128, 2, d) if bnhd else (1, 2, 128, d), dtype=dt)
             k = torch.zeros((1, n_k, kv_heads, d) if bnhd else (1, kv_heads, n_k, d), dtype=dt)
             if bnhd:
                 q, k = q.transpose(1, 2), k.transpose(1, 2)
             mask = torch.ones(128, n_k, dtype=torch.bool) if masked else None
-            out = torch.empty(1, 2, 128, d, dtype=dt)
-            plan = launch.plan_launch(q, k, k, mask, False, 0.125, out, torch.empty(1, 2, 128) if lse else None,
-                                      make_map=lambda *args: None, sm_count=132)
-            seen.append(plan.constexprs)
+            for out in (torch.empty(1, 2, 128, d, dtype=dt), torch.empty(1, 128, 2, d, dtype=dt).transpose(1, 2)):
+                plan = launch.plan_launch(q, k, k, mask, causal, 0.125, out, torch.empty(1, 2, 128) if lse else None,
+                                          make_map=lambda *args: None, sm_count=132)
+                seen.append(plan.constexprs)
     except Exception as e:  # noqa: BLE001 -- reported by test_launcher_specializations_found
         return [], f"{type(e).__name__}: {e}"
     return _unique(seen), None
@@ -131,7 +131,7 @@ def _option_specs():
         for opt in OPTIONS:
             cx = dict(dict(DTYPE=ty.bf16, HEAD_DIM=d, BLOCK_N=128, CONSUMERS=consumers, STAGES=2), **opt)
             if d == 128 and cx.get("PERSISTENT") and cx.get("TMA_STORE"):
-                cx["RETURN_LSE"] = False  # with LSE and the lpt order it spills 4 bytes (docs/performance.md)
+                cx["RETURN_LSE"] = False  # with LSE and the lpt order it spills 16 bytes (docs/performance.md)
             out.append(cx)
     return out
 
@@ -152,6 +152,32 @@ def _assemble(cx):
 def test_launcher_specializations_found():
     assert LAUNCHER_ERROR is None, f"dry run of launch_hopper on CPU tensors failed: {LAUNCHER_ERROR}"
     assert LAUNCHER_SPECS
+
+
+@pytest.mark.parametrize("D,causal,n_k,masked,lse,want", [
+    (64, False, 1024, False, False, dict(PERSISTENT=True, CONSUMERS=2, ORDER="lpt", TMA_STORE=True)),
+    (64, True, 512, True, True, dict(PERSISTENT=True, CONSUMERS=2, ORDER="lpt", TMA_STORE=True)),
+    (64, False, 2048, False, False, dict(PERSISTENT=False, CONSUMERS=3, ORDER="heads", TMA_STORE=False)),
+    (64, True, 2048, True, False, dict(PERSISTENT=False, CONSUMERS=2, TMA_STORE=False)),
+    (128, False, 2048, False, False, dict(PERSISTENT=True, CONSUMERS=2, BLOCK_N=128, ORDER="lpt", TMA_STORE=True)),
+    (128, False, 2048, False, True, dict(PERSISTENT=True, ORDER="heads", TMA_STORE=True)),
+    (128, False, 4096, False, False, dict(PERSISTENT=False, TMA_STORE=False)),
+    (128, True, 512, False, False, dict(PERSISTENT=True, ORDER="lpt", TMA_STORE=True)),
+    (128, True, 1024, False, False, dict(PERSISTENT=False, ORDER="heads", TMA_STORE=False)),
+])
+def test_length_table_picks_the_measured_winners(D, causal, n_k, masked, lse, want):
+    """The launcher's schedule per (head dim, causal, keys): the H200 sweep's winners
+    (docs/performance.md, "v5"); at D=128 a persistent launch with LSE takes the "heads" order
+    (lpt spills there)."""
+    got = launch.resolve_schedule(D, n_k, causal, masked, None, lse)
+    assert {k: got[k] for k in want} == want
+
+
+def test_schedule_argument_overrides_the_tables():
+    got = launch.resolve_schedule(64, 512, True, True, {"TMA_STORE": False, "ORDER": "heads"}, True)
+    assert (got["PERSISTENT"], got["TMA_STORE"], got["ORDER"], got["CONSUMERS"]) == (True, False, "heads", 2)
+    got = launch.resolve_schedule(128, 512, False, False, {"PERSISTENT": False}, True)
+    assert (got["PERSISTENT"], got["TMA_STORE"], got["ORDER"]) == (False, False, "heads")
 
 
 @pytest.mark.parametrize("cx", PTXAS_SPECS, ids=[_spec_id(cx) for cx in PTXAS_SPECS])

@@ -245,6 +245,25 @@ def test_pass_rules_need_the_lazy_reference():
                            stats=case.stats)
 
 
+@pytest.mark.parametrize("D,causal,with_lse", [(64, False, True), (64, True, False), (128, False, True),
+                                                (128, True, False)])
+def test_launcher_schedule_for_short_sequences(D, causal, with_lse):
+    """What the launcher picks at N <= 512 (persistent, "lpt" order or "heads" at D=128 with
+    LSE, O through a TMA store), with more work tiles than CTAs."""
+    q, k, v = (randn(2, 2, 300, D, seed=s) for s in (20, 21, 22))
+    out = torch.full(q.shape, float("nan"), dtype=q.dtype)
+    lse = torch.full(q.shape[:3], float("nan")) if with_lse else None
+    plan = launch.plan_launch(q, k, v, None, causal, 1 / math.sqrt(D), out, lse, make_map=_spec, sm_count=3)
+    attention_fwd_sm90.emulate(*plan.args, grid=plan.grid, **plan.constexprs)
+    cx = plan.constexprs
+    assert cx["PERSISTENT"] and cx["TMA_STORE"] and cx["CONSUMERS"] == 2 and plan.grid == (3,), (cx, plan.grid)
+    assert cx["ORDER"] == ("heads" if D == 128 and with_lse else "lpt")
+    want, want_lse = oracle(q, k, v, causal)
+    assert (out.double() - want).abs().max().item() <= 2e-2 * v.double().abs().max().item()
+    if with_lse:
+        assert (lse.double() - want_lse).abs().max().item() <= 1e-4 * want_lse.abs().max().item()
+
+
 # -- the GPU pass rules on emulated launches -----------------------------------------------------------
 
 def _check_emulated_case(case, schedule=None, model_change=None):

@@ -21,25 +21,35 @@ from .common import mask_and_lse_args
 from .hopper import attention_fwd_sm90
 from .hopper_tiles import Plan
 
-# Defaults per head dim (measured for D=64: results/attention-sweep-H200-2026-11-29.json; 128-key
-# tiles and three consumer warpgroups beat 64 x 2 by 15-30%; the stage count barely matters).
-# docs/performance.md, "v5", has what each option is predicted to change.
+# Defaults per head dim (docs/performance.md, "v5": what each option was predicted to do and what
+# the H200 sweep measured, results/attention-sweep-H200-v5.json). At N >= 2k no guarded option
+# beat these by more than the sweep's noise (identical SASS read up to 3.5% apart).
 SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 3, "PERSISTENT": "auto", "EXPONENT": "ffma",
             "RESCALE_THRESHOLD": 8.0, "SPLIT_S": False, "PV_WAIT": "pinned", "POLY_EXP2": 0, "TMA_STORE": False,
             "ORDER": "auto", "DEFER_EPILOGUE": True}
 # D=128: O takes 64 registers a thread, so two consumers (240 registers) as FA3; 128 x 128 tiles
-# for causal, and non-causal too until the sweep says whether 176-key tiles (FA3's) win here.
+# (176-key tiles, FA3's non-causal choice, lost 1.5-6% at N >= 4k and 9% causal at 2k).
 SCHEDULE_128 = dict(SCHEDULE, CONSUMERS=2)
-# Per key length, when PERSISTENT is "auto": (up to this many keys, schedule changes). A
-# persistent grid (one CTA per SM looping over work tiles, the next Q loading under the current
-# epilogue) wins only where each work tile is short (results/*-v3-persistent.json); it needs a
-# few more live registers than 160 a consumer thread allow, so it runs with two consumers.
-# At D=128 the persistent loop spills with more than 128 keys a tile (ptxas: 24-56 bytes at 176).
-LENGTH_TABLE = {64: [(1024, {"PERSISTENT": True, "CONSUMERS": 2})],
-                128: [(1024, {"PERSISTENT": True, "CONSUMERS": 2, "BLOCK_N": 128})]}
+# Short sequences: a persistent grid (one CTA per SM looping over work tiles, the next Q loading
+# under the current epilogue), longest work first ("lpt"), O through a TMA store. It needs a few
+# more live registers than 160 a consumer thread allow, so it runs with two consumers; at D=128
+# it spills with more than 128 keys a tile (24-56 bytes at 176).
+SHORT = {"PERSISTENT": True, "CONSUMERS": 2, "ORDER": "lpt", "TMA_STORE": True}
+SHORT_128 = dict(SHORT, BLOCK_N=128)
+# Per (head dim, causal), when PERSISTENT is "auto": (up to this many keys, schedule changes),
+# first match wins, else the non-persistent default. Measured on an H200 (16k tokens, TFLOP/s,
+# SHORT against what the table held before: persistent 2 x 128 without TMA store, "heads" order
+# non-causal, "lpt" causal): D=64 N=512 323 vs 281 and causal 189 vs 166, N=1k 367 vs 340 and
+# causal 246 vs 224; D=128 N=2k 601 vs 551 (non-persistent); D=128 causal N=1k-2k the
+# non-persistent grid wins (353 vs 319 at 1k).
+LENGTH_TABLE = {(64, False): [(1024, SHORT)], (64, True): [(1024, SHORT)],
+                (128, False): [(2048, SHORT_128)], (128, True): [(512, SHORT_128)]}
 # With a user mask the per-element mask loads need more registers than 160 per consumer thread
 # (3 consumers spill 96-200 bytes); two consumers get 240.
 MASKED_SCHEDULE = {"CONSUMERS": 2}
+# D=128, persistent, with LSE: the "lpt" order spills (16 bytes with a TMA store, 32 with a mask
+# and no TMA store); "heads" does not.
+PERSISTENT_LSE_SCHEDULE_128 = {"ORDER": "heads"}
 L2_SHARE = 0.5  # the "lpt" order groups heads whose K and V fill about this share of L2
 _maps: dict = {}
 DIMS = {"b": 0, "h": 1, "n": 2}
@@ -103,18 +113,22 @@ def _l2_bytes(device) -> int:
     return getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20)
 
 
-def resolve_schedule(D, n_k, is_causal, masked, schedule=None) -> dict:
-    """The constexprs of one call: per-head-dim defaults, the length table where PERSISTENT is
-    "auto", the mask's consumer count, ``schedule`` overrides last."""
-    sched = dict(SCHEDULE if D == 64 else SCHEDULE_128, **(schedule or {}))
-    if sched["PERSISTENT"] == "auto":
+def resolve_schedule(D, n_k, is_causal, masked, schedule=None, return_lse=False) -> dict:
+    """The constexprs of one call: the head dim's defaults, the length table where PERSISTENT is
+    "auto", the mask's consumer count, the LSE rule at D=128, ``schedule`` overrides last."""
+    sched = dict(SCHEDULE if D == 64 else SCHEDULE_128)
+    user = dict(schedule or {})
+    if user.get("PERSISTENT", sched["PERSISTENT"]) == "auto":
         sched["PERSISTENT"] = False
-        for max_keys, change in LENGTH_TABLE.get(D, []):
+        for max_keys, change in LENGTH_TABLE.get((D, bool(is_causal)), []):
             if n_k <= max_keys:
                 sched.update(change)
                 break
     if masked:
         sched.update(MASKED_SCHEDULE)
+    if D == 128 and return_lse and user.get("PERSISTENT", sched["PERSISTENT"]) is True:
+        sched.update(PERSISTENT_LSE_SCHEDULE_128)
+    sched.update(user)
     if sched["ORDER"] == "auto":
         sched["ORDER"] = "lpt" if (is_causal and sched["PERSISTENT"]) else "heads"
     return sched
@@ -147,7 +161,7 @@ def plan_launch(q, k, v, attn_mask, is_causal, scale, out, lse, schedule=None, m
     if H % k.shape[1] or k.shape[1] != v.shape[1]:
         raise ValueError(f"launch_hopper: key/value heads expects a divisor of the {H} query heads (the same for "
                          f"both), but got {k.shape[1]} and {v.shape[1]}")
-    sched = resolve_schedule(D, n_k, is_causal, attn_mask is not None, schedule)
+    sched = resolve_schedule(D, n_k, is_causal, attn_mask is not None, schedule, lse is not None)
     make_map = make_map or device_map
     (kk, k_batched), (vv, v_batched) = _kv_view(q, k), _kv_view(q, v)
     if kk.shape[1] != vv.shape[1] or k_batched != v_batched:  # broadcast one way only: map both fully
