@@ -531,6 +531,48 @@ def test_bench_ratios_and_sweep_winners():
     assert len(labels) == len(set(labels)) and ("default", 64) in labels and ("default", 128) in labels
 
 
+def test_bench_calls_everything_once_before_timing(monkeypatch, capsys):
+    """``tylopy bench attention``: every candidate is called (compiled, checked) on every shape
+    before the first timing; a candidate that fails is reported, not timed; the final table holds
+    each candidate's TFLOP/s and tylopy's ratios to the FA3-class kernel and to cuDNN."""
+    from tylopy_kernels.attention import bench
+    events = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def fake_candidates(causal, only=None):
+        def good(name):
+            def fn(x):
+                events.append(("call", name))
+                return sdpa(x["q"].float(), x["k"].float(), x["v"].float(), is_causal=causal).bfloat16()
+            return fn
+
+        def broken(x):
+            raise RuntimeError("no kernel for this shape")
+        return {"tylopy": good("tylopy"), "fa3_cute": good("fa3_cute"), "sdpa_cudnn": broken if causal else
+                good("sdpa_cudnn")}
+
+    ms = {"tylopy": 1.0, "fa3_cute": 1.25, "sdpa_cudnn": 0.8}
+
+    def fake_timer(fn):
+        fn()
+        events.append(("time", events[-1][1]))
+        return ms[events[-1][1]]
+    monkeypatch.setattr(bench, "candidates", fake_candidates)
+    monkeypatch.setattr(bench, "TOKENS", 256)
+    rows = bench.run((128, 256), (64,), bench=fake_timer, device="cpu")
+    first_time = events.index(next(e for e in events if e[0] == "time"))
+    # every working candidate called once on every shape before the first timed call
+    assert sum(1 for e in events[:first_time - 1] if e[0] == "call") == 2 * 2 * 2 + 2
+    assert len(rows) == 2 * 2 * 3 and all(r["max_err"] < 1e-2 for r in rows if "error" not in r)
+    assert [r["error"][:12] for r in rows if "error" in r] == ["RuntimeError"] * 2
+    bench.print_ratios(bench.ratios(rows))
+    out = capsys.readouterr().out
+    assert "| D | causal | N | tylopy | fa3_cute | sdpa_cudnn | tylopy / FA3-class | tylopy / cuDNN |" in out
+    table = [line for line in out.splitlines() if line.startswith("| 64 | ")]
+    assert len(table) == 4 and all(line.endswith(("| 1.25 | 0.80 |", "| - | 1.25 | - |")) for line in table), table
+    assert "tylopy / FA3-class: geometric mean 1.250 over 4 shapes" in out
+
+
 def test_ptx_profile_of_the_default_loop():
     """The steady-state loop issues one FMA-form exponent per score: 64 ex2 for the scores plus the
     two row rescale factors, and far fewer fp32 operations than the exact form's FADD + FMUL."""

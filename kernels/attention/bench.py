@@ -3,20 +3,24 @@ and the FA3-class kernel (flash-attn-4's CuTe sm90 path, ``flash_attn.cute.flash
 (B, N, H, D) layout, when importable), all in one process.
 
 Shapes: D = 64 (32 heads) and D = 128 (16 heads), batch x N = 16384 tokens, N from 512 to 16k,
-causal and not, bf16. Every candidate is checked on one (batch, head) against an FP64 reference
-before it is timed; times are CUDA-event medians after warm-up. TFLOP/s counts 4 B H N^2 D (half of
-it for causal). The summary gives tylopy's ratio to each other candidate.
+causal and not, bf16. Two passes: the first calls every candidate once on every shape (tylopy's
+specializations compile, cuDNN builds its plans, the CuTe kernel JIT-compiles) and checks its
+output on one (batch, head) against an FP64 reference; the second times them (CUDA-event medians
+of ~10-100 calls after a short warm-up; about two minutes in all on an H200, most of it the CuTe
+kernel's compiles). TFLOP/s counts 4 B H N^2 D (half of it for causal). The last table gives
+tylopy's ratio to the FA3-class kernel and to cuDNN.
 
-    tylopy bench attention --output results/attention.json --plot results/attention.png
-    tylopy bench attention --sweep      # tylopy's schedule options, ~4 minutes: which wins where
+    tylopy bench attention --output results/attention.json   # + results/attention.png
+    tylopy bench attention --sweep      # tylopy's schedule options, ~5 minutes: which wins where
     tylopy bench attention --ptx        # PTX instructions per key tile per schedule (no GPU)
-    tylopy bench attention --once --d 64 --n 16384 --causal   # one call after warm-up (for ncu)
+    tylopy bench attention --once --d 64 --n 16384 --causal   # a few calls after warm-up (for ncu)
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import math
+import os
 import sys
 
 TOKENS = 16384
@@ -25,7 +29,10 @@ NS = (512, 1024, 2048, 4096, 8192, 16384)
 DIMS = (64, 128)
 
 
-def _timer(warmup_ms=100, rep_ms=400):
+WARMUP_MS, REP_MS = 20, 80  # per timed point: a CUDA-event median of ~10-100 calls
+
+
+def _timer(warmup_ms=WARMUP_MS, rep_ms=REP_MS):
     from tylopy.benchmarking import median_ms
     return lambda fn: median_ms(fn, warmup_ms, rep_ms)
 
@@ -39,15 +46,20 @@ def _fa3():
         return None, f"{type(e).__name__}: {e}"[:200]
 
 
-def reference_error(out, q, k, v, causal):
-    """max |out - ref64| on the first (batch, head); out in (B, H, N, D)."""
+def reference(q, k, v, causal):
+    """softmax(q k^T / sqrt(D)) v in float64 on the first (batch, head) of (B, H, N, D) inputs."""
     import torch
     qs, ks, vs = q[:1, :1].double(), k[:1, :1].double(), v[:1, :1].double()
     s = qs @ ks.transpose(-1, -2) / math.sqrt(q.shape[-1])
     if causal:
         n = s.shape[-1]
         s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
-    ref = torch.softmax(s, -1) @ vs
+    return torch.softmax(s, -1) @ vs
+
+
+def reference_error(out, q, k, v, causal, ref=None):
+    """max |out - ref64| on the first (batch, head); out in (B, H, N, D)."""
+    ref = reference(q, k, v, causal) if ref is None else ref
     return (out[:1, :1].double() - ref).abs().max().item()
 
 
@@ -78,45 +90,90 @@ def candidates(causal, only=None):
     return {k: v for k, v in out.items() if not only or k in only}
 
 
-def _inputs(b, h, n, d, seed):
+def _inputs(b, h, n, d, seed, device="cuda"):
     import torch
     torch.manual_seed(seed)
-    q = torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(b, h, n, d, device=device, dtype=torch.bfloat16)
     k, v = torch.randn_like(q), torch.randn_like(q)
     x = {"q": q, "k": k, "v": v}
     x.update({name + "t": t.transpose(1, 2).contiguous() for name, t in (("q", q), ("k", k), ("v", v))})
     return x
 
 
+def flops(n, d, b, h, causal):
+    return 4 * b * h * n * n * d / (2 if causal else 1)
+
+
 def measure(fn, x, n, d, b, h, causal, bench):
-    flops = 4 * b * h * n * n * d / (2 if causal else 1)
+    """Check one candidate's output, then time it (both in one go: the sweep's way)."""
+    row = prepare(fn, x, causal)
+    if "error" not in row:
+        row.update(time_point(fn, x, n, d, b, h, causal, bench))
+    return row
+
+
+def prepare(fn, x, causal, ref=None):
+    """Call a candidate once (it compiles or plans what it needs) and check its output:
+    {"max_err": ...} or {"error": ...}."""
+    import torch
     try:
         out = fn(x)
-        err = reference_error(out, x["q"], x["k"], x["v"], causal)
-        ms = bench(lambda: fn(x))
-        return {"ms": ms, "tflops": flops / ms / 1e9, "max_err": err}
+        if out.is_cuda:
+            torch.cuda.synchronize()
+        return {"max_err": reference_error(out, x["q"], x["k"], x["v"], causal, ref)}
     except Exception as e:  # noqa: BLE001 - a backend may not support a shape
         return {"error": f"{type(e).__name__}: {e}"[:200]}
 
 
-def run(ns=NS, dims=DIMS, causal_modes=(False, True), only=None, bench=None):
+def time_point(fn, x, n, d, b, h, causal, bench):
+    try:
+        ms = bench(lambda: fn(x))
+        return {"ms": ms, "tflops": flops(n, d, b, h, causal) / ms / 1e9}
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"{type(e).__name__}: {e}"[:200]}
+
+
+def points(ns=NS, dims=DIMS, causal_modes=(False, True)):
+    """(d, causal, n, batch, heads) of every shape, in the order they run."""
+    return [(d, causal, n, max(TOKENS // n, 1), HEADS[d]) for d in dims for causal in causal_modes for n in ns]
+
+
+def run(ns=NS, dims=DIMS, causal_modes=(False, True), only=None, bench=None, device="cuda"):
+    """Both passes over every shape (module docstring); rows as ``print_row`` prints them."""
+    import time
+
     import torch
     bench = bench or _timer()
-    rows = []
-    for d in dims:
-        h = HEADS[d]
-        for causal in causal_modes:
-            cands = candidates(causal, only)
-            for n in ns:
-                b = max(TOKENS // n, 1)
-                x = _inputs(b, h, n, d, seed=n + d)
-                for name, fn in cands.items():
-                    row = {"name": name, "d": d, "n": n, "batch": b, "heads": h, "causal": causal}
-                    row.update(measure(fn, x, n, d, b, h, causal, bench))
-                    rows.append(row)
-                    print_row(row)
-                del x
-                torch.cuda.empty_cache()
+    shapes = points(ns, dims, causal_modes)
+    cands = {causal: candidates(causal, only) for causal in causal_modes}
+    checked, t0 = {}, time.perf_counter()
+    for d, causal, n, b, h in shapes:  # pass 1: compile / plan / JIT, and check, outside any timing
+        x = _inputs(b, h, n, d, seed=n + d, device=device)
+        ref = reference(x["q"], x["k"], x["v"], causal)
+        for name, fn in cands[causal].items():
+            t = time.perf_counter()
+            checked[(name, d, causal, n)] = dict(prepare(fn, x, causal, ref), first_call_s=time.perf_counter() - t)
+        del x, ref
+        torch.cuda.empty_cache()
+    per_name = {}
+    for (name, *_), r in checked.items():
+        per_name[name] = per_name.get(name, 0.0) + r["first_call_s"]
+    print(f"first calls and checks: {time.perf_counter() - t0:.0f} s ("
+          + ", ".join(f"{name} {sec:.0f} s" for name, sec in per_name.items()) + ")", flush=True)
+    rows, t0 = [], time.perf_counter()
+    print("| candidate | D | N | causal | ms | TFLOP/s | max err |\n|---|---|---|---|---|---|---|", flush=True)
+    for d, causal, n, b, h in shapes:  # pass 2: timing only
+        x = _inputs(b, h, n, d, seed=n + d, device=device)
+        for name, fn in cands[causal].items():
+            row = {"name": name, "d": d, "n": n, "batch": b, "heads": h, "causal": causal}
+            row.update(checked[(name, d, causal, n)])
+            if "error" not in row:
+                row.update(time_point(fn, x, n, d, b, h, causal, bench))
+            rows.append(row)
+            print_row(row)
+        del x
+        torch.cuda.empty_cache()
+    print(f"timing: {time.perf_counter() - t0:.0f} s", flush=True)
     return rows
 
 
@@ -144,15 +201,30 @@ def ratios(rows):
     return out
 
 
+SUMMARY_NAMES = ("tylopy", "fa3_cute", "sdpa_cudnn", "sdpa_flash")
+SUMMARY_RATIOS = (("fa3_cute", "FA3-class"), ("sdpa_cudnn", "cuDNN"))
+
+
 def print_ratios(table):
+    """The final table: each candidate's TFLOP/s, tylopy's ratio to the FA3-class kernel and to
+    cuDNN, and their geometric means over the shapes where both ran."""
     if not table:
         return
-    cols = [k for k in table[0] if k not in ("d", "causal", "n")]
-    print("\n| D | causal | N | " + " | ".join(cols) + " |")
-    print("|---|---|---|" + "---|" * len(cols))
+    names = [n for n in SUMMARY_NAMES if n in table[0]]
+    ratio_cols = [(other, label) for other, label in SUMMARY_RATIOS if f"vs_{other}" in table[0]]
+    print("\n| D | causal | N | " + " | ".join(names) + " | "
+          + " | ".join(f"tylopy / {label}" for _, label in ratio_cols) + " |")
+    print("|---|---|---|" + "---|" * (len(names) + len(ratio_cols)))
     for r in table:
-        print(f"| {r['d']} | {r['causal']} | {r['n']} | " + " | ".join("-" if r[c] is None else str(r[c]) for c in cols)
-              + " |")
+        cells = ["-" if r.get(c) is None else str(r[c]) for c in names]
+        cells += ["-" if r.get(f"vs_{o}") is None else f"{r[f'vs_{o}']:.2f}" for o, _ in ratio_cols]
+        print(f"| {r['d']} | {'yes' if r['causal'] else 'no'} | {r['n']} | " + " | ".join(cells) + " |")
+    for other, label in ratio_cols:
+        vals = [r[f"vs_{other}"] for r in table if r.get(f"vs_{other}")]
+        if vals:
+            gm = math.exp(sum(math.log(v) for v in vals) / len(vals))
+            print(f"tylopy / {label}: geometric mean {gm:.3f} over {len(vals)} shapes, "
+                  f"min {min(vals):.2f}, max {max(vals):.2f}")
 
 
 def plot(rows, path):
@@ -193,35 +265,37 @@ def schedule(d, override):
         setattr(launch, name, saved)
 
 
-LONG, SHORT = (2048, 4096, 16384), (512, 1024, 2048)  # LONG stays off the persistent table
+LONG, SHORT, ALL = (2048, 4096, 16384), (512, 1024, 2048), (512, 1024, 2048, 4096, 16384)
+P2 = {"PERSISTENT": True, "CONSUMERS": 2}
 # (label, head dim, schedule changes, sequence lengths): docs/performance.md "v5" says what each
-# should do. About 30 specializations to compile and 120 timed points: ~4 minutes on an H200 host.
+# should do and what the first sweep measured. "default" is the launcher's choice at each length
+# (hopper_launch.LENGTH_TABLE); the options the first sweep settled as losses (split S, poly 4/8,
+# lpt without a TMA store, 128 x 176) are left out, as is PV_WAIT=free (the same SASS as pinned).
+# About 25 specializations and 130 timed points: ~5 minutes on an H200 host.
 SWEEP = [
-    ("default", 64, {}, LONG),
+    ("default", 64, {}, ALL),
     ("v4 arithmetic (exact, eager)", 64, {"EXPONENT": "exact", "RESCALE_THRESHOLD": None}, LONG),
     ("exact, lazy", 64, {"EXPONENT": "exact"}, LONG),
     ("ffma, eager", 64, {"RESCALE_THRESHOLD": None}, LONG),
-    ("fast (no guard)", 64, {"EXPONENT": "fast"}, LONG),
-    ("fast, PV wait free", 64, {"EXPONENT": "fast", "PV_WAIT": "free"}, LONG),
-    ("split S", 64, {"SPLIT_S": True}, LONG),
+    ("fast (no guard)", 64, {"EXPONENT": "fast"}, ALL),
     ("poly exp2 2/8", 64, {"POLY_EXP2": 2}, LONG),
-    ("poly exp2 4/8", 64, {"POLY_EXP2": 4}, (16384,)),
     ("4 consumers x 64 keys", 64, {"CONSUMERS": 4, "BLOCK_N": 64}, LONG),
     ("short: not persistent", 64, {"PERSISTENT": False}, SHORT),
-    ("short: persistent 2 x 128, heads order", 64, {"PERSISTENT": True, "CONSUMERS": 2, "ORDER": "heads"}, SHORT),
-    ("short: persistent 2 x 128, lpt", 64, {"PERSISTENT": True, "CONSUMERS": 2, "ORDER": "lpt"}, SHORT),
+    ("short: persistent 2 x 128, heads order", 64, dict(P2, ORDER="heads"), SHORT),
     ("short: persistent 3 x 128, lpt", 64, {"PERSISTENT": True, "CONSUMERS": 3, "ORDER": "lpt"}, SHORT),
-    ("short: persistent lpt + TMA store", 64, {"PERSISTENT": True, "CONSUMERS": 2, "ORDER": "lpt",
-                                               "TMA_STORE": True}, SHORT),
-    ("short: persistent, epilogue inline", 64, {"PERSISTENT": True, "CONSUMERS": 2, "DEFER_EPILOGUE": False},
-     SHORT),
-    ("default", 128, {}, LONG),
-    ("128 x 176", 128, {"BLOCK_N": 176}, LONG),
+    ("short: persistent lpt + TMA store", 64, dict(P2, ORDER="lpt", TMA_STORE=True), SHORT),
+    ("short: persistent heads + TMA store", 64, dict(P2, ORDER="heads", TMA_STORE=True), SHORT),
+    ("short: persistent lpt + TMA store, epilogue inline", 64,
+     dict(P2, ORDER="lpt", TMA_STORE=True, DEFER_EPILOGUE=False), SHORT),
+    ("short: persistent heads + TMA store, epilogue inline", 64,
+     dict(P2, ORDER="heads", TMA_STORE=True, DEFER_EPILOGUE=False), SHORT),
+    ("default", 128, {}, ALL),
     ("192 x 64 (3 consumers)", 128, {"BLOCK_N": 64, "CONSUMERS": 3}, LONG),
-    ("split S", 128, {"SPLIT_S": True}, LONG),
     ("exact, eager", 128, {"EXPONENT": "exact", "RESCALE_THRESHOLD": None}, LONG),
-    ("short: not persistent", 128, {"PERSISTENT": False}, SHORT),
-    ("short: persistent lpt + TMA store", 128, {"PERSISTENT": True, "ORDER": "lpt", "TMA_STORE": True}, SHORT),
+    ("fast (no guard)", 128, {"EXPONENT": "fast"}, LONG),
+    ("not persistent", 128, {"PERSISTENT": False}, SHORT),
+    ("persistent lpt + TMA store", 128, {"PERSISTENT": True, "ORDER": "lpt", "TMA_STORE": True}, ALL),
+    ("persistent heads + TMA store", 128, {"PERSISTENT": True, "ORDER": "heads", "TMA_STORE": True}, ALL),
 ]
 
 
@@ -264,27 +338,34 @@ def sweep_summary(rows):
     return {f"D{d} {'causal' if c else 'non-causal'} N={n}": cfg for (d, c, n), (cfg, _) in sorted(best.items())}
 
 
-def once(d, n, causal, reps=3):
-    """A few tylopy calls after warm-up: for ``ncu --launch-skip`` / ``nsys``."""
+def once(d, n, causal, reps=3, name="tylopy"):
+    """One candidate (tylopy unless ``name``) called 3 times as warm-up, then ``reps`` times, on one
+    shape: for ``ncu --launch-skip 3 --launch-count 1 -k <kernel>`` or ``nsys``."""
     import torch
     b, h = max(TOKENS // n, 1), HEADS[d]
     x = _inputs(b, h, n, d, seed=n + d)
-    fn = candidates(causal, ("tylopy",))["tylopy"]
+    cands = candidates(causal, (name,))
+    if name not in cands:
+        raise SystemExit(f"--once expects a candidate that runs here (tylopy, sdpa_cudnn, sdpa_flash, fa3_cute), "
+                         f"but got {name!r}" + (f" ({_fa3()[1]})" if name == "fa3_cute" else ""))
+    fn = cands[name]
     for _ in range(3):
         fn(x)
     torch.cuda.synchronize()
     for _ in range(reps):
         fn(x)
     torch.cuda.synchronize()
+    print(f"{name}: D={d} N={n} batch={b} heads={h} causal={causal}: 3 warm-up calls, then {reps}", flush=True)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="tylopy bench attention", description=__doc__.split("\n\n")[0])
     ap.add_argument("--output", help="JSON path (default results/attention-<device>-<date>.json)")
-    ap.add_argument("--plot", help="PNG path for TFLOP/s against N")
+    ap.add_argument("--plot", help="PNG path for TFLOP/s against N (default: the JSON path with .png)")
     ap.add_argument("--n", type=int, nargs="*", default=list(NS))
     ap.add_argument("--d", type=int, nargs="*", default=list(DIMS), choices=DIMS)
-    ap.add_argument("--only", nargs="*", help="candidates to run (tylopy, sdpa_cudnn, sdpa_flash, fa3_cute)")
+    ap.add_argument("--only", nargs="*", help="candidates to run (tylopy, sdpa_cudnn, sdpa_flash, fa3_cute); with "
+                                              "--once the one to run (default tylopy)")
     ap.add_argument("--sweep", action="store_true", help="time tylopy's schedule options instead of the comparison")
     ap.add_argument("--ptx", action="store_true", help="print PTX instructions per key tile per schedule (no GPU)")
     ap.add_argument("--once", action="store_true", help="run tylopy a few times on one shape (--d, --n, --causal)")
@@ -302,7 +383,7 @@ def main(argv=None):
     sched = {k: _value(v) for k, v in (kv.split("=") for kv in args.schedule.split(",") if kv)}
     if args.once:
         with schedule(args.d[0], sched):
-            once(args.d[0], args.n[0], args.causal)
+            once(args.d[0], args.n[0], args.causal, name=(args.only or ["tylopy"])[0])
         return 0
     from tylopy.benchmarking import write_results
     from tylopy_kernels.attention import hopper_launch as launch
@@ -311,18 +392,26 @@ def main(argv=None):
         data = {"sweep": rows, "winners": sweep_summary(rows)}
         print("\nwinners:", data["winners"])
     else:
-        print("| candidate | D | N | causal | ms | TFLOP/s | max err |\n|---|---|---|---|---|---|---|")
         with contextlib.ExitStack() as stack:
             for d in args.d:
                 stack.enter_context(schedule(d, sched))
             rows = run(tuple(args.n), tuple(args.d), only=args.only)
         table = ratios(rows)
         print_ratios(table)
-        data = {"rows": rows, "ratios": table, "fa3_cute": _fa3()[1] or "available"}
-        if args.plot:
-            plot(rows, args.plot)
-    write_results("attention", dict(data, schedule=dict(launch.SCHEDULE), schedule_128=dict(launch.SCHEDULE_128),
-                                    overrides=sched), args.output)
+        data = {"rows": rows, "ratios": table, "fa3_cute": _fa3()[1] or "available",
+                "timing": {"warmup_ms": WARMUP_MS, "rep_ms": REP_MS, "statistic": "median of CUDA-event times"}}
+    path = write_results("attention", dict(data, schedule=dict(launch.SCHEDULE),
+                                           schedule_128=dict(launch.SCHEDULE_128),
+                                           length_table={f"D{d} {'causal' if c else 'non-causal'}": t
+                                                         for (d, c), t in launch.LENGTH_TABLE.items()},
+                                           overrides=sched), args.output)
+    if not args.sweep:
+        png = args.plot or os.path.splitext(path)[0] + ".png"
+        try:
+            plot(rows, png)
+            print(f"wrote {png}")
+        except ImportError as e:
+            print(f"no plot ({e})")
     return 0
 
 
