@@ -120,7 +120,8 @@ def _grid_specs():
 
 # Schedule options (docs/performance.md, "v5"), on the default tile shape of each head dim.
 OPTIONS = [dict(SPLIT_S=True), dict(POLY_EXP2=2), dict(POLY_EXP2=8, SPLIT_S=True), dict(EXPONENT="exact"),
-           dict(EXPONENT="fast"), dict(RESCALE_THRESHOLD=None), dict(PV_WAIT="free"),
+           dict(EXPONENT="fast"), dict(EXPONENT="shared"), dict(EXPONENT="shared", POLY_EXP2=2),
+           dict(RESCALE_THRESHOLD=None), dict(PV_WAIT="free"),
            dict(TMA_STORE=True, PERSISTENT=True, ORDER="lpt", RETURN_LSE=True),
            dict(TMA_STORE=True, RETURN_LSE=True)]
 

@@ -8,8 +8,12 @@ on small shapes, against an FP64 oracle.
   "lpt" order, TMA stores, each tile's output written under the next tile's first S product).
 * The exponent's edge cases: inputs all 133120 (every score 1.1e12), scores near the float
   limits, a warp whose rows switch between the FMA and the exact form (one row with huge scores
-  forces the whole warp to the exact form), fp16 weights near the FMA form's limit, and a row
-  maximum that keeps rising by more than the lazy threshold.
+  forces the whole warp to the exact form), fp16 weights near the FMA form's limit, a row
+  maximum that keeps rising by more than the lazy threshold; EXPONENT="shared" gives the bits
+  of "ffma".
+* What the launcher picks for short sequences (persistent, TMA store, lpt or heads order).
+* The GPU pass rules (``rules.check_output``) on emulated launches of the GPU tests' cases: large
+  fp16 logits under a mask, a negative scale, the polynomial exp2.
 """
 import math
 
@@ -215,6 +219,29 @@ def test_fp16_weights_near_the_ffma_limit():
     assert torch.isfinite(out).all()
     want, _ = oracle(q, k, v)
     assert (out.double() - want).abs().max().item() < 3e-2
+
+
+def _same_bits(a, b):
+    return torch.equal(a.view(torch.int16 if a.element_size() == 2 else torch.int32),
+                       b.view(torch.int16 if b.element_size() == 2 else torch.int32))
+
+
+def test_shared_exponent_sequence_gives_the_ffma_bits():
+    """EXPONENT="shared" (one exponent sequence; a warp in the exact form shifts its scores first)
+    computes what "ffma" computes, bit for bit: through warps switching forms, huge constant
+    scores and an ordinary tile."""
+    big = 11534336.0
+    offsets = {0: lambda j: big, 1: lambda j: -1.0e10 if j < 256 else 0.0,
+               16: lambda j: big, 17: lambda j: 2.0e10 if j >= 128 else 0.0}
+    q, k = _rows_with_offsets(384, offsets, seed=13, integers=True)
+    inputs = [(q.bfloat16(), k.bfloat16(), randn(1, 1, 384, 64, seed=14), {"CONSUMERS": 2})]
+    huge = torch.full((1, 1, 130, 64), 133120.0, dtype=torch.bfloat16)
+    inputs.append((huge, huge, randn(1, 1, 130, 64, seed=11), {}))
+    inputs.append((randn(1, 2, 200, 128, seed=1), randn(1, 2, 200, 128, seed=2), randn(1, 2, 200, 128, seed=3), {}))
+    for q, k, v, schedule in inputs:
+        want = emulate(q, k, v, schedule=dict(schedule, EXPONENT="ffma"))
+        got = emulate(q, k, v, schedule=dict(schedule, EXPONENT="shared"))
+        assert _same_bits(got[0], want[0]) and _same_bits(got[1], want[1])
 
 
 @pytest.mark.parametrize("threshold", [8.0, 0.0, None])

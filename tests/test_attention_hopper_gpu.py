@@ -195,6 +195,7 @@ def test_other_schedules(case, override, monkeypatch):
 # -- schedule options (docs/performance.md, "v5") ---------------------------------------------------------
 
 OPTIONS = [{"EXPONENT": "exact"}, {"EXPONENT": "exact", "RESCALE_THRESHOLD": None, "PV_WAIT": "free"},
+           {"EXPONENT": "shared"},
            {"RESCALE_THRESHOLD": 0.0}, {"SPLIT_S": True}, {"TMA_STORE": True},
            {"PERSISTENT": True, "ORDER": "lpt", "TMA_STORE": True}, {"BLOCK_N": 64, "CONSUMERS": 4}]
 OPTION_CASES = [Case("bf16", 2, 3, 113, 203, lse=True), Case("f16", 1, 2, 1024, 1024, causal=True, lse=True),

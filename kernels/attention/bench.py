@@ -271,13 +271,14 @@ P2 = {"PERSISTENT": True, "CONSUMERS": 2}
 # should do and what the first sweep measured. "default" is the launcher's choice at each length
 # (hopper_launch.LENGTH_TABLE); the options the first sweep settled as losses (split S, poly 4/8,
 # lpt without a TMA store, 128 x 176) are left out, as is PV_WAIT=free (the same SASS as pinned).
-# About 25 specializations and 130 timed points: ~5 minutes on an H200 host.
+# About 30 specializations and 170 timed points: ~5 minutes on an H200 host.
 SWEEP = [
     ("default", 64, {}, ALL),
     ("v4 arithmetic (exact, eager)", 64, {"EXPONENT": "exact", "RESCALE_THRESHOLD": None}, LONG),
     ("exact, lazy", 64, {"EXPONENT": "exact"}, LONG),
     ("ffma, eager", 64, {"RESCALE_THRESHOLD": None}, LONG),
     ("fast (no guard)", 64, {"EXPONENT": "fast"}, ALL),
+    ("shared exponent sequence", 64, {"EXPONENT": "shared"}, ALL),
     ("poly exp2 2/8", 64, {"POLY_EXP2": 2}, LONG),
     ("4 consumers x 64 keys", 64, {"CONSUMERS": 4, "BLOCK_N": 64}, LONG),
     ("short: not persistent", 64, {"PERSISTENT": False}, SHORT),
@@ -293,6 +294,7 @@ SWEEP = [
     ("192 x 64 (3 consumers)", 128, {"BLOCK_N": 64, "CONSUMERS": 3}, LONG),
     ("exact, eager", 128, {"EXPONENT": "exact", "RESCALE_THRESHOLD": None}, LONG),
     ("fast (no guard)", 128, {"EXPONENT": "fast"}, LONG),
+    ("shared exponent sequence", 128, {"EXPONENT": "shared"}, ALL),
     ("not persistent", 128, {"PERSISTENT": False}, SHORT),
     ("persistent lpt + TMA store", 128, {"PERSISTENT": True, "ORDER": "lpt", "TMA_STORE": True}, ALL),
     ("persistent heads + TMA store", 128, {"PERSISTENT": True, "ORDER": "heads", "TMA_STORE": True}, ALL),

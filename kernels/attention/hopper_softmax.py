@@ -26,7 +26,12 @@ change of form, 1 exactly when nothing changed. The log-sum-exp is
 m scale + (log2 l - ffma lo) ln 2.
 
 "exact" always takes the exact form; "fast" always the FMA form (no guard: only to measure
-what the guard costs; wrong for huge scores).
+what the guard costs; wrong for huge scores). "shared" is "ffma" with one exponent sequence for
+both forms: a warp in the exact form first shifts its scores (s - m, the exact form's FADD) and
+sets the offset to 0, and every warp then runs p = ex2(fma(s, c, offset)); fma(s - m, c, 0)
+rounds as (s - m) c does, so the weights are bit for bit those of "ffma" (the polynomial, with
+POLY_EXP2, then serves both forms). The point is code size: "ffma" carries the exponent block
+twice.
 
 ``poly`` > 0 computes that many of every 8 exponentials of the FMA form with a polynomial on
 the FMA pipe instead of MUFU.EX2 (Cody-Waite: 2^x = 2^round(x) * q(x - round(x)), q of degree
@@ -118,8 +123,8 @@ class Softmax:
     """Compile-time choices of the softmax step: exponent form, lazy threshold, polynomial share."""
 
     def __init__(self, scale, dtype_name, exponent="ffma", threshold=8.0, poly=0):
-        if exponent not in ("ffma", "exact", "fast"):
-            raise ValueError(f"EXPONENT expects 'ffma', 'exact' or 'fast', but got {exponent!r}")
+        if exponent not in ("ffma", "shared", "exact", "fast"):
+            raise ValueError(f"EXPONENT expects 'ffma', 'shared', 'exact' or 'fast', but got {exponent!r}")
         if threshold is not None and not threshold >= 0:
             raise ValueError(f"RESCALE_THRESHOLD expects None or a number >= 0, but got {threshold!r}")
         if not (isinstance(poly, int) and 0 <= poly <= 8):
@@ -197,6 +202,13 @@ def update(sm, state, vals):
     elif sm.exponent == "fast":
         ffma = ty.cast(1, ty.i1)
         p = _exps_ffma(vals, c, [-h for h in hi], sm.poly, sm.degree)
+    elif sm.exponent == "shared":
+        ffma = warp_all((ty.abs(hi[0]) < sm.limit) & (ty.abs(hi[1]) < sm.limit))
+        args, offset = list(vals), [-h for h in hi]
+        if ~ffma:  # rare: the exact form's FADD, then the common sequence with no offset
+            args = [v - m_use[row_of(i)] for i, v in enumerate(vals)]
+            offset = [ty.cast(0.0, ty.f32), ty.cast(0.0, ty.f32)]
+        p = _exps_ffma(args, c, offset, sm.poly, sm.degree)
     else:
         ffma = warp_all((ty.abs(hi[0]) < sm.limit) & (ty.abs(hi[1]) < sm.limit))
         if ffma:
@@ -208,7 +220,7 @@ def update(sm, state, vals):
     for r in range(2):
         corr = ty.select(ffma, lo[r], 0.0) - ty.select(ffma_old, lo_old[r], 0.0)
         alpha.append(ty.exp2(ty.fma(m_old[r] - m_use[r], c, corr)))
-    if sm.exponent == "ffma" and moved is not None:  # a change of form changes R even where m stayed
+    if sm.exponent in ("ffma", "shared") and moved is not None:  # a change of form changes R even where m stayed
         moved = moved | (ffma != ffma_old)
     new = {"m": m_new, "l": state["l"], "lo": lo, "ffma": ffma}
     return new, p, alpha, moved
