@@ -370,9 +370,13 @@ def main(argv=None):
                                               "--once the one to run (default tylopy)")
     ap.add_argument("--sweep", action="store_true", help="time tylopy's schedule options instead of the comparison")
     ap.add_argument("--ptx", action="store_true", help="print PTX instructions per key tile per schedule (no GPU)")
-    ap.add_argument("--once", action="store_true", help="run tylopy a few times on one shape (--d, --n, --causal)")
+    ap.add_argument("--once", action="store_true",
+                    help="run one candidate (tylopy, or --only NAME) a few times on one shape (--d, --n, --causal): "
+                         "for ncu / nsys")
     ap.add_argument("--causal", action="store_true", help="with --once: causal")
     ap.add_argument("--schedule", default="", help="tylopy schedule changes, e.g. BLOCK_N=128,CONSUMERS=2")
+    ap.add_argument("--warmup-ms", type=float, default=WARMUP_MS, help="warm-up per timed point (comparison)")
+    ap.add_argument("--rep-ms", type=float, default=REP_MS, help="timed calls per point, in ms (comparison)")
     args = ap.parse_args(argv)
     if args.ptx:
         from .ptx_profile import print_table
@@ -397,11 +401,12 @@ def main(argv=None):
         with contextlib.ExitStack() as stack:
             for d in args.d:
                 stack.enter_context(schedule(d, sched))
-            rows = run(tuple(args.n), tuple(args.d), only=args.only)
+            rows = run(tuple(args.n), tuple(args.d), only=args.only, bench=_timer(args.warmup_ms, args.rep_ms))
         table = ratios(rows)
         print_ratios(table)
         data = {"rows": rows, "ratios": table, "fa3_cute": _fa3()[1] or "available",
-                "timing": {"warmup_ms": WARMUP_MS, "rep_ms": REP_MS, "statistic": "median of CUDA-event times"}}
+                "timing": {"warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms,
+                           "statistic": "median of CUDA-event times"}}
     path = write_results("attention", dict(data, schedule=dict(launch.SCHEDULE),
                                            schedule_128=dict(launch.SCHEDULE_128),
                                            length_table={f"D{d} {'causal' if c else 'non-causal'}": t
