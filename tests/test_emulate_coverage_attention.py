@@ -84,7 +84,8 @@ def case(n_q, n_k, expect, B=1, H=1, H_kv=1, D=64, dtype="bf16", causal=False, m
 # ``expect``: constexprs the launcher must pick for the case (what it covers).
 HOPPER_CASES = {
     "c3-long": case(200, 1100, {"CONSUMERS": 3, "PERSISTENT": False}, inputs="negative", slow=True),
-    "persistent": case(300, 520, {"CONSUMERS": 2, "PERSISTENT": True, "ORDER": "heads", "RETURN_LSE": False},
+    "persistent": case(300, 520, {"CONSUMERS": 2, "PERSISTENT": True, "ORDER": "lpt", "TMA_STORE": True,
+                                   "RETURN_LSE": False},
                        dtype="f16", lse=False, sm_count=1, inputs="rising"),
     "persistent-causal-lpt": case(520, 520, {"CONSUMERS": 2, "PERSISTENT": True, "ORDER": "lpt"}, causal=True,
                                   sm_count=2),
@@ -94,7 +95,7 @@ HOPPER_CASES = {
     "c3-causal-520": case(520, 520, {"CONSUMERS": 3, "PERSISTENT": False}, causal=True,
                           schedule={"PERSISTENT": False, "CONSUMERS": 3}),
     "d128": case(200, 520, {"CONSUMERS": 2, "PERSISTENT": True, "HEAD_DIM": 128}, D=128, sm_count=1, slow=True),
-    "d128-long": case(64, 1100, {"PERSISTENT": False, "HEAD_DIM": 128}, D=128, dtype="f16", lse=False, slow=True),
+    "d128-long": case(64, 2100, {"PERSISTENT": False, "HEAD_DIM": 128}, D=128, dtype="f16", lse=False, slow=True),
     "d128-masked": case(64, 520, {"PERSISTENT": True, "HEAD_DIM": 128, "HAS_MASK": True}, D=128, mask="random",
                         sm_count=1, slow=True),
     "tma-store": case(200, 600, {"TMA_STORE": True}, dtype="f16", causal=False, schedule={"TMA_STORE": True},
