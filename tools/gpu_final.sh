@@ -6,7 +6,8 @@
 #   call 2, carry [".wheels/b"]:  bash tools/gpu_final.sh bench
 #       installs the FA3-class kernel (flash-attn-4's CuTe sm90 path) and runs every benchmark:
 #       attention forward, backward, GEMM (twice: the second process must not re-tune), decode,
-#       the training step; each step time-boxed so the call ends inside the device limit.
+#       the training step, and on a machine with two GPUs ring attention over both; each step
+#       time-boxed so the call ends inside the device limit.
 #
 # The wheels (flash-attn-4 4.0.0b36 and nvidia-cutlass-dsl 4.8.1 for Python 3.12, the large one split
 # in two parts) are downloaded into .wheels/ and kept out of git. Logs, JSON and PNG are packed into $OUT/final-<step>.tgz; a summary is printed last.
@@ -14,6 +15,7 @@ set -u
 OUT=${OUT:-/tmp/tylopy-out}
 LOG=$OUT/logs
 mkdir -p "$LOG"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast stays off
 export PYTHONUNBUFFERED=1 TYLOPY_CACHE_DIR=${TYLOPY_CACHE_DIR:-/root/tylopy-cache}
 STASH=$HOME/fa4-stash
 python3 -m pip install -q -e . --no-deps --no-build-isolation 2>&1 | grep -v WARNING
@@ -55,6 +57,11 @@ if [[ " $* " == *" bench "* ]]; then
   TYLOPY_AUTOTUNE_VERBOSE=1 step gemm-again 50 tylopy bench gemm --shapes square --output "$LOG/gemm-again.json"
   step decode ${DECODE_SECONDS:-45} tylopy bench attention_decode --output "$LOG/decode.json"
   step training ${TRAIN_SECONDS:-80} tylopy bench attention_training --output "$LOG/training.json"
+  if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then  # ring attention over two GPUs (NVLink multicast off)
+    NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 step ring ${RING_SECONDS:-100} \
+      python3 -m torch.distributed.run --standalone --nproc_per_node 2 -m tylopy_kernels.attention.bench_ring \
+      --output "$LOG/ring.json"
+  fi
   tar czf "$OUT/final-bench.tgz" -C "$OUT" logs
   echo "=== bench"
   for f in attention backward gemm decode training; do
@@ -63,4 +70,5 @@ if [[ " $* " == *" bench "* ]]; then
   echo "--- gemm autotune: first process $(grep -c 'tylopy.autotune.* ms$' "$LOG/gemm.log") candidates timed, second" \
        "process $(grep -c 'tylopy.autotune.* ms$' "$LOG/gemm-again.log")"
   tail -6 "$LOG/training.log"
+  [ -f "$LOG/ring.log" ] && { echo "--- ring"; grep -E "^N=|Error|error" "$LOG/ring.log" | tail -12; }
 fi
