@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The measurement session, in two device calls made back to back (the machine stays warm ~30 s):
+#   (either kind: on a two-GPU machine the GPU tests include the two-rank torchrun test and the
+#   bench call ring attention over both)
 #
 #   call 1, carry [".wheels/a"]:  bash tools/gpu_final.sh tests
-#       stashes the first half of the FA3-class wheels, runs every GPU test and the host-overhead bench
+#       stashes the first half of the FA3-class wheels, runs every GPU test, an ncu look at the forward (D=64, 16k) and
+#       the backward (D=128, 8k), the host-overhead bench and the TMA-store diagnosis
 #   call 2, carry [".wheels/b"]:  bash tools/gpu_final.sh bench
 #       installs the FA3-class kernel (flash-attn-4's CuTe sm90 path) and runs every benchmark:
 #       attention forward, backward, GEMM (twice: the second process must not re-tune), decode,
@@ -10,7 +13,8 @@
 #       time-boxed so the call ends inside the device limit.
 #
 # The wheels (flash-attn-4 4.0.0b36 and nvidia-cutlass-dsl 4.8.1 for Python 3.12, the large one split
-# in two parts) are downloaded into .wheels/ and kept out of git. Logs, JSON and PNG are packed into $OUT/final-<step>.tgz; a summary is printed last.
+# in two parts) are downloaded into .wheels/ and kept out of git.
+# Logs, JSON and PNG are packed into $OUT/final-<step>.tgz; a summary is printed last.
 set -u
 OUT=${OUT:-/tmp/tylopy-out}
 LOG=$OUT/logs
@@ -31,6 +35,12 @@ if [[ " $* " == *" tests "* ]]; then
   mkdir -p "$STASH" && cp .wheels/a/* "$STASH/" 2>/dev/null
   step pytest-gpu ${TEST_SECONDS:-280} python3 -m pytest -q -m gpu -p no:cacheprovider -n ${WORKERS:-8} \
     --timeout=240 --timeout-method=thread tests
+  NCU="ncu --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis
+       --section Occupancy --section LaunchStats --section SchedulerStats --section WarpStateStats"
+  step ncu-forward ${NCU_SECONDS:-60} $NCU --launch-skip 3 --launch-count 1 -k regex:attention_fwd_sm90 \
+    tylopy bench attention --once --d 64 --n 16384
+  step ncu-backward ${NCU_SECONDS:-60} $NCU --launch-count 1 -k regex:attention_bwd_sm90 \
+    tylopy bench attention_backward --once --d 128 --n 8192
   step host-overhead 60 python3 tools/bench_host_overhead.py --output "$LOG/host-overhead.json"
   step tma-store-variants 60 python3 tools/diagnose_tma_store.py
   tar czf "$OUT/final-tests.tgz" -C "$OUT" logs
@@ -39,6 +49,9 @@ if [[ " $* " == *" tests "* ]]; then
   tail -2 "$LOG/pytest-gpu.log"
   tail -25 "$LOG/host-overhead.log"
   cat "$LOG/tma-store-variants.log"
+  for f in ncu-forward ncu-backward; do
+    echo "--- $f"; grep -E "^  [A-Z]|^    (Memory|DRAM|Duration|Compute|SM Busy|Registers|Achieved Occ|Theoretical Occ|Issue Slots|Executed Ipc|No Eligible|Warp Cycles Per Issued|Dynamic Shared|One or More)" "$LOG/$f.log" | head -40
+  done
 fi
 
 if [[ " $* " == *" bench "* ]]; then
