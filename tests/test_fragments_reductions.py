@@ -337,7 +337,7 @@ def test_softmax_dims1_on_a_quad_fragment():
     np.testing.assert_allclose(out[:, :5].sum(axis=0), 1.0, rtol=1e-6)
 
 
-def test_seed_example():
+def test_worked_example():
     f = ty.Fragment((0.0, 0.0), ty.LocalOwnership(2, 2))
     s = ty.SoftmaxState(f)
     u = ty.softmax_update(s, f)

@@ -186,12 +186,20 @@ def box_values():
 
 @pytest.mark.parametrize("reduce", [None, "add", "max"])
 def test_tma_store_writes_the_box_clipped_at_the_tensor_edge(reduce, emulated):
-    g = torch.full((40, 52), 7.0)  # the box at (x=30, y=30) hangs over both edges
-    tma_store_probe.emulate(store_map(g), 30, 30, grid=1, REDUCE=reduce)
+    g = torch.full((40, 52), 7.0)  # the box at (x=28, y=30) hangs over both edges; 28 f32 = 112 bytes
+    tma_store_probe.emulate(store_map(g), 28, 30, grid=1, REDUCE=reduce)
     want = np.full((40, 52), 7.0, np.float32)
-    box = box_values()[:10, :22]
-    want[30:40, 30:52] = {None: box, "add": box + 7.0, "max": np.maximum(box, 7.0)}[reduce]
+    box = box_values()[:10, :24]
+    want[30:40, 28:52] = {None: box, "add": box + 7.0, "max": np.maximum(box, 7.0)}[reduce]
     np.testing.assert_array_equal(g.numpy(), want)
+
+
+def test_tma_store_whose_row_start_is_not_16_byte_aligned_is_rejected(emulated):
+    """x=30 f32 starts the box 120 bytes into a row: the H200 raises an illegal instruction."""
+    from tylopy.emulate import MemoryAccessError
+    g = torch.full((40, 52), 7.0)
+    with pytest.raises(MemoryAccessError, match=r"innermost coordinate 30 \(120 bytes.*multiple of 16 bytes"):
+        tma_store_probe.emulate(store_map(g), 30, 30, grid=1)
 
 
 def test_tma_store_of_unfenced_writes_is_a_protocol_error(emulated):

@@ -296,8 +296,8 @@ def test_emulated_kernel_matches_the_references(name):
     if not hasattr(emulate, "emulate_kernel"):
         pytest.skip("tylopy.emulate has no emulate_kernel")
     case = next(c for c in cases.PORTABLE_CASES if c.name == name)
-    if case.kind == "seed":
-        q, k, v, mask, scale = cases.seed_example_inputs(case.head_dim, case.dtype, case.block_n, True, "cpu")
+    if case.kind == "worked":
+        q, k, v, mask, scale = cases.worked_example_inputs(case.head_dim, case.dtype, case.block_n, True, "cpu")
     else:
         q, k, v, mask = cases.make_inputs(case, "cpu")
         scale = case.resolved_scale
@@ -318,7 +318,7 @@ def test_emulated_kernel_matches_the_references(name):
         DTYPE=ty.bf16 if q.dtype == torch.bfloat16 else ty.f16, HEAD_DIM=D, BLOCK_N=case.block_n, WARPS=case.warps,
         HAS_MASK=mask is not None, RETURN_LSE=True, ASYNC_COPY=False)
     assert torch.isfinite(out).all() and not torch.isnan(lse).any()
-    if case.kind == "seed":
+    if case.kind == "worked":
         assert (out.double() - 6.0).abs().max().item() < 1e-2
         return
     model = scenarios.portable_model(case).replace(lse=True)

@@ -22,14 +22,14 @@ def test_checker_case(case):
 
 @pytest.mark.parametrize("head_dim", sa.HEAD_DIMS)
 @pytest.mark.parametrize("block_n", sa.BLOCK_NS)
-def test_seed_example_gives_6(head_dim, block_n):
+def test_worked_example_gives_6(head_dim, block_n):
     """Scores q.k * scale = [0, 0, log 2] and values [1, 3, 10]: every output is 6 (7 = a not rescaled)."""
-    q, k, v, mask, scale = cases.seed_example_inputs(head_dim, "bfloat16", block_n, False)
+    q, k, v, mask, scale = cases.worked_example_inputs(head_dim, "bfloat16", block_n, False)
     out = pl.streaming_attention(q, k, v, scale=scale, block_n=block_n)
     assert out.shape == (1, 1, 3, head_dim)
     torch.testing.assert_close(out.double(), torch.full_like(out.double(), 6.0), rtol=0, atol=1e-2)
     # the same numbers with the third key in the next tile: the maximum grows from 0 to log 2
-    q, k, v, mask, scale = cases.seed_example_inputs(head_dim, "bfloat16", block_n, True)
+    q, k, v, mask, scale = cases.worked_example_inputs(head_dim, "bfloat16", block_n, True)
     out = pl.streaming_attention(q, k, v, attn_mask=mask, scale=scale, block_n=block_n)
     torch.testing.assert_close(out.double(), torch.full_like(out.double(), 6.0), rtol=0, atol=1e-2)
 

@@ -1,9 +1,12 @@
 """Which property of a TMA store kernel makes the H200 raise an illegal instruction?
 
-The GEMM's and the attention's TMA stores (dynamic shared memory, bf16, 128-byte swizzle) run;
-the f32 probe of tests/test_primitives_async_copy.py (static shared memory, no swizzle, a box
-hanging over both edges) raised CUDA_ERROR_ILLEGAL_INSTRUCTION. Each variant here changes one
-property and runs in its own process (an illegal instruction ruins the CUDA context).
+The f32 probe of tests/test_primitives_async_copy.py (static shared memory, no swizzle, a box at
+x=30, y=30 hanging over both edges) raised CUDA_ERROR_ILLEGAL_INSTRUCTION while the GEMM's and the
+attention's TMA stores run. Changing one property at a time showed that the box's position is
+what matters: at x=0 every variant ran. The variants below test the rule the emulator now
+enforces: the innermost start coordinate times the element size must be a multiple of 16 bytes
+(x=30 f32 is 120 bytes, x=28 is 112). Each variant runs in its own process (an illegal
+instruction ruins the CUDA context).
 
     python tools/diagnose_tma_store.py          # prints one line per variant
 """
@@ -12,12 +15,12 @@ import sys
 import tempfile
 
 VARIANTS = {
-    "as-test (static smem, f32, no swizzle, box over both edges)": dict(dynamic=False, dtype="f32", swizzle=0, x=30, y=30),
-    "box inside the tensor": dict(dynamic=False, dtype="f32", swizzle=0, x=0, y=0),
-    "dynamic shared memory": dict(dynamic=True, dtype="f32", swizzle=0, x=30, y=30),
-    "dynamic smem, box inside": dict(dynamic=True, dtype="f32", swizzle=0, x=0, y=0),
-    "128-byte swizzle": dict(dynamic=True, dtype="f32", swizzle=128, x=0, y=0),
-    "bf16, no swizzle": dict(dynamic=True, dtype="bf16", swizzle=0, x=0, y=0),
+    "f32, x=30 (120 bytes), box over both edges": dict(dynamic=False, dtype="f32", swizzle=0, x=30, y=30),
+    "f32, x=28 (112 bytes), box over both edges": dict(dynamic=False, dtype="f32", swizzle=0, x=28, y=30),
+    "f32, dynamic smem, 128-byte swizzle, x=28, over both edges": dict(dynamic=True, dtype="f32", swizzle=128,
+                                                                      x=28, y=30),
+    "bf16, x=56 (112 bytes), over both edges": dict(dynamic=True, dtype="bf16", swizzle=0, x=56, y=30),
+    "bf16, x=60 (120 bytes), over both edges": dict(dynamic=True, dtype="bf16", swizzle=0, x=60, y=30),
 }
 
 CHILD = r'''

@@ -12,7 +12,8 @@ most recent ones.
 ``tma_store(map, src, coords...)`` writes (or reduces, ``reduce`` = add/min/max) the tensor
 map's box from shared memory at ``src`` (128-byte aligned, in the box layout with the map's
 swizzle, like a TMA load's destination) into global memory, skipping elements outside the
-tensor. Its source must be fenced for the async proxy (``fence_proxy_async``) by the threads
+tensor. The box's innermost start coordinate must be a multiple of 16 bytes (else the GPU raises
+an illegal instruction; the emulator reports it). Its source must be fenced for the async proxy (``fence_proxy_async``) by the threads
 that wrote it. ``bulk_commit``/``bulk_wait(n, read)`` group and wait for the stores per thread.
 How the copies move in time and what is checked: ``asynccopy.py``.
 """
@@ -120,6 +121,12 @@ def make_tma_store(prog, op):
             if src % 128:
                 raise MemoryAccessError(f"tma_store at {where(op)} ({w.describe()}): the source {smem.name(src)} is not "
                                         "128-byte aligned, as TMA requires")
+            if (coords[0] * info.es) % 16:
+                # Measured on the H200: such a store raises CUDA_ERROR_ILLEGAL_INSTRUCTION (docs/hopper.md).
+                raise MemoryAccessError(
+                    f"tma_store at {where(op)} ({w.describe()}): the box starts at innermost coordinate {coords[0]} "
+                    f"({coords[0] * info.es} bytes into a row of tensor map {info.name!r}); a TMA store needs a "
+                    "multiple of 16 bytes there (the GPU raises an illegal instruction)")
             smem.check(np.array([src]), info.box_bytes, op, w, "read", np.array([lane]))
             bi = info.smem_bytes(src)
             smem.check_async_read(bi, op, w, "TMA store")
