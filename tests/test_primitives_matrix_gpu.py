@@ -59,7 +59,7 @@ def test_cp_async_device_equals_emulator(nbytes, const_take):
 
 @requires_sm90
 @pytest.mark.sm90
-@pytest.mark.parametrize("reduce", [None, "add", "max"])
+@pytest.mark.parametrize("reduce", [None, "add"])
 def test_tma_store_device_equals_emulator(reduce):
     from conftest import for_this_gpu
     from tylopy.runtime.tensormap import TensorMap
@@ -69,4 +69,4 @@ def test_tma_store_device_equals_emulator(reduce):
     for_this_gpu(tma_store_probe)[(1,)](TensorMap.encode(store_map(dev)), 28, 30, REDUCE=reduce)
     torch.cuda.synchronize()
     assert torch.equal(dev.cpu(), cpu)
-    assert float(cpu[30, 28]) == {None: 0.5, "add": 7.5, "max": 7.0}[reduce] and box_values()[0, 0] == 0.5
+    assert float(cpu[30, 28]) == {None: 0.5, "add": 7.5}[reduce] and box_values()[0, 0] == 0.5

@@ -12,8 +12,9 @@ most recent ones.
 ``tma_store(map, src, coords...)`` writes (or reduces, ``reduce`` = add/min/max) the tensor
 map's box from shared memory at ``src`` (128-byte aligned, in the box layout with the map's
 swizzle, like a TMA load's destination) into global memory, skipping elements outside the
-tensor. The box's innermost start coordinate must be a multiple of 16 bytes (else the GPU raises
-an illegal instruction; the emulator reports it). Its source must be fenced for the async proxy (``fence_proxy_async``) by the threads
+tensor. The box's innermost start coordinate must be a multiple of 16 bytes, and min/max reduce
+only into f16, bf16 and integer tensors (else the GPU raises an illegal instruction; the emulator
+reports both). Its source must be fenced for the async proxy (``fence_proxy_async``) by the threads
 that wrote it. ``bulk_commit``/``bulk_wait(n, read)`` group and wait for the stores per thread.
 How the copies move in time and what is checked: ``asynccopy.py``.
 """
@@ -121,6 +122,12 @@ def make_tma_store(prog, op):
             if src % 128:
                 raise MemoryAccessError(f"tma_store at {where(op)} ({w.describe()}): the source {smem.name(src)} is not "
                                         "128-byte aligned, as TMA requires")
+            if reduce in ("min", "max") and info.spec.dtype in ("f32", "f64"):
+                # Measured on the H200: an illegal instruction (min/max take f16/bf16 and integers).
+                raise ProtocolError(
+                    f"tma_store at {where(op)} ({w.describe()}): reduce={reduce!r} on tensor map {info.name!r} of "
+                    f"{info.spec.dtype}; the GPU reduces min/max only into f16, bf16 and integer tensors (it "
+                    "raises an illegal instruction); reduce='add' takes f32")
             if (coords[0] * info.es) % 16:
                 # Measured on the H200: such a store raises CUDA_ERROR_ILLEGAL_INSTRUCTION (docs/hopper.md).
                 raise MemoryAccessError(

@@ -113,10 +113,12 @@ def tma_store(tensormap, src, *coords, reduce: str | None = None) -> None:
     """Store (or reduce) a shared-memory tile into the global tensor a tensor map describes.
 
     ``cp.async.bulk.tensor.{rank}d.global.shared::cta.bulk_group`` (``reduce=None``) or
-    ``cp.reduce.async.bulk.tensor...{add,min,max}`` (element-wise into the global tile; which
-    element types each reduction accepts is the tensor map's business: see the PTX ISA). The
-    box at ``coords`` (element coordinates, innermost first) is written; elements outside the
-    tensor are not written. One thread issues it. ``src`` must be 128-byte aligned, in the
+    ``cp.reduce.async.bulk.tensor...{add,min,max}`` (element-wise into the global tile; "add"
+    takes f32, f16, bf16 and integer tensors, "min"/"max" f16, bf16 and integers but not f32).
+    The box at ``coords`` (element coordinates, innermost first) is written; elements outside
+    the tensor are not written. The innermost coordinate times the element size must be a
+    multiple of 16 bytes. Either violation is an illegal instruction on the GPU and an error in
+    the emulator. One thread issues it. ``src`` must be 128-byte aligned, in the
     tensor map's box layout (and swizzle). Before issuing: every thread that wrote ``src``
     with ordinary stores ran ``fence_proxy_async()``, and a barrier ordered those writes
     before this call. Afterwards: ``bulk_commit()``, and ``bulk_wait(n, read=True)`` before
