@@ -196,3 +196,24 @@ def test_tensor_map_cache_keeps_no_tensor_alive():
     del q
     gc.collect()
     assert ref() is None and hopper_launch._maps  # maps are cached, the tensors are not kept
+
+
+def test_string_annotations_are_evaluated_where_the_kernel_is_defined():
+    """``from __future__ import annotations`` turns every annotation into text; the decorator
+    evaluates it in the kernel's module and closure."""
+    import kernels_future_annotations as m
+    src = torch.randn(3, 40)
+    dst = torch.full_like(src, float("nan"))
+    m.copy_rows.emulate(src, dst, grid=3, SCALE=2)
+    torch.testing.assert_close(dst, src * 2)
+    x = torch.randn(32)
+    m.make_scaled(ty.f32).emulate(x.clone(), 32, grid=1)
+    assert m.make_scaled(ty.f32).signature[0][1] == ty.ptr(ty.f32)
+
+
+def test_a_string_annotation_that_does_not_evaluate_names_the_parameter():
+    def k(x: "ty.ptr(ty.f33)"):  # noqa: F821
+        pass
+    with pytest.raises(KernelSourceError, match=r"parameter 'x': its annotation 'ty.ptr\(ty.f33\)' could not be "
+                                                r"evaluated \(AttributeError"):
+        ty.kernel(threads=32)(k)

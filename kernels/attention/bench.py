@@ -13,6 +13,7 @@ tylopy's ratio to the FA3-class kernel and to cuDNN.
     tylopy bench attention --output results/attention.json   # + results/attention.png
     tylopy bench attention --sweep      # tylopy's schedule options, ~5 minutes: which wins where
     tylopy bench attention --ptx        # PTX instructions per key tile per schedule (no GPU)
+    tylopy bench attention --sass       # SASS of the launcher's picks, per key tile (ptxas + nvdisasm)
     tylopy bench attention --once --d 64 --n 16384 --causal   # a few calls after warm-up (for ncu)
 """
 from __future__ import annotations
@@ -360,6 +361,22 @@ def once(d, n, causal, reps=3, name="tylopy"):
     print(f"{name}: D={d} N={n} batch={b} heads={h} causal={causal}: 3 warm-up calls, then {reps}", flush=True)
 
 
+def sass_profiles():
+    """(name, constexprs) of what the launcher runs at 16k and 1k tokens (bf16, no mask, no LSE),
+    and the exponent forms at D=64."""
+    import tylopy as ty
+    from tylopy_kernels.attention import hopper_launch as launch
+
+    def pick(d, n, causal, **change):
+        return dict(launch.resolve_schedule(d, n, causal, False), DTYPE=ty.bf16, HEAD_DIM=d, HAS_MASK=False,
+                    RETURN_LSE=False, **change)
+    return [("D=64, 16k (3 x 128)", pick(64, 16384, False)), ("D=64, 16k, causal", pick(64, 16384, True)),
+            ("D=64, 1k (persistent, 2 x 128)", pick(64, 1024, False)),
+            ("D=64, 16k, EXPONENT=shared", pick(64, 16384, False, EXPONENT="shared")),
+            ("D=64, 16k, EXPONENT=fast", pick(64, 16384, False, EXPONENT="fast")),
+            ("D=128, 16k (2 x 128)", pick(128, 16384, False)), ("D=128, 16k, causal", pick(128, 16384, True))]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="tylopy bench attention", description=__doc__.split("\n\n")[0])
     ap.add_argument("--output", help="JSON path (default results/attention-<device>-<date>.json)")
@@ -370,6 +387,8 @@ def main(argv=None):
                                               "--once the one to run (default tylopy)")
     ap.add_argument("--sweep", action="store_true", help="time tylopy's schedule options instead of the comparison")
     ap.add_argument("--ptx", action="store_true", help="print PTX instructions per key tile per schedule (no GPU)")
+    ap.add_argument("--sass", action="store_true",
+                    help="print SASS instructions per key tile of the launcher's picks (ptxas + nvdisasm, no GPU)")
     ap.add_argument("--once", action="store_true",
                     help="run one candidate (tylopy, or --only NAME) a few times on one shape (--d, --n, --causal): "
                          "for ncu / nsys")
@@ -381,6 +400,10 @@ def main(argv=None):
     if args.ptx:
         from .ptx_profile import print_table
         print_table()
+        return 0
+    if args.sass:
+        from .sass_profile import print_table as print_sass
+        print_sass(sass_profiles())
         return 0
     import torch
     if not torch.cuda.is_available():
