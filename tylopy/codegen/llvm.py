@@ -12,7 +12,7 @@ import os
 import llvmlite.ir as ir
 
 from ..ir.values import Block, KernelIR, Op, Value
-from ..ir.types import PointerType, ScalarType, TensorMapType, b32, bf16, f16, f32, i1
+from ..ir.types import PointerType, ScalarType, TensorMapType, bf16, f32
 from . import asm_templates as T
 from .llvm_async import (asm_op, lower_elect_one, lower_fence_operand, lower_mbarrier_try_wait,
                          lower_prefetch_tensormap, lower_setmaxnreg, lower_tma_load, lower_wgmma,
@@ -20,8 +20,9 @@ from .llvm_async import (asm_op, lower_elect_one, lower_fence_operand, lower_mba
 from .lower_async_copy import LOWER_ASYNC_COPY
 from .lower_matrix import LOWER_MATRIX
 from .lower_rounding import rounding_lowerings
-from .llvm_types import ADDRSPACE, llvm_type
+from .llvm_types import llvm_type
 from .lower_atomics import LOWERINGS as ATOMIC_LOWERINGS
+from .lower_control import LOWERINGS as CONTROL_LOWERINGS
 from .lower_debug import LOWERINGS as DEBUG_LOWERINGS
 from .lower_warp import LOWERINGS as WARP_LOWERINGS
 
@@ -321,7 +322,6 @@ def _bf16_to_f32(L, x):
 def lower_convert(L: _Lowering, op: Op):
     x = L.v(op.operands[0])
     src, dst = _ty(op.operands[0]), op.attr("to")
-    B = L.b
     if src == bf16:
         x, src = _bf16_to_f32(L, x), f32
         if dst == f32:
@@ -503,110 +503,6 @@ def lower_dynamic_shared_ptr(L: _Lowering, op: Op):
     L.set(op.result, L.b.bitcast(g, ir.PointerType(addrspace=3)))
 
 
-# ---- structured control flow ---------------------------------------------------------------------
-
-def _for_condition(B, signed: bool, iv, hi, step):
-    """Go on while iv < hi for a positive step, iv > hi for a negative one; a zero step runs nothing."""
-    if not signed:
-        return B.icmp_unsigned("<", iv, hi)
-    if isinstance(step, ir.Constant):
-        return B.icmp_signed("<" if int(step.constant) > 0 else ">", iv, hi)
-    zero = ir.Constant(step.type, 0)
-    up = B.and_(B.icmp_signed(">", step, zero), B.icmp_signed("<", iv, hi))
-    down = B.and_(B.icmp_signed("<", step, zero), B.icmp_signed(">", iv, hi))
-    return B.or_(up, down)
-
-
-def lower_for(L: _Lowering, op: Op):
-    B = L.b
-    lo, hi, step, *init = (L.v(x) for x in op.operands)
-    body = op.regions[0]
-    pre = B.block
-    header = L.fn.append_basic_block("for.header")
-    loop = L.fn.append_basic_block("for.body")
-    exit_ = L.fn.append_basic_block("for.exit")
-    B.branch(header)
-    B.position_at_end(header)
-    iv = B.phi(lo.type)
-    iv.add_incoming(lo, pre)
-    phis = []
-    for v in init:
-        phi = B.phi(v.type)
-        phi.add_incoming(v, pre)
-        phis.append(phi)
-    B.cbranch(_for_condition(B, op.operands[0].type.is_signed, iv, hi, step), loop, exit_)
-    B.position_at_end(loop)
-    L.set(body.args[0], iv)
-    for a, phi in zip(body.args[1:], phis):
-        L.set(a, phi)
-    L.block(Block(body.args, body.ops[:-1]))
-    outs = [L.v(x) for x in body.ops[-1].operands]
-    nxt = B.add(iv, step)
-    latch = B.block
-    B.branch(header)
-    iv.add_incoming(nxt, latch)
-    for phi, o in zip(phis, outs):
-        phi.add_incoming(o, latch)
-    B.position_at_end(exit_)
-    for r, phi in zip(op.results, phis):
-        L.set(r, phi)
-
-
-def lower_if(L: _Lowering, op: Op):
-    B = L.b
-    cond = L.v(op.operands[0])
-    then_bb = L.fn.append_basic_block("if.then")
-    else_bb = L.fn.append_basic_block("if.else")
-    merge = L.fn.append_basic_block("if.end")
-    B.cbranch(cond, then_bb, else_bb)
-    incoming = []
-    for region, bb in zip(op.regions, (then_bb, else_bb)):
-        B.position_at_end(bb)
-        L.block(Block(region.args, region.ops[:-1]))
-        incoming.append(([L.v(x) for x in region.ops[-1].operands], B.block))
-        B.branch(merge)
-    B.position_at_end(merge)
-    for i, r in enumerate(op.results):
-        phi = B.phi(llvm_type(r.type))
-        for vals, bb in incoming:
-            phi.add_incoming(vals[i], bb)
-        L.set(r, phi)
-
-
-def lower_while(L: _Lowering, op: Op):
-    B = L.b
-    init = [L.v(x) for x in op.operands]
-    cond_region, body_region = op.regions
-    pre = B.block
-    header = L.fn.append_basic_block("while.cond")
-    body_bb = L.fn.append_basic_block("while.body")
-    exit_ = L.fn.append_basic_block("while.end")
-    B.branch(header)
-    B.position_at_end(header)
-    phis = []
-    for v in init:
-        phi = B.phi(v.type)
-        phi.add_incoming(v, pre)
-        phis.append(phi)
-    for a, phi in zip(cond_region.args, phis):
-        L.set(a, phi)
-    L.block(Block(cond_region.args, cond_region.ops[:-1]))
-    c = L.v(cond_region.ops[-1].operands[0])
-    B.cbranch(c, body_bb, exit_)
-    B.position_at_end(body_bb)
-    for a, phi in zip(body_region.args, phis):
-        L.set(a, phi)
-    L.block(Block(body_region.args, body_region.ops[:-1]))
-    outs = [L.v(x) for x in body_region.ops[-1].operands]
-    latch = B.block
-    B.branch(header)
-    for phi, o in zip(phis, outs):
-        phi.add_incoming(o, latch)
-    B.position_at_end(exit_)
-    for r, phi in zip(op.results, phis):
-        L.set(r, phi)
-
-
 LOWER = {
     "const": lower_const,
     **{k: lower_binary for k in ("add", "sub", "mul", "div", "rem", "and", "or", "xor", "shl", "shr", "min", "max")},
@@ -617,7 +513,6 @@ LOWER = {
     "barrier": lower_barrier, "barrier_arrive": lower_barrier, "shfl": lower_shfl, "asm": lower_asm,
     "shared_ptr": lower_shared_ptr, "dynamic_shared_ptr": lower_dynamic_shared_ptr,
     "debug_record": lower_debug_record,
-    "for": lower_for, "if": lower_if, "while": lower_while,
     "mbarrier_init": asm_op("mbarrier_init"), "mbarrier_arrive": asm_op("mbarrier_arrive"),
     "mbarrier_arrive_expect_tx": asm_op("mbarrier_arrive_expect_tx"), "mbarrier_try_wait": lower_mbarrier_try_wait,
     "fence_proxy_async": asm_op("fence_proxy_async"), "fence_mbarrier_init": asm_op("fence_mbarrier_init"),
@@ -626,7 +521,7 @@ LOWER = {
     "wgmma_wait": lower_wgmma_wait, "fence_operand": lower_fence_operand, "wgmma": lower_wgmma,
     "elect_one": lower_elect_one, **LOWER_MATRIX, **LOWER_ASYNC_COPY,
     "membar": lambda L, op: L.asm("fence.acq_rel.gpu;", "~{memory}", []),
-    **WARP_LOWERINGS, **ATOMIC_LOWERINGS, **DEBUG_LOWERINGS,
+    **WARP_LOWERINGS, **ATOMIC_LOWERINGS, **DEBUG_LOWERINGS, **CONTROL_LOWERINGS,
 }
 
 LOWER.update(rounding_lowerings(LOWER))  # add/sub/mul/div/fma/sqrt/convert with an explicit rounding
