@@ -239,6 +239,30 @@ class Kernel:
         return tuple((n, k.with_dtype(cx[n]) if isinstance(k, TensorSpec) and k.open else k)
                      for n, k in self.runtime_params)
 
+    def bind_keywords(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """(positional launch arguments, the remaining keywords): run-time arguments given by name
+        join the positional ones in signature order. A keyword naming a tensor of open dtype is the
+        tensor when its value is not a ty dtype (``x=ty.f16`` still picks the specialization)."""
+        runtime = [n for n, _ in self.runtime_params]
+        named = {n: kwargs[n] for n in runtime if n in kwargs and not isinstance(kwargs[n], ScalarType)}
+        if not named:
+            return args, kwargs
+        rest = {n: v for n, v in kwargs.items() if n not in named}
+        pos = list(args)
+        for i, n in enumerate(runtime):
+            if i < len(args):
+                if n in named:
+                    raise LaunchTypeError(f"kernel {self.name!r}: argument {n!r} is given by position and by name")
+            elif n in named:
+                pos.append(named.pop(n))
+            else:
+                break
+        if named:
+            first = next(n for n in runtime[len(pos):])
+            raise LaunchTypeError(f"kernel {self.name!r}: argument {next(iter(named))!r} is given by name, but "
+                                  f"{first!r} before it is missing (arguments: {', '.join(runtime)})")
+        return tuple(pos), rest
+
     @property
     def constexpr_names(self):
         """The compile-time parameters, and the tensors whose dtype is chosen per specialization."""
@@ -481,6 +505,7 @@ class Kernel:
         """Run the kernel on the CPU, lane by lane (see ``tylopy.emulate``). Tensor arguments are CPU
         torch tensors (or numpy arrays); a tensor of open dtype specializes on the argument's dtype."""
         from ..emulate import emulate_kernel
+        args, kwargs = self.bind_keywords(args, kwargs)
         if any(isinstance(k, TensorSpec) for _, k in self.runtime_params):
             kwargs = dict(kwargs)
             for i, n in self._open_tensors:
@@ -516,6 +541,8 @@ class _BoundLaunch:
 
     def __call__(self, *args, stream=None, **constexprs):
         k = self.kernel
+        if constexprs:
+            args, constexprs = k.bind_keywords(args, constexprs)
         if k._open_tensors:
             ck = k._compile_for_arguments(args, constexprs)
         else:

@@ -186,10 +186,11 @@ class _Rewriter(ast.NodeTransformer):
 
     def visit_Call(self, node: ast.Call):
         """``range(...)`` anywhere in kernel code is tylopy's (a run-time bound then says where it
-        cannot go, e.g. a comprehension), unless the module defines its own ``range``."""
+        cannot go, e.g. a comprehension), and so are ``min(a, b, ...)`` and ``max(...)`` (element-
+        wise on run-time values), unless the module defines its own."""
         self.generic_visit(node)
-        if isinstance(node.func, ast.Name) and node.func.id == "range" and self.builtin_range:
-            node.func = jumps.at(_rt("range"), node.func)
+        if isinstance(node.func, ast.Name) and node.func.id in self.builtins_traced:
+            node.func = jumps.at(_rt(node.func.id), node.func)
         return node
 
     def _call_stmt(self, names, call) -> ast.stmt:
@@ -384,7 +385,8 @@ def rewrite_function(fn, record_closure: bool = False) -> Traceable:
         a.annotation = None
     jumps.lower_function(fdef, filename)
     rewriter = _Rewriter()
-    rewriter.builtin_range = "range" not in fn.__globals__ and "range" not in fn.__code__.co_freevars
+    rewriter.builtins_traced = {name for name in ("range", "min", "max")
+                                if name not in fn.__globals__ and name not in fn.__code__.co_freevars}
     fdef = rewriter.visit(fdef)
     # The traced function must not bind its own name in the factory: a recursive call (or one
     # through a closure variable of that name) has to reach the @ty.func wrapper, as in the original.

@@ -225,6 +225,29 @@ def range(*args, unroll=None):  # noqa: A001 - mirrors Python's range inside ker
     return builtins.range(*args)  # (for_ checks the trip count before unrolling it)
 
 
+def _extreme(which: str, args, kwargs):
+    """Python's ``min``/``max`` unless a run-time value is among two or more positional arguments:
+    then ``ty.minimum``/``ty.maximum`` folded left to right (for floats, a NaN operand gives the
+    other one, as fminf/fmaxf)."""
+    pick = getattr(builtins, which)
+    if kwargs or builtins.len(args) < 2 or not any(isinstance(a, RuntimeValue) for a in args):
+        return pick(*args, **kwargs)
+    from . import lang
+    fold = lang.minimum if which == "min" else lang.maximum
+    acc = args[0]
+    for a in args[1:]:
+        acc = fold(acc, a)
+    return acc
+
+
+def min(*args, **kwargs):  # noqa: A001 - mirrors Python's min inside kernels
+    return _extreme("min", args, kwargs)
+
+
+def max(*args, **kwargs):  # noqa: A001 - mirrors Python's max inside kernels
+    return _extreme("max", args, kwargs)
+
+
 def _check_unroll(n: int):
     if n > MAX_UNROLL:
         current_builder().error(

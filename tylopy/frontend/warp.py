@@ -119,8 +119,10 @@ def warp_reduce(op: str, value) -> Value:
     The warp must be converged and complete (32 live lanes for the shuffles).
     """
     bld = current_builder()
-    if op not in REDUCE_OPS:
-        bld.error(f"warp_reduce op expects one of {', '.join(map(repr, REDUCE_OPS))}, but got {op!r}")
+    if not isinstance(op, str) or op not in REDUCE_OPS:
+        got = f"a run-time {op.type} value" if isinstance(op, RuntimeValue) else repr(op)
+        bld.error(f"warp_reduce op (its first argument) expects one of {', '.join(map(repr, REDUCE_OPS))}, "
+                  f"but got {got}", hint="ty.warp_reduce('sum', x): the operation first, then the value")
     v = as_value(value)
     t = v.type
     bitwise_word = t == b32 and op in ("and", "or", "xor")
