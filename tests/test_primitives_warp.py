@@ -237,7 +237,7 @@ def test_misuse_is_an_error_at_the_line():
     with pytest.raises(ty.KernelSourceError, match=f"{line_of(HERE, 'vote_float')}.*\n(.*\n)*.*vote_any expects an "
                                                    "i1 predicate .*but got a f32 value"):
         vote_on_float.trace()
-    cases = [(0, "prod", "warp_reduce op expects one of 'sum'"), (1, "f16", "expects an f32, f64, i32, u32, i64 or "
+    cases = [(0, "prod", "warp_reduce op (its first argument) expects one of 'sum'"), (1, "f16", "expects an f32, f64, i32, u32, i64 or "
              "u64 value, but got f16"), (2, "xor_float", "warp_reduce 'xor' expects an integer value, but got f32")]
     for which, marker, text in cases:
         with pytest.raises(ty.KernelSourceError) as e:

@@ -14,7 +14,7 @@ from ..ir.types import (PointerType, ScalarType, TensorMapType, b32, bf16, f16, 
                         tensormap, u8, u16, u32, u64)
 from ..ir.values import SharedAlloc
 from .builder import KernelResourceError, current_builder
-from .proxy import RuntimeValue, as_value, emit, emit1
+from .proxy import RuntimeValue, _same_pair, as_value, emit, emit1, maximum, minimum  # noqa: F401
 from .tensor import TensorArg, tensor  # noqa: F401  (tensor parameters)
 from .tracing import range, static_range  # noqa: F401  (kernel-visible)
 
@@ -190,23 +190,6 @@ def div(a, b, rounding: str | None = None) -> Value:
     """a / b (floats: ``div.rn``; integers truncate like ``//``), optionally with an explicit
     rounding for floats (see ``add``)."""
     return _arith("div", a, b, rounding)
-
-
-def _same_pair(op, a, b):
-    like = a.type if isinstance(a, Value) else (b.type if isinstance(b, Value) else None)
-    a, b = as_value(a, like), as_value(b, like)
-    if a.type != b.type:
-        current_builder().error(f"{op} expects operands of one type, but got {a.type} and {b.type}")
-    return a, b
-
-
-def minimum(a, b) -> Value:
-    return emit1("min", _same_pair("minimum", a, b))
-
-
-def maximum(a, b) -> Value:
-    """max(a, b); for floats, NaN-ignoring like PTX max.f32 (a -inf operand gives the other)."""
-    return emit1("max", _same_pair("maximum", a, b))
 
 
 def abs(x) -> Value:  # noqa: A001

@@ -268,3 +268,22 @@ def is_runtime(x) -> bool:
 
 __all__ = ["RuntimeValue", "handle", "emit", "emit1", "const", "as_value", "binary", "compare", "unary",
            "python_type_of", "is_runtime", "f32"]
+
+
+# -- min / max: kernel-visible as ty.minimum / ty.maximum, and behind min()/max() of run-time values
+
+def _same_pair(op, a, b):
+    like = a.type if isinstance(a, Value) else (b.type if isinstance(b, Value) else None)
+    a, b = as_value(a, like), as_value(b, like)
+    if a.type != b.type:
+        current_builder().error(f"{op} expects operands of one type, but got {a.type} and {b.type}")
+    return a, b
+
+
+def minimum(a, b) -> Value:
+    return emit1("min", _same_pair("minimum", a, b))
+
+
+def maximum(a, b) -> Value:
+    """max(a, b); for floats, NaN-ignoring like PTX max.f32 (a -inf operand gives the other)."""
+    return emit1("max", _same_pair("maximum", a, b))

@@ -19,7 +19,7 @@ import itertools
 from ..errors import KernelSourceError
 from ..ir.types import ScalarType, i1, i32
 from .builder import current_builder, user_location
-from .proxy import RuntimeValue, as_value, handle
+from .proxy import RuntimeValue, as_value, handle, maximum, minimum
 from .pytree import (NORET, Undefined, copy_tree, display, flatten, is_container, is_defined, lookup,  # noqa: F401
                      number_fits, promote, same_static, unflatten, zero_like)
 
@@ -232,8 +232,7 @@ def _extreme(which: str, args, kwargs):
     pick = getattr(builtins, which)
     if kwargs or builtins.len(args) < 2 or not any(isinstance(a, RuntimeValue) for a in args):
         return pick(*args, **kwargs)
-    from . import lang
-    fold = lang.minimum if which == "min" else lang.maximum
+    fold = minimum if which == "min" else maximum
     acc = args[0]
     for a in args[1:]:
         acc = fold(acc, a)
