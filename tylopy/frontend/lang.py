@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..ir.types import (PointerType, ScalarType, TensorMapType, b32, bf16, f16, f32, f64, i1, i8, i16, i32, i64,
+from ..ir.types import (PointerType, ScalarType, b32, bf16, f16, f32, f64, i1, i8, i16, i32, i64,
                         tensormap, u8, u16, u32, u64)
 from ..ir.values import SharedAlloc
 from .builder import KernelResourceError, current_builder
