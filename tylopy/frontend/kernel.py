@@ -200,6 +200,7 @@ class Kernel:
                                         "(ty.ptr(ty.f32), ty.i32, ty.constexpr, ...)", param_loc(fn, p.name))
             self.signature.append((p.name, _param_kind(fn, p.name, p.annotation), p.default))
         runtime = [(n, k) for n, k, _ in self.signature if not isinstance(k, _Constexpr)]
+        self._runtime_names = frozenset(n for n, _ in runtime)  # a launch keyword in here is an argument
         # (position among the launch arguments, name) of the tensors whose dtype the argument decides
         self._open_tensors = tuple((i, n) for i, (n, k) in enumerate(runtime) if isinstance(k, TensorSpec) and k.open)
         self.source_file = inspect.getsourcefile(fn) or fn.__code__.co_filename
@@ -505,7 +506,8 @@ class Kernel:
         """Run the kernel on the CPU, lane by lane (see ``tylopy.emulate``). Tensor arguments are CPU
         torch tensors (or numpy arrays); a tensor of open dtype specializes on the argument's dtype."""
         from ..emulate import emulate_kernel
-        args, kwargs = self.bind_keywords(args, kwargs)
+        if not self._runtime_names.isdisjoint(kwargs):
+            args, kwargs = self.bind_keywords(args, kwargs)
         if any(isinstance(k, TensorSpec) for _, k in self.runtime_params):
             kwargs = dict(kwargs)
             for i, n in self._open_tensors:
@@ -541,7 +543,7 @@ class _BoundLaunch:
 
     def __call__(self, *args, stream=None, **constexprs):
         k = self.kernel
-        if constexprs:
+        if constexprs and not k._runtime_names.isdisjoint(constexprs):
             args, constexprs = k.bind_keywords(args, constexprs)
         if k._open_tensors:
             ck = k._compile_for_arguments(args, constexprs)
