@@ -123,7 +123,7 @@ def make_tma_store(prog, op):
                 raise MemoryAccessError(f"tma_store at {where(op)} ({w.describe()}): the source {smem.name(src)} is not "
                                         "128-byte aligned, as TMA requires")
             if reduce in ("min", "max") and info.spec.dtype in ("f32", "f64"):
-                # Measured on the H200: an illegal instruction (min/max take f16/bf16 and integers).
+                # f32 measured on the H200 (an illegal instruction); f64 has no min/max either in the ISA.
                 raise ProtocolError(
                     f"tma_store at {where(op)} ({w.describe()}): reduce={reduce!r} on tensor map {info.name!r} of "
                     f"{info.spec.dtype}; the GPU reduces min/max only into f16, bf16 and integer tensors (it "
