@@ -29,6 +29,7 @@ from .tile.mma_sync import MMA_SYNC_K8_A, MMA_SYNC_K8_B, mma
 from .frontend.atomics import *  # noqa: F401,F403  (ty.atomic_add, ty.red_add, ...)
 from .frontend.atomics import __all__ as _atomics_all
 from .frontend.debug import device_assert, printf
+from .frontend.elementwise import ceil, exp, floor, log, sigmoid, tanh, where
 from .frontend.warp import *  # noqa: F401,F403  (ty.vote_all, ty.ballot, ty.warp_reduce, ...)
 from .frontend.warp import __all__ as _warp_all
 from .tile import (MMA_SYNC_A, MMA_SYNC_B, MMA_SYNC_C, QUAD, WARP, WARPGROUP, WGMMA_A_RS, Fragment, Layout,
@@ -46,7 +47,8 @@ __all__ = ["kernel", "func", "Kernel", "CompiledKernel", "CompileOptions", "Tylo
            "softmax_update", "softmax_normalize", "softmax_merge", "softmax_lse", "pack_operand_a", "hopper",
            "autotune", "Config", "mma", "MMA_SYNC_K8_A", "MMA_SYNC_K8_B", "ldmatrix", "stmatrix", "cp_async",
            "cp_async_commit", "cp_async_wait",
-           *_lang_all, *_atomics_all, *_warp_all, "printf", "device_assert"]
+           *_lang_all, *_atomics_all, *_warp_all, "printf", "device_assert",
+           "exp", "log", "sigmoid", "tanh", "floor", "ceil", "where"]
 
 
 def __getattr__(name):
@@ -54,8 +56,24 @@ def __getattr__(name):
     # they announce themselves through entry points, so tylopy never imports them by name.
     value = _plugin_function(name)
     if value is None:
-        raise AttributeError(f"module 'tylopy' has no attribute {name!r}")
+        hint = _OTHER_NAMES.get(name)
+        raise AttributeError(f"module 'tylopy' has no attribute {name!r}" + (f"; {hint}" if hint else ""))
     return value
+
+
+# Names from other kernel languages (Triton, CUDA, numpy) a kernel author may try first.
+_OTHER_NAMES = {
+    "program_id": "the block index is ty.block_idx(axis)", "num_programs": "use ty.grid_dim(axis)",
+    "float32": "the type is ty.f32", "float16": "the type is ty.f16", "bfloat16": "the type is ty.bf16",
+    "int32": "the type is ty.i32", "int64": "the type is ty.i64", "uint32": "the type is ty.u32",
+    "zeros": "kernels hold scalars and fragments: ty.Fragment / atom.zeros(), or a Python list of values",
+    "arange": "index with ty.thread_idx() and a loop: for i in range(ty.thread_idx(), n, threads)",
+    "syncwarp": "warp collectives are .sync with the full mask", "sin": "not provided", "cos": "not provided",
+    "__syncthreads": "use ty.syncthreads()", "shfl_sync": "use ty.shfl_xor / shfl_idx / shfl_down / shfl_up",
+    "atomicAdd": "use ty.atomic_add(ptr, value)", "expf": "use ty.exp (or ty.exp2)", "logf": "use ty.log",
+    "sum": "a warp's sum is ty.warp_reduce('sum', x)",
+    "erf": "not provided; build it from ty.exp and ty.fma, or use tanh-form GELU with ty.tanh",
+}
 
 
 def __dir__():
