@@ -108,3 +108,14 @@ def test_each_function_assembles_without_spills(fn):
 def test_names_from_other_kernel_languages_point_to_ours(name, hint):
     with pytest.raises(AttributeError, match=f"no attribute '{name}'; .*{hint}"):
         getattr(ty, name)
+
+
+@ty.kernel(threads=32)
+def exp_of_int(x: ty.ptr(ty.i32), y: ty.ptr(ty.f32)):
+    y[ty.thread_idx()] = ty.exp(x[ty.thread_idx()])  # <- exp of i32
+
+
+def test_a_non_f32_argument_names_the_function_and_the_type():
+    with pytest.raises(ty.KernelSourceError, match=r"ty.exp expects an f32 value, but got i32") as e:
+        exp_of_int.compile()
+    assert "# <- exp of i32" in str(e.value) and "ty.cast(x, ty.f32)" in str(e.value)

@@ -26,6 +26,7 @@ import math
 
 from ..ir.types import f32, i32
 from .lang import abs, cast, exp2, fma, log2, rcp, select  # noqa: A004 - the kernel language's abs
+from .builder import current_builder
 from .proxy import RuntimeValue, as_value
 
 LOG2E = 1.4426950408889634
@@ -36,9 +37,18 @@ TWO_23 = float(1 << 23)            # from here on every f32 is an integer
 SMALL_TANH = 2.0 ** -4             # below: tanh from its Taylor series
 
 
+def _f32(fn: str, x) -> RuntimeValue:
+    if isinstance(x, RuntimeValue) and x.type != f32:
+        current_builder().error(f"ty.{fn} expects an f32 value, but got {x.type}",
+                                hint=f"convert it first: ty.{fn}(ty.cast(x, ty.f32))")
+    if not isinstance(x, (RuntimeValue, int, float)) or isinstance(x, bool):
+        current_builder().error(f"ty.{fn} expects an f32 value or a Python number, but got {type(x).__name__}")
+    return as_value(x, f32)
+
+
 def exp(x) -> RuntimeValue:
     """e**x for f32 (module docstring: error, flushing, infinities)."""
-    x = as_value(x, f32)
+    x = _f32("exp", x)
     t = x * LOG2E_HI
     # the exact rounding error of x * LOG2E_HI, plus the part of log2(e) the constant misses
     e = fma(x, LOG2E_HI, -t) + x * LOG2E_LO
@@ -49,17 +59,17 @@ def exp(x) -> RuntimeValue:
 
 def log(x) -> RuntimeValue:
     """The natural logarithm of an f32 (module docstring)."""
-    return log2(as_value(x, f32)) * LN2
+    return log2(_f32("log", x)) * LN2
 
 
 def sigmoid(x) -> RuntimeValue:
     """1 / (1 + e**-x) for f32."""
-    return rcp(exp(-as_value(x, f32)) + 1.0)
+    return rcp(exp(-_f32("sigmoid", x)) + 1.0)
 
 
 def tanh(x) -> RuntimeValue:
     """The hyperbolic tangent of an f32 (module docstring: error bounds)."""
-    x = as_value(x, f32)
+    x = _f32("tanh", x)
     a = abs(x)
     e = exp(a * -2.0)
     t = (1.0 - e) * rcp(e + 1.0)
@@ -72,7 +82,7 @@ def tanh(x) -> RuntimeValue:
 
 
 def _round_integral(x, direction: str) -> RuntimeValue:
-    x = as_value(x, f32)
+    x = _f32("floor" if direction == "rm" else "ceil", x)
     r = cast(cast(x, i32, rounding=direction), f32)
     r = select(r == 0.0, x * 0.0, r)  # a zero result keeps x's sign
     return select(abs(x) < TWO_23, r, x)  # large values, infinities and NaN pass through
