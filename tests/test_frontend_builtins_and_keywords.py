@@ -15,7 +15,7 @@ def clamp_mix(x: ty.tensor(ty.f32, 1), out: ty.tensor(ty.f32, 1), n: ty.i32, alp
     if i < n:
         v = x[i]
         width = max(2, 3)                          # compile-time: Python's max
-        out[i] = max(v, 0.0) * alpha + min(v, 1.0, 2.0) + max(LO, v) + width + math.sqrt(4.0)
+        out[i] = max(v, 0.0) * alpha + min([v, 1.0, 2.0]) + max(LO, v) + width + math.sqrt(4.0)
 
 
 def test_min_max_of_run_time_values_are_elementwise():

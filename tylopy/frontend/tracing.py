@@ -226,15 +226,15 @@ def range(*args, unroll=None):  # noqa: A001 - mirrors Python's range inside ker
 
 
 def _extreme(which: str, args, kwargs):
-    """Python's ``min``/``max`` unless a run-time value is among two or more positional arguments:
-    then ``ty.minimum``/``ty.maximum`` folded left to right (for floats, a NaN operand gives the
-    other one, as fminf/fmaxf)."""
-    pick = getattr(builtins, which)
-    if kwargs or builtins.len(args) < 2 or not any(isinstance(a, RuntimeValue) for a in args):
-        return pick(*args, **kwargs)
+    """Python's ``min``/``max`` unless a run-time value is among two or more arguments (or among the
+    items of one list or tuple): then ``ty.minimum``/``ty.maximum`` folded left to right (for
+    floats, a NaN operand gives the other one, as fminf/fmaxf)."""
+    items = tuple(args[0]) if builtins.len(args) == 1 and isinstance(args[0], (list, tuple)) else args
+    if kwargs or builtins.len(items) < 2 or not any(isinstance(a, RuntimeValue) for a in items):
+        return getattr(builtins, which)(*args, **kwargs)
     fold = minimum if which == "min" else maximum
-    acc = args[0]
-    for a in args[1:]:
+    acc = items[0]
+    for a in items[1:]:
         acc = fold(acc, a)
     return acc
 
