@@ -30,25 +30,19 @@ import math
 
 import torch
 
+from .common import check_token_tensor, rejecter
+
 HOPPER_HEAD_DIMS = (64, 128)
 BLOCK_M = 128
 
 
-def _fail(exc, arg, expected, got):
-    raise exc(f"attention: {arg} expects {expected}, but got {got}")
+_fail = rejecter("attention")
 
 
 def check_inputs(query, key, value, attn_mask, is_causal, scale, enable_gqa=False):
     """Validate like SDPA; returns (B, H, n_q, n_k, D, scale)."""
     for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, torch.Tensor):
-            _fail(TypeError, name, "a torch.Tensor", type(t).__name__)
-        if t.dim() != 4:
-            _fail(ValueError, name, "a 4-D (batch, heads, seq, head_dim) tensor", f"shape {tuple(t.shape)}")
-        if t.dtype not in (torch.bfloat16, torch.float16):
-            _fail(TypeError, name, "dtype torch.bfloat16 or torch.float16", t.dtype)
-        if t.stride(-1) != 1 and t.shape[-1] > 1:
-            _fail(ValueError, name, "a contiguous last dimension (stride 1)", f"stride {t.stride(-1)}")
+        check_token_tensor(_fail, name, t, 4, "(batch, heads, seq, head_dim)")
     if key.dtype != query.dtype or value.dtype != query.dtype:
         _fail(TypeError, "key/value", f"the query's dtype {query.dtype}", f"{key.dtype} and {value.dtype}")
     if key.device != query.device or value.device != query.device:

@@ -38,7 +38,7 @@ from .backward_hopper_aux import attention_bwd_dq_convert, attention_bwd_pack_ma
 from .backward_hopper_dq import BLOCK_M as DQ_BLOCK_M
 from .backward_hopper_dq import attention_bwd_dq_sm90
 from .backward_hopper_dq import smem_bytes as dq_smem_bytes
-from .common import mask_and_lse_args, placeholder
+from .common import mask_and_lse_args, placeholder, rejecter
 
 HEAD_DIMS = (64, 128)
 MAX_SMEM = 232448             # dynamic shared memory a block may opt into on an H100/H200
@@ -79,8 +79,7 @@ _U32 = getattr(torch, "uint32", torch.int32)
 _maps: dict = {}
 
 
-def _fail(exc, arg, expected, got):
-    raise exc(f"attention backward: {arg} expects {expected}, but got {got}")
+_fail = rejecter("attention backward")
 
 
 @dataclass

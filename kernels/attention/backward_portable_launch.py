@@ -17,13 +17,12 @@ import torch
 from .backward_portable import (BLOCK_M, BLOCK_N, HEAD_DIMS, KV_SMEM, PRE_THREADS, WARPS,
                                 attention_bwd_dkdv_portable, attention_bwd_dq_portable,
                                 attention_bwd_preprocess_portable)
-from .common import mask_and_lse_args, placeholder
+from .common import mask_and_lse_args, placeholder, rejecter
 from .portable import ROWS_PER_WARP
 from .portable_launch import MAX_GRID_YZ, Launch, aligned, dtype_of, row_strides
 
 
-def _fail(exc, arg, expected, got):
-    raise exc(f"attention backward: {arg} expects {expected}, but got {got}")
+_fail = rejecter("attention backward")
 
 
 def _check(q, k, v, out, dout, dq, dk, dv, packed):

@@ -1,5 +1,32 @@
-"""What the attention launchers share: the mask view and placeholders for optional pointer arguments."""
+"""What the attention launchers share: input rejections, the mask view and placeholders for
+optional pointer arguments."""
 from __future__ import annotations
+
+import functools
+
+
+def reject(entry: str, exc, arg, expected, got):
+    """Raise ``exc`` naming the entry point, the argument, what it expects and what came."""
+    raise exc(f"{entry}: {arg} expects {expected}, but got {got}")
+
+
+def rejecter(entry: str):
+    """``reject`` bound to one entry point's name: ``_fail(exc, arg, expected, got)``."""
+    return functools.partial(reject, entry)
+
+
+def check_token_tensor(fail, name: str, t, ndim: int, layout: str):
+    """The checks every attention input tensor gets: a torch.Tensor of ``ndim`` dimensions
+    (``layout`` names them), bf16 or fp16, with a contiguous last dimension."""
+    import torch
+    if not isinstance(t, torch.Tensor):
+        fail(TypeError, name, "a torch.Tensor", type(t).__name__)
+    if t.dim() != ndim:
+        fail(ValueError, name, f"a {ndim}-D {layout} tensor", f"shape {tuple(t.shape)}")
+    if t.dtype not in (torch.bfloat16, torch.float16):
+        fail(TypeError, name, "dtype torch.bfloat16 or torch.float16", t.dtype)
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        fail(ValueError, name, "a contiguous last dimension (stride 1)", f"stride {t.stride(-1)}")
 
 _placeholders: dict = {}
 

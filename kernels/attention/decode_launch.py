@@ -42,6 +42,7 @@ import torch
 import tylopy as ty
 
 from . import decode as kd
+from .common import rejecter
 
 LAYOUTS = ("bshd", "bhsd")
 MERGES = ("kernel", "atomic")
@@ -55,8 +56,7 @@ SCHEDULE = {
 }
 
 
-def _fail(exc, arg, expected, got):
-    raise exc(f"attention_decode: {arg} expects {expected}, but got {got}")
+_fail = rejecter("attention_decode")
 
 
 @dataclasses.dataclass

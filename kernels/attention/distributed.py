@@ -59,12 +59,13 @@ import math
 
 import torch
 
+from .common import rejecter
+
 __all__ = ["ring_attention", "shard_sequence", "unshard_sequence", "ring_forward", "ring_backward", "TorchRing",
            "ring_of"]
 
 
-def _fail(exc, arg, expected, got):
-    raise exc(f"ring_attention: {arg} expects {expected}, but got {got}")
+_fail = rejecter("ring_attention")
 
 
 # -- shards -------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import math
 import torch
 
 from . import _fail, _nonpositive_scale
+from .common import check_token_tensor
 
 HEAD_DIMS = (16, 32, 64, 128)
 
@@ -35,14 +36,7 @@ HEAD_DIMS = (16, 32, 64, 128)
 def check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, enable_gqa):
     """Validate; returns the resolved scale."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            _fail(TypeError, name, "a torch.Tensor", type(t).__name__)
-        if t.dim() != 3:
-            _fail(ValueError, name, "a 3-D (total_tokens, heads, head_dim) tensor", f"shape {tuple(t.shape)}")
-        if t.dtype not in (torch.bfloat16, torch.float16):
-            _fail(TypeError, name, "dtype torch.bfloat16 or torch.float16", t.dtype)
-        if t.stride(-1) != 1 and t.shape[-1] > 1:
-            _fail(ValueError, name, "a contiguous last dimension (stride 1)", f"stride {t.stride(-1)}")
+        check_token_tensor(_fail, name, t, 3, "(total_tokens, heads, head_dim)")
         if t.device != q.device:
             _fail(ValueError, name, f"the query's device {q.device}", t.device)
     if k.dtype != q.dtype or v.dtype != q.dtype:

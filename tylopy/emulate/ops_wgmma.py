@@ -4,7 +4,7 @@ wgmma is collective over the 4 warps of a warpgroup: each warp waits at the inst
 all four have issued it (a warp that never does leaves the others in a reported deadlock);
 then the 64 x N product is computed once, from shared memory as it is at that moment.
 
-Accumulator layout, from the PTX ISA (hopper-reference.md section 3), g = lane >> 2, t = lane & 3,
+Accumulator layout, from the PTX ISA (docs/hopper.md, "Register layouts"), g = lane >> 2, t = lane & 3,
 warp w of the warpgroup: d_i holds row 16w + g + 8((i >> 1) & 1), column 8(i >> 2) + 2t + (i & 1).
 The RS A operand of warp w is the mma.sync A table on rows 16w..16w+15.
 
