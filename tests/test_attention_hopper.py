@@ -532,6 +532,23 @@ def test_bench_ratios_and_sweep_winners():
     assert len(labels) == len(set(labels)) and ("default", 64) in labels and ("default", 128) in labels
 
 
+def test_bench_variants_are_candidates_with_their_own_ratios():
+    """``--variant EXPONENT=shared`` times tylopy under that schedule in the same process and
+    gives it a ratio table of its own; a malformed change names the item."""
+    from tylopy_kernels.attention import bench
+    assert bench.parse_schedule("EXPONENT=shared,BLOCK_N=64,RESCALE_THRESHOLD=None") == {
+        "EXPONENT": "shared", "BLOCK_N": 64, "RESCALE_THRESHOLD": None}
+    with pytest.raises(SystemExit, match="KEY=VALUE.*'BLOCK_N'"):
+        bench.parse_schedule("EXPONENT=shared,BLOCK_N")
+    cands = bench.candidates(False, only=("tylopy",), variants=("EXPONENT=shared",))
+    assert set(cands) == {"tylopy", "tylopy[EXPONENT=shared]"}
+    rows = [{"name": "tylopy", "d": 64, "causal": False, "n": 4096, "tflops": 480.0},
+            {"name": "tylopy[EXPONENT=shared]", "d": 64, "causal": False, "n": 4096, "tflops": 504.0},
+            {"name": "fa3_cute", "d": 64, "causal": False, "n": 4096, "tflops": 520.0}]
+    (row,) = bench.ratios(rows, "tylopy[EXPONENT=shared]")
+    assert row["tylopy"] == 504 and row["vs_fa3_cute"] == round(504 / 520, 3) and row["vs_default"] == 1.05
+
+
 def test_bench_calls_everything_once_before_timing(monkeypatch, capsys):
     """``tylopy bench attention``: every candidate is called (compiled, checked) on every shape
     before the first timing; a candidate that fails is reported, not timed; the final table holds
@@ -540,7 +557,7 @@ def test_bench_calls_everything_once_before_timing(monkeypatch, capsys):
     events = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
-    def fake_candidates(causal, only=None):
+    def fake_candidates(causal, only=None, variants=()):
         def good(name):
             def fn(x):
                 events.append(("call", name))

@@ -4,13 +4,19 @@
 #   bench call ring attention over both)
 #
 #   call 1, carry [".wheels/a"]:  bash tools/gpu_final.sh tests
-#       stashes the first half of the FA3-class wheels, runs every GPU test, an ncu look at the forward (D=64, 16k) and
-#       the backward (D=128, 8k), the host-overhead bench and the TMA-store diagnosis
+#       stashes the first half of the FA3-class wheels, runs the host-overhead bench, an ncu look at
+#       the forward (D=64, 16k), every GPU test, an ncu look at the backward (D=128, 8k) and the
+#       TMA-store diagnosis
 #   call 2, carry [".wheels/b"]:  bash tools/gpu_final.sh bench
 #       installs the FA3-class kernel (flash-attn-4's CuTe sm90 path) and runs every benchmark:
 #       attention forward, backward, GEMM (twice: the second process must not re-tune), decode,
 #       the training step, and on a machine with two GPUs ring attention over both; each step
 #       time-boxed so the call ends inside the device limit.
+#
+# Knobs (environment): STEPS="host-overhead pytest-gpu ..." runs only those steps (names as in the
+# step lines); VARIANTS="EXPONENT=shared ..." adds tylopy under those schedule changes to the
+# attention comparison (same process) and an ncu look at each; FWD_SCHEDULE=K=V,... changes the
+# schedule of the tests call's ncu look; *_SECONDS and WORKERS size the steps.
 #
 # The wheels (flash-attn-4 4.0.0b36 and nvidia-cutlass-dsl 4.8.1 for Python 3.12, the large one split
 # in two parts) are downloaded into .wheels/ and kept out of git.
@@ -31,27 +37,32 @@ step() {  # name seconds command...
   echo "$name: exit $? at $((SECONDS - start)) s"
 }
 
+NCU="ncu --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis
+     --section Occupancy --section LaunchStats --section SchedulerStats --section WarpStateStats"
+want() { [[ " ${STEPS:-all} " == *" all "* || " ${STEPS:-all} " == *" $1 "* ]]; }  # STEPS="a b": only those
+ncu_summary() {
+  echo "--- $1"; grep -E "^  [A-Z]|^    (Memory|DRAM|Duration|Compute|SM Busy|Registers|Achieved Occ|Theoretical Occ|Issue Slots|Executed Ipc|No Eligible|Warp Cycles Per Issued|Dynamic Shared|One or More)" "$LOG/$1.log" | head -40
+}
+
 if [[ " $* " == *" tests "* ]]; then
   mkdir -p "$STASH" && cp .wheels/a/* "$STASH/" 2>/dev/null
-  step pytest-gpu ${TEST_SECONDS:-280} python3 -m pytest -q -m gpu -p no:cacheprovider -n ${WORKERS:-8} \
-    --timeout=240 --timeout-method=thread tests
-  NCU="ncu --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis
-       --section Occupancy --section LaunchStats --section SchedulerStats --section WarpStateStats"
-  step ncu-forward ${NCU_SECONDS:-60} $NCU --launch-skip 3 --launch-count 1 -k regex:attention_fwd_sm90 \
-    tylopy bench attention --once --d 64 --n 16384
-  step ncu-backward ${NCU_SECONDS:-60} $NCU --launch-count 1 -k regex:attention_bwd_sm90 \
+  want host-overhead && step host-overhead 90 python3 tools/bench_host_overhead.py --output "$LOG/host-overhead.json"
+  want ncu-forward && step ncu-forward ${NCU_SECONDS:-60} $NCU --launch-skip 3 --launch-count 1 \
+    -k regex:attention_fwd_sm90 tylopy bench attention --once --d 64 --n 16384 ${FWD_SCHEDULE:+--schedule $FWD_SCHEDULE}
+  want pytest-gpu && step pytest-gpu ${TEST_SECONDS:-280} python3 -m pytest -q -m gpu -p no:cacheprovider \
+    -n ${WORKERS:-8} --timeout=240 --timeout-method=thread tests
+  want ncu-backward && step ncu-backward ${NCU_SECONDS:-60} $NCU --launch-count 1 -k regex:attention_bwd_sm90 \
     tylopy bench attention_backward --once --d 128 --n 8192
-  step host-overhead 60 python3 tools/bench_host_overhead.py --output "$LOG/host-overhead.json"
-  step tma-store-variants 60 python3 tools/diagnose_tma_store.py
+  want tma-store-variants && step tma-store-variants 60 python3 tools/diagnose_tma_store.py
   tar czf "$OUT/final-tests.tgz" -C "$OUT" logs
   echo "=== tests"
-  grep -E "^(FAILED|ERROR)" "$LOG/pytest-gpu.log" | cut -c1-180 | sort -u | head -40
-  tail -2 "$LOG/pytest-gpu.log"
-  tail -25 "$LOG/host-overhead.log"
-  cat "$LOG/tma-store-variants.log"
-  for f in ncu-forward ncu-backward; do
-    echo "--- $f"; grep -E "^  [A-Z]|^    (Memory|DRAM|Duration|Compute|SM Busy|Registers|Achieved Occ|Theoretical Occ|Issue Slots|Executed Ipc|No Eligible|Warp Cycles Per Issued|Dynamic Shared|One or More)" "$LOG/$f.log" | head -40
-  done
+  if [ -f "$LOG/pytest-gpu.log" ]; then
+    grep -E "^(FAILED|ERROR)" "$LOG/pytest-gpu.log" | cut -c1-180 | sort -u | head -40
+    tail -2 "$LOG/pytest-gpu.log"
+  fi
+  [ -f "$LOG/host-overhead.log" ] && tail -25 "$LOG/host-overhead.log"
+  [ -f "$LOG/tma-store-variants.log" ] && cat "$LOG/tma-store-variants.log"
+  for f in ncu-forward ncu-backward; do [ -f "$LOG/$f.log" ] && ncu_summary $f; done
 fi
 
 if [[ " $* " == *" bench "* ]]; then
@@ -62,15 +73,21 @@ if [[ " $* " == *" bench "* ]]; then
     export PYTHONPATH=$HOME/fa4:$HOME/fa4/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}
   fi
   python3 -c "from flash_attn.cute import flash_attn_func; print('FA3-class kernel importable')" 2>&1 | tail -1
-  step attention ${FWD_SECONDS:-170} tylopy bench attention --output "$LOG/attention.json" --plot "$LOG/attention.png"
-  step backward ${BWD_SECONDS:-120} tylopy bench attention_backward --output "$LOG/backward.json" \
+  variants=(); for v in ${VARIANTS:-}; do variants+=(--variant "$v"); done  # VARIANTS="EXPONENT=shared ..."
+  want attention && step attention ${FWD_SECONDS:-170} tylopy bench attention --output "$LOG/attention.json" \
+    --plot "$LOG/attention.png" "${variants[@]}"
+  for v in ${VARIANTS:-}; do
+    want ncu-variant && step "ncu-forward-$v" ${NCU_SECONDS:-60} $NCU --launch-skip 3 --launch-count 1 \
+      -k regex:attention_fwd_sm90 tylopy bench attention --once --d 64 --n 16384 --schedule "$v"
+  done
+  want backward && step backward ${BWD_SECONDS:-120} tylopy bench attention_backward --output "$LOG/backward.json" \
     --plot "$LOG/backward.png"
-  TYLOPY_AUTOTUNE_VERBOSE=1 step gemm ${GEMM_SECONDS:-110} tylopy bench gemm --output "$LOG/gemm.json" \
+  want gemm && TYLOPY_AUTOTUNE_VERBOSE=1 step gemm ${GEMM_SECONDS:-110} tylopy bench gemm --output "$LOG/gemm.json" \
     --plot "$LOG/gemm.png"
-  TYLOPY_AUTOTUNE_VERBOSE=1 step gemm-again 50 tylopy bench gemm --shapes square --output "$LOG/gemm-again.json"
-  step decode ${DECODE_SECONDS:-45} tylopy bench attention_decode --output "$LOG/decode.json"
-  step training ${TRAIN_SECONDS:-80} tylopy bench attention_training --output "$LOG/training.json"
-  if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then  # ring attention over two GPUs (NVLink multicast off)
+  want gemm && TYLOPY_AUTOTUNE_VERBOSE=1 step gemm-again 50 tylopy bench gemm --shapes square --output "$LOG/gemm-again.json"
+  want decode && step decode ${DECODE_SECONDS:-45} tylopy bench attention_decode --output "$LOG/decode.json"
+  want training && step training ${TRAIN_SECONDS:-80} tylopy bench attention_training --output "$LOG/training.json"
+  if want ring && [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then  # ring attention over two GPUs (NVLink multicast off)
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 step ring ${RING_SECONDS:-100} \
       python3 -m torch.distributed.run --standalone --nproc_per_node 2 -m tylopy_kernels.attention.bench_ring \
       --output "$LOG/ring.json"
@@ -78,10 +95,11 @@ if [[ " $* " == *" bench "* ]]; then
   tar czf "$OUT/final-bench.tgz" -C "$OUT" logs
   echo "=== bench"
   for f in attention backward gemm decode training; do
-    echo "--- $f"; grep -E "^\|" "$LOG/$f.log" | tail -40
+    [ -f "$LOG/$f.log" ] && { echo "--- $f"; grep -E "^\||^variant|geometric" "$LOG/$f.log" | tail -${TABLE_LINES:-40}; }
   done
-  echo "--- gemm autotune: first process $(grep -c 'tylopy.autotune.* ms$' "$LOG/gemm.log") candidates timed, second" \
+  for f in "$LOG"/ncu-forward-*.log; do [ -f "$f" ] && ncu_summary "$(basename "$f" .log)"; done
+  [ -f "$LOG/gemm.log" ] && echo "--- gemm autotune: first process $(grep -c 'tylopy.autotune.* ms$' "$LOG/gemm.log") candidates timed, second" \
        "process $(grep -c 'tylopy.autotune.* ms$' "$LOG/gemm-again.log")"
-  tail -6 "$LOG/training.log"
+  [ -f "$LOG/training.log" ] && tail -6 "$LOG/training.log"
   [ -f "$LOG/ring.log" ] && { echo "--- ring"; grep -E "^N=|Error|error" "$LOG/ring.log" | tail -12; }
 fi

@@ -64,9 +64,11 @@ def reference_error(out, q, k, v, causal, ref=None):
     return (out[:1, :1].double() - ref).abs().max().item()
 
 
-def candidates(causal, only=None):
+def candidates(causal, only=None, variants=()):
     """name -> fn(inputs) returning the output as (B, H, N, D); inputs holds q, k, v (B, H, N, D)
-    and their (B, N, H, D) copies."""
+    and their (B, N, H, D) copies. Each of ``variants`` (schedule changes, as ``--schedule``
+    takes them) adds a candidate ``tylopy[K=V,...]``: tylopy under those changes, timed in the same
+    process as the others."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -88,7 +90,30 @@ def candidates(causal, only=None):
             res = fa3(x["qt"], x["kt"], x["vt"], causal=causal)
             return (res[0] if isinstance(res, tuple) else res).transpose(1, 2)
         out["fa3_cute"] = run_fa3
-    return {k: v for k, v in out.items() if not only or k in only}
+    out = {k: v for k, v in out.items() if not only or k in only}
+    for text in variants:
+        out[f"tylopy[{text}]"] = _variant(parse_schedule(text), causal)
+    return out
+
+
+def _variant(override, causal):
+    import tylopy
+
+    def run_variant(x):
+        with schedule(x["q"].shape[-1], override):
+            return tylopy.attention(x["q"], x["k"], x["v"], is_causal=causal)
+    return run_variant
+
+
+def parse_schedule(text):
+    """"K=V,K=V" -> {K: V} with numbers, True/False/None converted ("EXPONENT=shared,BLOCK_N=64")."""
+    out = {}
+    for item in (t for t in text.split(",") if t):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise SystemExit(f"a schedule change is KEY=VALUE (e.g. EXPONENT=shared), but got {item!r}")
+        out[key.strip()] = _value(value.strip())
+    return out
 
 
 def _inputs(b, h, n, d, seed, device="cuda"):
@@ -139,14 +164,14 @@ def points(ns=NS, dims=DIMS, causal_modes=(False, True)):
     return [(d, causal, n, max(TOKENS // n, 1), HEADS[d]) for d in dims for causal in causal_modes for n in ns]
 
 
-def run(ns=NS, dims=DIMS, causal_modes=(False, True), only=None, bench=None, device="cuda"):
+def run(ns=NS, dims=DIMS, causal_modes=(False, True), only=None, bench=None, device="cuda", variants=()):
     """Both passes over every shape (module docstring); rows as ``print_row`` prints them."""
     import time
 
     import torch
     bench = bench or _timer()
     shapes = points(ns, dims, causal_modes)
-    cands = {causal: candidates(causal, only) for causal in causal_modes}
+    cands = {causal: candidates(causal, only, variants) for causal in causal_modes}
     checked, t0 = {}, time.perf_counter()
     for d, causal, n, b, h in shapes:  # pass 1: compile / plan / JIT, and check, outside any timing
         x = _inputs(b, h, n, d, seed=n + d, device=device)
@@ -186,24 +211,26 @@ def print_row(r):
         print(f"{tag} {r['ms']:.3f} | {r['tflops']:.0f} | {r['max_err']:.2e} |", flush=True)
 
 
-def ratios(rows):
-    """tylopy's TFLOP/s over each other candidate's, per (d, causal, n)."""
+def ratios(rows, subject="tylopy"):
+    """``subject``'s TFLOP/s (tylopy, or a ``tylopy[...]`` variant, filed under "tylopy") over each
+    other candidate's, per (d, causal, n)."""
     out = []
     keyed = {(r["name"], r["d"], r["causal"], r["n"]): r.get("tflops") for r in rows}
     for (name, d, causal, n), t in sorted(keyed.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][3])):
-        if name != "tylopy" or not t:
+        if name != subject or not t:
             continue
         row = {"d": d, "causal": causal, "n": n, "tylopy": round(t)}
-        for other in sorted({r["name"] for r in rows} - {"tylopy"}):
+        for other in sorted({r["name"] for r in rows} - {subject}):
             o = keyed.get((other, d, causal, n))
-            row[other] = round(o) if o else None
-            row[f"vs_{other}"] = round(t / o, 3) if o else None
+            col = "default" if other == "tylopy" else other  # a variant's table: the default schedule
+            row[col] = round(o) if o else None
+            row[f"vs_{col}"] = round(t / o, 3) if o else None
         out.append(row)
     return out
 
 
-SUMMARY_NAMES = ("tylopy", "fa3_cute", "sdpa_cudnn", "sdpa_flash")
-SUMMARY_RATIOS = (("fa3_cute", "FA3-class"), ("sdpa_cudnn", "cuDNN"))
+SUMMARY_NAMES = ("tylopy", "default", "fa3_cute", "sdpa_cudnn", "sdpa_flash")
+SUMMARY_RATIOS = (("default", "default schedule"), ("fa3_cute", "FA3-class"), ("sdpa_cudnn", "cuDNN"))
 
 
 def print_ratios(table):
@@ -394,6 +421,9 @@ def main(argv=None):
                          "for ncu / nsys")
     ap.add_argument("--causal", action="store_true", help="with --once: causal")
     ap.add_argument("--schedule", default="", help="tylopy schedule changes, e.g. BLOCK_N=128,CONSUMERS=2")
+    ap.add_argument("--variant", action="append", default=[], metavar="K=V,...",
+                    help="also time tylopy under these schedule changes, as candidate tylopy[K=V,...] "
+                         "(repeatable; its own ratio table follows the main one)")
     ap.add_argument("--warmup-ms", type=float, default=WARMUP_MS, help="warm-up per timed point (comparison)")
     ap.add_argument("--rep-ms", type=float, default=REP_MS, help="timed calls per point, in ms (comparison)")
     args = ap.parse_args(argv)
@@ -409,7 +439,7 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("bench attention needs a CUDA GPU", file=sys.stderr)
         return 2
-    sched = {k: _value(v) for k, v in (kv.split("=") for kv in args.schedule.split(",") if kv)}
+    sched = parse_schedule(args.schedule)
     if args.once:
         with schedule(args.d[0], sched):
             once(args.d[0], args.n[0], args.causal, name=(args.only or ["tylopy"])[0])
@@ -424,10 +454,16 @@ def main(argv=None):
         with contextlib.ExitStack() as stack:
             for d in args.d:
                 stack.enter_context(schedule(d, sched))
-            rows = run(tuple(args.n), tuple(args.d), only=args.only, bench=_timer(args.warmup_ms, args.rep_ms))
+            rows = run(tuple(args.n), tuple(args.d), only=args.only, bench=_timer(args.warmup_ms, args.rep_ms),
+                       variants=tuple(args.variant))
         table = ratios(rows)
         print_ratios(table)
-        data = {"rows": rows, "ratios": table, "fa3_cute": _fa3()[1] or "available",
+        variant_tables = {}
+        for text in args.variant:
+            print(f"\nvariant tylopy[{text}] (its ratios; the column 'tylopy' is the variant):")
+            variant_tables[text] = ratios(rows, f"tylopy[{text}]")
+            print_ratios(variant_tables[text])
+        data = {"rows": rows, "ratios": table, "variant_ratios": variant_tables, "fa3_cute": _fa3()[1] or "available",
                 "timing": {"warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms,
                            "statistic": "median of CUDA-event times"}}
     path = write_results("attention", dict(data, schedule=dict(launch.SCHEDULE),
