@@ -188,14 +188,14 @@ def test_tensor_kernel_on_the_gpu(dtype):
 def test_tensor_map_cache_keeps_no_tensor_alive():
     import gc
     import weakref
-    from tylopy_kernels.attention import hopper_launch
+    from tylopy.runtime import tensormap
     q = torch.randn(1, 2, 256, 64, dtype=torch.bfloat16, device="cuda")
     ref = weakref.ref(q)
     ty.attention(q, q.clone(), q.clone())
     torch.cuda.synchronize()
     del q
     gc.collect()
-    assert ref() is None and hopper_launch._maps  # maps are cached, the tensors are not kept
+    assert ref() is None and tensormap._cache  # maps are cached, the tensors are not kept
 
 
 def test_string_annotations_are_evaluated_where_the_kernel_is_defined():

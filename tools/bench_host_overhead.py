@@ -11,7 +11,8 @@ launches, so the time is what the Python call costs):
 * ``tylopy kernel[grid](...)``: the full path (specialization lookup and guards included);
 * ``tylopy tensor args``: a kernel with two 2-D ``ty.tensor`` parameters;
 * ``torch.add(out=)``: a torch op of the same size;
-* ``tylopy.attention`` and ``F.scaled_dot_product_attention`` on (1, 1, 128, 64) bf16;
+* ``tylopy.attention`` and ``F.scaled_dot_product_attention`` on (1, 1, 128, 64) bf16, and
+  tylopy.attention with a new query buffer each call (its tensor map encoded every time);
 * ``tylopy on cuda:1`` when a second device exists (the context switch per launch).
 
 Targets: a small launch at most 8 us, ``tylopy.attention`` at most 15 us.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import itertools
 import json
 import statistics
 import sys
@@ -30,6 +32,7 @@ import torch.nn.functional as F
 
 import tylopy as ty
 from tylopy.runtime import driver as drv
+from tylopy.runtime.tensormap import CACHE_ENTRIES
 from tylopy_kernels.examples.vector_add import vector_add
 
 N = 4096
@@ -96,6 +99,8 @@ def main(argv=None) -> int:
     ck = kernel.compile()
     launcher = ck.launcher()
     q = torch.randn(1, 1, 128, 64, device="cuda", dtype=torch.bfloat16)
+    # more query buffers than the tensor-map cache holds maps: each call encodes its Q map
+    fresh_q = itertools.cycle([torch.randn_like(q) for _ in range(2 * CACHE_ENTRIES)])
     k, v = torch.randn_like(q), torch.randn_like(q)
     src = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
@@ -107,6 +112,7 @@ def main(argv=None) -> int:
         "tylopy tensor args": lambda: copy[(64,)](src, dst),
         "torch.add(out=)": lambda: torch.add(x, y, out=out),
         "tylopy.attention (1,1,128,64) bf16": lambda: ty.attention(q, k, v),
+        "tylopy.attention, a new q each call": lambda: ty.attention(next(fresh_q), k, v),
         "F.scaled_dot_product_attention": lambda: F.scaled_dot_product_attention(q, k, v),
     }
     if torch.cuda.device_count() > 1:

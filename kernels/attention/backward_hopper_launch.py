@@ -76,7 +76,6 @@ DQ_SWEEP = {d: [dict(DQ_BLOCK_N=bn, DQ_STAGES=st, DQ_PIPELINE=pipe) for bn in (6
 PAD = 128                     # L/delta rows are padded to a multiple of every query tile
 _DIMS = {"b": 0, "h": 1, "n": 2}
 _U32 = getattr(torch, "uint32", torch.int32)
-_maps: dict = {}
 
 
 _fail = rejecter("attention backward")
@@ -138,13 +137,7 @@ def _stat_map(t: torch.Tensor, rows: int, encode: bool):
 def _map(t, shape, strides, box, dtype, swizzle, encode):
     if not encode:
         return TensorMapSpec(t, tuple(shape), tuple(strides), tuple(box), dtype, swizzle)
-    key = (t.data_ptr(), tuple(shape), tuple(strides), tuple(box), dtype, t.device.index)
-    tm = _maps.get(key)
-    if tm is None:
-        if len(_maps) > 256:
-            _maps.clear()
-        tm = _maps[key] = TensorMap.tiled(t, shape, strides, box, dtype, swizzle=swizzle, hold=False)
-    return tm
+    return TensorMap.cached(t, tuple(shape), tuple(strides), tuple(box), dtype, swizzle)
 
 
 def _check(q, k, v, out, dout, lse, dq, dk, dv):

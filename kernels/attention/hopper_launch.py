@@ -23,13 +23,16 @@ from .hopper_tiles import Plan
 
 # Defaults per head dim (docs/performance.md, "v5": what each option was predicted to do and what
 # the H200 sweep measured, results/attention-sweep-H200-v5.json). At N >= 2k no guarded option
-# beat these by more than the sweep's noise (identical SASS read up to 3.5% apart).
-SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 3, "PERSISTENT": "auto", "EXPONENT": "ffma",
+# beat these by more than the sweep's noise (identical SASS read up to 3.5% apart). D=64 takes the
+# "shared" exponent sequence: the bits of "ffma" in 764 instead of 889 SASS instructions a tile;
+# on the H200, same process, 1.015x "ffma" over the 12 D=64 shapes (0.98-1.09) and 2.9% less
+# time under ncu at 16k. At D=128 it was 0.98x (0.91-1.05), so "ffma" stays there.
+SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 3, "PERSISTENT": "auto", "EXPONENT": "shared",
             "RESCALE_THRESHOLD": 8.0, "SPLIT_S": False, "PV_WAIT": "pinned", "POLY_EXP2": 0, "TMA_STORE": False,
             "ORDER": "auto", "DEFER_EPILOGUE": True}
 # D=128: O takes 64 registers a thread, so two consumers (240 registers) as FA3; 128 x 128 tiles
 # (176-key tiles, FA3's non-causal choice, lost 1.5-6% at N >= 4k and 9% causal at 2k).
-SCHEDULE_128 = dict(SCHEDULE, CONSUMERS=2)
+SCHEDULE_128 = dict(SCHEDULE, CONSUMERS=2, EXPONENT="ffma")
 # Short sequences: a persistent grid (one CTA per SM looping over work tiles, the next Q loading
 # under the current epilogue), longest work first ("lpt"), O through a TMA store. It needs a few
 # more live registers than 160 a consumer thread allow, so it runs with two consumers; at D=128
@@ -51,7 +54,6 @@ MASKED_SCHEDULE = {"CONSUMERS": 2}
 # and no TMA store); "heads" does not.
 PERSISTENT_LSE_SCHEDULE_128 = {"ORDER": "heads"}
 L2_SHARE = 0.5  # the "lpt" order groups heads whose K and V fill about this share of L2
-_maps: dict = {}
 DIMS = {"b": 0, "h": 1, "n": 2}
 
 
@@ -93,14 +95,7 @@ def _dtype_name(t):
 
 
 def device_map(t: torch.Tensor, shape, strides, box) -> TensorMap:
-    key = (t.data_ptr(), tuple(shape), tuple(strides), tuple(box), t.dtype, t.device.index)
-    tm = _maps.get(key)
-    if tm is None:
-        if len(_maps) > 256:
-            _maps.clear()
-        tm = TensorMap.tiled(t, shape, strides, box, _dtype_name(t), swizzle=128, hold=False)
-        _maps[key] = tm
-    return tm
+    return TensorMap.cached(t, tuple(shape), tuple(strides), tuple(box), _dtype_name(t))
 
 
 @functools.lru_cache(maxsize=None)
@@ -198,7 +193,96 @@ def plan_launch(q, k, v, attn_mask, is_causal, scale, out, lse, schedule=None, m
 def launch_hopper(q, k, v, attn_mask, is_causal, scale, out, lse, schedule=None):
     """Run the kernel: q (B, H, N_q, D), k/v (B, H_kv, N_k, D) with H_kv | H, D in {64, 128}; out
     (B, H, N_q, D) and lse (B, H, N_q) float32 or None are written."""
+    key = None
+    if attn_mask is None and schedule is None and not (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr()) & 15:
+        key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), q.dtype, q.get_device(),
+               is_causal, lse is None)
+        again = _repeats.get(key)
+        if again is not None and again.tables_unchanged(q.shape[3], is_causal):
+            again.launch(q, k, v, out, lse, scale)
+            return
     dev = q.device
+    made = []
     launch = plan_launch(q, k, v, attn_mask, is_causal, scale, out, lse, schedule, sm_count=_sm_count(dev),
-                         l2_bytes=_l2_bytes(dev))
+                         l2_bytes=_l2_bytes(dev), make_map=_recording(made))
     attention_fwd_sm90[launch.grid](*launch.args, **launch.constexprs)
+    if key is not None:
+        again = Repeat.of(launch, made, (q, k, v, out), _tables(q.shape[3], is_causal))
+        if again is not None:
+            if len(_repeats) >= 64:
+                del _repeats[next(iter(_repeats))]
+            _repeats[key] = again
+
+
+# -- calls like one planned before ---------------------------------------------------------------------
+# A call with the shapes, strides, dtype, device and options of an earlier one differs from it only
+# in its pointers and scale: it reuses that launch (grid, constexprs, arguments) and looks its
+# tensor maps up by address. plan_launch stays the one place that decides; a plan that copied an
+# input (a layout TMA cannot map) is not reused.
+_repeats: dict = {}
+_MAP_SLOTS, _OUT_SLOT, _LSE_SLOT, _SCALE_SLOT = 4, 4, 5, 14
+
+
+def _tables(D, is_causal):
+    """Copies of what a plan reads from the module's tables (they may be edited in place)."""
+    rows = [(n, dict(change)) for n, change in LENGTH_TABLE.get((D, bool(is_causal)), ())]
+    return dict(SCHEDULE if D == 64 else SCHEDULE_128), rows, dict(PERSISTENT_LSE_SCHEDULE_128), L2_SHARE
+
+
+def _recording(made):
+    def make_map(t, shape, strides, box):
+        made.append((t, tuple(shape), tuple(strides), tuple(box)))
+        return device_map(t, shape, strides, box)
+    return make_map
+
+
+@dataclass
+class Repeat:
+    grid: tuple
+    args: list          # the launch's arguments; the maps, out, lse and scale are set per call
+    maps: tuple         # per map slot: (source: 0 q, 1 k, 2 v, 3 out, view of it, shape, strides, box, dtype)
+    constexprs: dict
+    tables: tuple       # _tables() when planned
+    last: tuple = ()    # (q, k, v, out addresses, their maps) of the last call
+
+    def tables_unchanged(self, D, is_causal) -> bool:
+        sched, rows, lse_rule, share = self.tables
+        return ((SCHEDULE if D == 64 else SCHEDULE_128) == sched and LENGTH_TABLE.get((D, bool(is_causal)), []) == rows
+                and PERSISTENT_LSE_SCHEDULE_128 == lse_rule and L2_SHARE == share)
+
+    @staticmethod
+    def of(launch, made, sources, tables):
+        """The reusable form of ``launch`` whose maps ``made`` recorded, or None when a map is
+        over a copy rather than over one of ``sources`` (q, k, v, out) or a leading slice of it."""
+        if attention_fwd_sm90._open_tensors:  # its specialization would depend on the arguments too
+            return None
+        maps = []
+        for t, shape, strides, box in made:
+            src = next((i for i, s in enumerate(sources) if s.data_ptr() == t.data_ptr() and s.dtype == t.dtype), None)
+            if src is None:
+                return None
+            view = tuple(min(n, m) for n, m in zip(t.shape, sources[src].shape))
+            maps.append((src, view if view != tuple(sources[src].shape) else None, shape, strides, box,
+                         _dtype_name(t)))
+        maps += [maps[0]] * (_MAP_SLOTS - len(maps))  # no TMA store: the O map slot repeats Q's (not read)
+        return Repeat(launch.grid, list(launch.args), tuple(maps), launch.constexprs, tables)
+
+    def launch(self, q, k, v, out, lse, scale):
+        args = self.args[:]
+        ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
+        if self.last and self.last[0] == ptrs:  # the same buffers as last time (a loop, a benchmark)
+            args[:_MAP_SLOTS] = self.last[1]
+        else:
+            sources = (q, k, v, out)
+            for i, (src, view, shape, strides, box, dtype) in enumerate(self.maps):
+                t = sources[src]
+                if view is not None:
+                    t = t[:view[0], :view[1]]
+                args[i] = TensorMap.cached(t, shape, strides, box, dtype)
+            self.last = (ptrs, args[:_MAP_SLOTS])
+        args[_OUT_SLOT] = out.view(torch.int16)
+        if lse is not None:
+            args[_LSE_SLOT] = lse
+        args[_SCALE_SLOT] = scale
+        ck = attention_fwd_sm90.compile(**self.constexprs)  # the same specialization unless a guard changed
+        ck.launcher().launch(self.grid, args)

@@ -24,7 +24,6 @@ TY_DTYPE = {torch.bfloat16: ty.bf16, torch.float16: ty.f16, torch.float32: ty.f3
 MAP_DTYPE = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 STORE = "tma"                 # the epilogue path of every config ("direct": register -> global stores)
 TMA_STORE_AVAILABLE = True
-_maps: dict = {}
 
 
 def fit_stages(block_m, block_n, schedule, store=STORE, most=8) -> int:
@@ -174,14 +173,7 @@ def workspace(splits, m, n, device) -> torch.Tensor:
 
 
 def _tensor_map(t: torch.Tensor, dims, strides_bytes, box) -> TensorMap:
-    key = (t.data_ptr(), dims, strides_bytes, box, t.dtype, t.device.index)
-    tm = _maps.get(key)
-    if tm is None:
-        if len(_maps) > 256:
-            _maps.clear()
-        tm = TensorMap.tiled(t, dims, strides_bytes, box, MAP_DTYPE[t.dtype], swizzle=128, hold=False)
-        _maps[key] = tm
-    return tm
+    return TensorMap.cached(t, tuple(dims), tuple(strides_bytes), tuple(box), MAP_DTYPE[t.dtype])
 
 
 def _spec(t: torch.Tensor, dims, strides_bytes, box) -> TensorMapSpec:

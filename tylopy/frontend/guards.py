@@ -13,7 +13,7 @@ import sys
 import types
 
 from ..errors import CaptureError
-from .capture import _SIMPLE, _is_user_module, _library_function, fingerprint, global_names, resolve, unwrap
+from .capture import _SIMPLE, _is_user_module, _library_function, fingerprint, global_names, unwrap
 
 _MISSING = object()
 
@@ -65,9 +65,22 @@ class Guards:
                 if module is not None:
                     checks.add(None, vars(module), read.name, value, fp)
             else:
-                checks.add(functools.partial(resolve, read, {}), None, None, value, fp)
+                checks.add(_attr_getter(read), None, None, value, fp)
             checks.follow(value)
         return checks.finish()
+
+
+def _attr_getter(read):
+    """``resolve(read, {})`` for an attribute path, with the parsing done once (it runs per launch;
+    a module or name gone raises, which ``Guards.valid`` counts as changed)."""
+    head, _, rest = read.name.partition(".")
+    tail = operator.attrgetter(rest) if rest else None
+    modules, owner = sys.modules, read.owner
+
+    def get():
+        value = vars(modules[owner])[head]
+        return tail(value) if tail is not None else value
+    return get
 
 
 class _GuardBuilder:

@@ -13,6 +13,8 @@ from ..errors import LaunchValueError
 from . import driver as drv
 
 SWIZZLE_BYTES = {0: 0, 32: 1, 64: 2, 128: 3}
+CACHE_ENTRIES = 256  # TensorMap.cached keeps this many maps (128 bytes of host memory each)
+_cache: dict = {}
 DTYPE_CODES = {"u8": 0, "u16": 1, "u32": 2, "i32": 3, "u64": 4, "i64": 5, "f16": 6, "f32": 7, "f64": 8, "bf16": 9}
 
 
@@ -128,6 +130,21 @@ class TensorMap:
             d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         )
         return TensorMap(tmap, spec, hold)
+
+    @staticmethod
+    def cached(tensor, dims: tuple, strides_bytes: tuple, box: tuple, dtype: str, swizzle: int = 128) -> "TensorMap":
+        """``tiled(..., hold=False)`` encoded once per (address, geometry, dtype, swizzle, device):
+        the launchers' maps. The cache keeps the newest ``CACHE_ENTRIES`` maps and no tensor
+        (a new tensor at a cached address gets the cached map, which encodes only the address and
+        the geometry). ``dims``, ``strides_bytes`` and ``box`` are tuples of ints."""
+        key = (tensor.data_ptr(), dims, strides_bytes, box, dtype, swizzle, tensor.get_device())
+        tm = _cache.get(key)
+        if tm is None:
+            tm = TensorMap.tiled(tensor, dims, strides_bytes, box, dtype, swizzle, hold=False)
+            if len(_cache) >= CACHE_ENTRIES:
+                del _cache[next(iter(_cache))]  # the oldest entry
+            _cache[key] = tm
+        return tm
 
     @staticmethod
     def tiled(tensor, dims, strides_bytes, box, dtype: str, swizzle: int = 128, hold: bool = True) -> "TensorMap":

@@ -1,0 +1,170 @@
+"""The host path of ``tylopy.attention`` on Hopper without a GPU: a fake driver takes the launches
+and CPU tensors stand in for CUDA ones. A call like an earlier one (same shapes, strides, dtype,
+device, options) reuses its checks and its launch plan; these tests hold that reuse to giving
+exactly the launch the full path gives, and to noticing whatever would change it.
+"""
+import ctypes
+
+import pytest
+import torch
+
+from tylopy.runtime import driver as drv
+from tylopy.runtime import tensormap as tm_mod
+from tylopy_kernels import attention as A
+from tylopy_kernels.attention import hopper_launch as HL
+
+import test_launch_host as H
+
+
+class RecordedMap(tm_mod.TensorMap):
+    """A tensor map whose 128 bytes hold what it was made from (address and geometry)."""
+
+    def __init__(self, tensor, dims, strides, box, dtype):
+        self.device = 0
+        text = repr((tensor.data_ptr(), tuple(dims), tuple(strides), tuple(box), dtype)).encode()
+        self._buf = ctypes.create_string_buffer(text, 128)
+
+    def getPtr(self):
+        return ctypes.addressof(self._buf)
+
+
+@pytest.fixture
+def hopper_host(monkeypatch):
+    """launch_hopper against a fake sm_90 driver; yields the list of launches, each as the bytes
+    its parameters would carry."""
+    d = H.FakeDriver(devices=1)
+    monkeypatch.setattr(drv, "driver", lambda: d)
+    monkeypatch.setattr(drv, "current_device", lambda: 0)
+    monkeypatch.setattr(drv, "current_stream", lambda device: 7000)
+    monkeypatch.setattr(drv, "primary_context", H._primary_without_torch)
+    monkeypatch.setattr(tm_mod.TensorMap, "tiled", staticmethod(
+        lambda t, dims, strides, box, dtype, swizzle=128, hold=True: RecordedMap(t, dims, strides, box, dtype)))
+    monkeypatch.setattr(tm_mod, "_cache", {})
+    monkeypatch.setattr(HL, "_repeats", {})
+    monkeypatch.setattr(HL, "_sm_count", lambda dev: 132)
+    monkeypatch.setattr(HL, "_l2_bytes", lambda dev: 50 << 20)
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)  # CPU tensors pass as cuda:0
+    launches = []
+    real = d.cuLaunchKernel
+
+    def record(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        n = len(HL.attention_fwd_sm90.compile(**_last_constexprs[0]).params)
+        ptrs = (ctypes.c_void_p * n).from_address(params)
+        launches.append(((gx, gy, gz), f.value, [ctypes.string_at(p, 128) for p in ptrs]))
+        return real(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra)
+    d.cuLaunchKernel = record
+    _last_constexprs[:] = [None]
+    real_compile = HL.attention_fwd_sm90.compile
+
+    def compile_and_note(**cx):
+        _last_constexprs[0] = cx
+        return real_compile(**cx)
+    monkeypatch.setattr(HL.attention_fwd_sm90, "compile", compile_and_note)
+    drv.forget_contexts()
+    yield launches
+    drv.forget_contexts()
+
+
+_last_constexprs = [None]
+
+
+def qkv(b=2, h=4, n=256, d=64, h_kv=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, n, d, generator=g).bfloat16()
+    k, v = (torch.randn(b, h_kv or h, n, d, generator=g).bfloat16() for _ in range(2))
+    return q, k, v
+
+
+def launch(q, k, v, causal=False, scale=0.125, lse=False, schedule=None, out=None):
+    out = torch.empty(q.shape, dtype=q.dtype) if out is None else out
+    if lse is True:
+        lse = torch.empty(q.shape[:3], dtype=torch.float32)
+    lse_t = lse if isinstance(lse, torch.Tensor) else None
+    HL.launch_hopper(q, k, v, None, causal, scale, out, lse_t, schedule)
+    return out, lse_t
+
+
+def full_path(q, k, v, **kw):
+    """The same launch through plan_launch every time (a schedule argument bypasses the reuse)."""
+    return launch(q, k, v, schedule={}, **kw)
+
+
+@pytest.mark.parametrize("causal, lse, n, d, h_kv", [
+    (False, False, 256, 64, None), (True, True, 2048, 64, None), (False, True, 4096, 128, 2),
+    (True, False, 512, 128, 1)])
+def test_a_repeated_call_launches_what_the_full_path_launches(hopper_host, causal, lse, n, d, h_kv):
+    q, k, v = qkv(n=n, d=d, h_kv=h_kv)
+    launch(q, k, v, causal=causal, lse=lse)  # plans, and keeps the plan
+    assert len(HL._repeats) == 1
+    q2, k2, v2 = qkv(n=n, d=d, h_kv=h_kv, seed=1)  # new buffers: new addresses, new maps
+    for args in ((q, k, v), (q2, k2, v2), (q2, k2, v2), (q, k, v)):
+        hopper_host.clear()
+        out = torch.empty(q.shape, dtype=q.dtype)
+        lse_t = torch.empty(q.shape[:3], dtype=torch.float32) if lse else False
+        full_path(*args, causal=causal, lse=lse_t, scale=0.3, out=out)
+        launch(*args, causal=causal, lse=lse_t, scale=0.3, out=out)
+        (grid_a, f_a, params_a), (grid_b, f_b, params_b) = hopper_host
+        assert grid_a == grid_b and f_a == f_b and params_a == params_b
+    assert len(HL._repeats) == 1
+
+
+def test_a_broadcast_key_value_view_is_mapped_over_its_storage_when_repeated(hopper_host):
+    q, k, v = qkv(h=4, h_kv=1)
+    ke, ve = k.expand(2, 4, 256, 64), v.expand(2, 4, 256, 64)
+    for _ in range(2):
+        hopper_host.clear()
+        out = torch.empty(q.shape, dtype=q.dtype)
+        full_path(q, ke, ve, out=out)
+        launch(q, ke, ve, out=out)
+        (_, _, a), (_, _, b) = hopper_host
+        assert a == b
+
+
+def test_editing_the_schedule_in_place_replans(hopper_host, monkeypatch):
+    q, k, v = qkv(n=4096)
+    launch(q, k, v)
+    launch(q, k, v)
+    assert _last_constexprs[0]["EXPONENT"] == HL.SCHEDULE["EXPONENT"]
+    monkeypatch.setitem(HL.SCHEDULE, "EXPONENT", "fast")
+    launch(q, k, v)
+    assert _last_constexprs[0]["EXPONENT"] == "fast"
+    monkeypatch.setitem(HL.LENGTH_TABLE, (64, False), [(8192, {"CONSUMERS": 2})])
+    launch(q, k, v)
+    assert _last_constexprs[0]["CONSUMERS"] == 2
+
+
+def test_an_unaligned_or_copied_input_is_not_reused(hopper_host):
+    q, k, v = qkv()
+    wide = torch.empty(2, 4, 256, 68, dtype=q.dtype)  # rows of 136 bytes: TMA cannot map them
+    q_wide = wide[..., :64]
+    q_wide.copy_(q)
+    launch(q_wide, k, v)  # runs on a contiguous copy of q
+    assert not HL._repeats
+    flat = torch.empty(q.numel() + 8, dtype=q.dtype)
+    q_odd = flat[1:1 + q.numel()].view(q.shape)  # 2 bytes past a 16-byte boundary
+    q_odd.copy_(q)
+    launch(q_odd, k, v)
+    assert not HL._repeats
+    q_off = flat[8:].view(q.shape)  # 16 bytes past: aligned
+    q_off.copy_(q)
+    launch(q_off, k, v)
+    assert len(HL._repeats) == 1
+
+
+def test_signature_cache_keeps_every_rejection(monkeypatch):
+    """A signature that passed the checks once must not let a different call skip them."""
+    q, k, v = qkv()
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
+    monkeypatch.setattr(A, "_checked", {})
+    sig = A._signature(q, k, v, None, 0.0, True, None, False)
+    A._checked[sig] = (0.125, True)  # as if a causal call had passed
+    with pytest.raises(TypeError, match="is_causal expects a bool, but got int"):
+        A.attention(q, k, v, is_causal=1)
+    with pytest.raises(TypeError, match="scale expects a float or None, but got bool"):
+        A.attention(q, k, v, is_causal=True, scale=True)
+    with pytest.raises(TypeError, match="dropout_p expects a float, but got bool"):
+        A.attention(q, k, v, is_causal=True, dropout_p=False)
+    with pytest.raises(ValueError, match="key/value heads"):
+        A.attention(q, k[:, :2], v[:, :2], is_causal=True)
+    assert A._signature(q, k, v, torch.ones(256, 256, dtype=torch.bool), 0.0, False, None, False) is None
+    assert A._signature(torch.nn.Parameter(q), k, v, None, 0.0, False, None, False) is None
