@@ -2,8 +2,6 @@
 through the strides, dtype-open kernels specialized per argument dtype, the ``contiguous``,
 ``noalias`` and ``index`` options, and the checks at launch. Run in the emulator (CPU tensors,
 non-contiguous views included) and, as GPU tests, on the device against torch."""
-import ctypes
-
 import numpy as np
 import pytest
 import torch
@@ -198,23 +196,6 @@ def test_tensor_map_cache_keeps_no_tensor_alive():
     del q
     gc.collect()
     assert ref() is None and tensormap._cache  # maps are cached, the tensors are not kept
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype, dims, strides, box, swizzle", [
-    ("bf16", (64, 300, 7), (160, 160 * 300), (64, 128, 1), 128), ("f32", (30, 40), (128,), (8, 16), 0),
-    ("f16", (128, 64), (256,), (32, 64), 64)])
-def test_tensor_maps_encoded_through_libcuda_equal_the_bindings_ones(dtype, dims, strides, box, swizzle):
-    """The launchers encode maps by calling libcuda through ctypes (a few us a map instead of ~20
-    through cuda.bindings): the 128 bytes must be the bindings' own."""
-    from tylopy.runtime import tensormap
-    if tensormap._c_encoder() is None:
-        pytest.skip("libcuda.so.1 cannot be loaded by ctypes here")
-    t = torch.empty(1 << 20, dtype=torch.float32, device="cuda")
-    spec = tensormap.TensorMapSpec(t, dims, strides, box, dtype, swizzle)
-    for l2 in (0, 2):
-        fast = tensormap.TensorMap.encode(spec, l2_promotion=l2)
-        assert ctypes.string_at(fast.getPtr(), 128) == tensormap.TensorMap.encode_with_bindings(spec, l2)
 
 
 def test_string_annotations_are_evaluated_where_the_kernel_is_defined():

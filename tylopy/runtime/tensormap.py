@@ -6,12 +6,10 @@ names the argument instead of CUDA_ERROR_INVALID_VALUE (constraints from the dri
 """
 from __future__ import annotations
 
-import ctypes
-import functools
 import weakref
 from dataclasses import dataclass
 
-from ..errors import DriverError, LaunchValueError
+from ..errors import LaunchValueError
 from . import driver as drv
 
 SWIZZLE_BYTES = {0: 0, 32: 1, 64: 2, 128: 3}
@@ -121,18 +119,17 @@ class TensorMap:
         d = drv.driver()
         t = spec.tensor
         drv.ensure_context(t.device.index)
-        c_encode = _c_encoder() if d is drv._cuda_bindings() else None
-        if c_encode is not None:
-            return TensorMap(_encode_c(c_encode, spec, l2_promotion), spec, hold)
-        return TensorMap(_encode_bindings(d, spec, l2_promotion), spec, hold)
-
-    @staticmethod
-    def encode_with_bindings(spec: TensorMapSpec, l2_promotion: int = 2) -> bytes:
-        """The 128 bytes cuda.bindings' cuTensorMapEncodeTiled gives for ``spec`` (what ``encode``
-        gives through libcuda directly; tests compare the two)."""
-        drv.ensure_context(spec.tensor.device.index)
-        tmap = _encode_bindings(drv.driver(), spec, l2_promotion)
-        return ctypes.string_at(tmap.getPtr(), 128)
+        tmap = drv.call(
+            "cuTensorMapEncodeTiled",
+            d.CUtensorMapDataType(DTYPE_CODES[spec.dtype]), len(spec.dims), t.data_ptr(),
+            [d.cuuint64_t(x) for x in spec.dims], [d.cuuint64_t(x) for x in spec.strides_bytes],
+            [d.cuuint32_t(x) for x in spec.box], [d.cuuint32_t(1)] * len(spec.dims),
+            d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            d.CUtensorMapSwizzle(SWIZZLE_BYTES[spec.swizzle]),
+            d.CUtensorMapL2promotion(l2_promotion),
+            d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+        return TensorMap(tmap, spec, hold)
 
     @staticmethod
     def cached(tensor, dims: tuple, strides_bytes: tuple, box: tuple, dtype: str, swizzle: int = 128) -> "TensorMap":
@@ -155,62 +152,3 @@ class TensorMap:
         spec = TensorMapSpec(tensor, tuple(int(x) for x in dims), tuple(int(x) for x in strides_bytes),
                              tuple(int(x) for x in box), dtype, swizzle)
         return TensorMap.encode(spec, hold=hold)
-
-
-# -- encoding through libcuda directly ---------------------------------------------------------------
-# cuda.bindings converts each of cuTensorMapEncodeTiled's arguments into its own objects, about
-# 20 us a map on a host CPU of an H200 machine; the same C call through ctypes costs a few. Both
-# write the same 128 bytes (tests/test_tensor_args.py compares them on a GPU).
-
-def _encode_bindings(d, spec: TensorMapSpec, l2_promotion: int):
-    return drv.call(
-        "cuTensorMapEncodeTiled",
-        d.CUtensorMapDataType(DTYPE_CODES[spec.dtype]), len(spec.dims), spec.tensor.data_ptr(),
-        [d.cuuint64_t(x) for x in spec.dims], [d.cuuint64_t(x) for x in spec.strides_bytes],
-        [d.cuuint32_t(x) for x in spec.box], [d.cuuint32_t(1)] * len(spec.dims),
-        d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        d.CUtensorMapSwizzle(SWIZZLE_BYTES[spec.swizzle]),
-        d.CUtensorMapL2promotion(l2_promotion),
-        d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-    )
-
-
-@functools.lru_cache(maxsize=None)
-def _c_encoder():
-    """libcuda's cuTensorMapEncodeTiled as a ctypes function, or None where it cannot be loaded."""
-    try:
-        f = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
-    except (OSError, AttributeError):
-        return None
-    u32p, u64p = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
-    f.restype = ctypes.c_int
-    f.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
-                  ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-    return f
-
-
-class _CMap:
-    """A CUtensorMap in host memory: 128 bytes at a 64-byte aligned address (its C alignment)."""
-
-    __slots__ = ("_buf", "_ptr")
-
-    def __init__(self):
-        self._buf = ctypes.create_string_buffer(128 + 64)
-        base = ctypes.addressof(self._buf)
-        self._ptr = base + (-base % 64)
-
-    def getPtr(self) -> int:
-        return self._ptr
-
-
-def _encode_c(encode, spec: TensorMapSpec, l2_promotion: int) -> _CMap:
-    rank = len(spec.dims)
-    out = _CMap()
-    err = encode(out.getPtr(), DTYPE_CODES[spec.dtype], rank, spec.tensor.data_ptr(),
-                 (ctypes.c_uint64 * rank)(*spec.dims), (ctypes.c_uint64 * max(rank - 1, 1))(*spec.strides_bytes),
-                 (ctypes.c_uint32 * rank)(*spec.box), (ctypes.c_uint32 * rank)(*([1] * rank)),
-                 0, SWIZZLE_BYTES[spec.swizzle], l2_promotion, 0)  # no interleave, no NaN fill out of bounds
-    if err:
-        d = drv.driver()
-        raise DriverError("cuTensorMapEncodeTiled", drv._result_name(d, err), None)
-    return out
