@@ -120,6 +120,17 @@ def test_a_broadcast_key_value_view_is_mapped_over_its_storage_when_repeated(hop
         assert a == b
 
 
+def test_a_kept_plan_holds_no_tensor_of_the_call(hopper_host):
+    import gc
+    import weakref
+    q, k, v = qkv()
+    out, lse = launch(q, k, v, lse=True)
+    refs = [weakref.ref(t) for t in (q, k, v, out, lse)]
+    del q, k, v, out, lse
+    gc.collect()
+    assert len(HL._repeats) == 1 and all(r() is None for r in refs)
+
+
 def test_editing_the_schedule_in_place_replans(hopper_host, monkeypatch):
     q, k, v = qkv(n=4096)
     launch(q, k, v)

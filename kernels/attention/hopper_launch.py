@@ -265,7 +265,12 @@ class Repeat:
             maps.append((src, view if view != tuple(sources[src].shape) else None, shape, strides, box,
                          _dtype_name(t)))
         maps += [maps[0]] * (_MAP_SLOTS - len(maps))  # no TMA store: the O map slot repeats Q's (not read)
-        return Repeat(launch.grid, list(launch.args), tuple(maps), launch.constexprs, tables)
+        args = list(launch.args)
+        args[:_MAP_SLOTS] = [None] * _MAP_SLOTS  # set per call: the template keeps no caller's tensor
+        args[_OUT_SLOT] = None
+        if launch.constexprs["RETURN_LSE"]:
+            args[_LSE_SLOT] = None
+        return Repeat(launch.grid, args, tuple(maps), launch.constexprs, tables)
 
     def launch(self, q, k, v, out, lse, scale):
         args = self.args[:]
