@@ -140,6 +140,8 @@ def _signature(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
     T = torch.Tensor
     if attn_mask is not None or type(query) is not T or type(key) is not T or type(value) is not T:
         return None
+    if torch.compiler.is_compiling():  # a trace takes the checks (and no cache) every time
+        return None
     dev = query.get_device()
     if dev < 0:  # CPU and meta tensors take the checks every time
         return None
