@@ -302,3 +302,38 @@ def test_numpy_array_global_changed_in_memory_and_on_disk(tmp_path, cache_dir):
     assert f32_hex(3.5) in m.k.compile().ptx
     again = load(tmp_path, ARRAY)  # a new process sees the file's 2.5: the first entry
     assert again.k.compile().from_cache and f32_hex(2.5) in again.k.compile().ptx
+
+
+ATTRIBUTE_SOURCE = HEADER + """
+import hostile_consts as hc
+
+
+@ty.kernel(threads=32)
+def k(x: ty.ptr(ty.f32)):
+    x[0] = x[0] * hc.box.scale + hc.SHIFT
+"""
+
+
+def test_an_attribute_read_through_a_module_is_guarded(tmp_path, cache_dir):
+    """The launch path's generated check (``Guards.valid``) agrees with the loop it replaces when
+    an attribute the trace read through another module is edited, removed or put back."""
+    consts = {"hostile_consts": "import types\nbox = types.SimpleNamespace(scale=2.5)\nSHIFT = 1.0\n"}
+    m = load(tmp_path, ATTRIBUTE_SOURCE, extra=consts)
+    ck = m.k.compile()
+    guards = ck._guards
+    assert guards.valid() and guards.checked_one_by_one()
+    hc = sys.modules["hostile_consts"]
+    hc.box.scale = 3.5
+    assert not guards.valid() and not guards.checked_one_by_one()
+    assert f32_hex(3.5) in m.k.compile().ptx
+    hc.box.scale = 2.5  # an equal value, another float object: identity says changed, compile() says equal
+    assert guards.valid() == guards.checked_one_by_one()
+    assert m.k.compile().ptx == ck.ptx
+    del hc.box
+    assert not guards.valid() and not guards.checked_one_by_one()  # gone: changed, never an exception
+    hc.box = __import__("types").SimpleNamespace(scale=2.5)
+    ck = m.k.compile()
+    guards = ck._guards
+    assert guards.valid() and guards.checked_one_by_one()
+    hc.SHIFT = 2.0
+    assert not guards.valid() and not guards.checked_one_by_one()

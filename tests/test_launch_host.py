@@ -386,3 +386,76 @@ def test_a_tensor_map_parameter_passes_the_maps_own_memory(fake):
     assert ptrs[0] == tm.getPtr()
     assert ctypes.c_void_p.from_address(ptrs[1]).value == out.data_ptr()
     assert ctypes.c_int32.from_address(ptrs[2]).value == 7
+
+
+def test_a_prepared_launch_packs_once_and_repacks_what_is_set(fake):
+    x, y, out = vectors()
+    run = vector_add[(4,)].prepare(x, y, out, 1000)
+    assert fake.launches == []  # preparing launches nothing
+    types = [ctypes.c_void_p] * 3 + [ctypes.c_int32]
+    run.launch()
+    first = read_params(fake.launches[0]["params"], types)  # what the driver copied at the launch
+    x2 = on(0, torch.randn(1000))
+    run.set("x", x2)
+    run.set(3, 999)
+    run.launch()
+    second = read_params(fake.launches[1]["params"], types)
+    assert first == [x.data_ptr(), y.data_ptr(), out.data_ptr(), 1000]
+    assert second == [x2.data_ptr(), y.data_ptr(), out.data_ptr(), 999]
+    assert fake.launches[1]["grid"] == (4, 1, 1) and fake.launches[1]["stream"] == 7000
+    vector_add[(4,)](x, y, out, 5)  # the kernel's own launches use other parameter memory
+    run.launch()
+    assert read_params(fake.launches[-1]["params"], [ctypes.c_void_p] * 3 + [ctypes.c_int32])[3] == 999
+
+
+def test_a_prepared_launch_checks_what_is_set(fake):
+    x, y, out = vectors()
+    run = vector_add[(4,)].prepare(x, y, out, 1000)
+    with pytest.raises(ty.LaunchTypeError, match=r"set expects an argument name \(x, y, out, n\) or position, "
+                                                   r"but got 'z'"):
+        run.set("z", x)
+    with pytest.raises(ty.LaunchTypeError, match="argument 'y' expects dtype torch.float32, but got torch.float16"):
+        run.set("y", on(0, torch.randn(1000).half()))
+    with pytest.raises(LaunchValueError, match="argument 'out' is on cuda:1, but the launch runs on cuda:0"):
+        run.set("out", on(1, torch.randn(1000)))
+    with pytest.raises(LaunchValueError, match=r"argument 'n' expects a value in -2147483648..2147483647"):
+        run.set("n", 2**40)
+    with pytest.raises(ty.LaunchTypeError, match="expects 4 arguments"):
+        vector_add[(4,)].prepare(x, y, out)
+    with pytest.raises(ty.LaunchTypeError, match="grid expects an int or a tuple"):
+        vector_add.compile().prepare("four", x, y, out, 1000)
+
+
+def test_a_prepared_launch_on_the_second_device_runs_in_its_context(fake):
+    k = fresh_kernel(vector_add)
+    run = k[(2,)].prepare(*vectors(device=1), 1000)
+    run.launch()
+    assert fake.launches[0]["context"] == 101 and fake.launches[0]["stream"] == 7001
+    run2 = k[(0,)].prepare(*vectors(device=0), 1000)  # an empty grid launches nothing
+    run2.launch()
+    assert len(fake.launches) == 1
+
+
+def test_a_prepared_launch_keeps_the_maps_it_passes(fake):
+    import gc
+    import weakref
+    from tylopy.runtime.tensormap import TensorMap, TensorMapSpec
+    t = on(0, torch.zeros(64, 64, dtype=torch.bfloat16))
+    spec = TensorMapSpec(t, (64, 64), (128,), (64, 64), "bf16", 128)
+
+    handles = []
+
+    def a_map():
+        handles.append(MapHandle())
+        tm = TensorMap(handles[-1], spec)
+        tm.device = 0
+        return tm
+    out = on(0, torch.zeros(4))
+    run = fresh_kernel(takes_a_map)[(1,)].prepare(a_map(), out, 7)
+    run.set(0, a_map())
+    first, second = (weakref.ref(h) for h in handles)
+    del handles[:]
+    gc.collect()
+    assert first() is None and second() is not None  # it keeps the map it passes, and only that one
+    run.launch()
+    assert (ctypes.c_void_p * 3).from_address(fake.launches[0]["params"])[0] == ctypes.addressof(second().buffer)

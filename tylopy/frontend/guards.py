@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import keyword
 import operator
 import sys
 import types
@@ -24,21 +25,23 @@ class Guards:
     One check per value the trace read, and per global a plain helper function named (those
     are fingerprinted, not traced): the value must still be the same object, and a mutable one
     (list, dict, namespace, object) must still equal a copy taken when it was read. The checks
-    run on every launch: the immutable ones of one module are a single ``itemgetter`` call and a
-    tuple comparison.
+    run on every launch, as one generated function (``valid``): the immutable values of one module
+    are a single ``itemgetter`` call and a tuple comparison, the others one expression each.
     """
 
-    __slots__ = ("_batches", "_mutable", "_count")
+    __slots__ = ("_batches", "_mutable", "_count", "valid")
 
     def __init__(self, batches=(), mutable=(), count=0):
         self._batches = tuple(batches)  # (itemgetter over names, mapping, tuple of the values seen)
         self._mutable = tuple(mutable)  # (getter, value seen, its snapshot or None, its fingerprint)
         self._count = count
+        self.valid = _compiled_check(self._batches, self._mutable)
 
     def __len__(self) -> int:
         return self._count
 
-    def valid(self) -> bool:
+    def checked_one_by_one(self) -> bool:
+        """What ``valid()`` computes, as a loop (``valid`` is that loop compiled into one expression)."""
         try:
             for get, d, seen in self._batches:
                 if get(d) != seen:
@@ -70,17 +73,64 @@ class Guards:
         return checks.finish()
 
 
-def _attr_getter(read):
+class _AttrRead:
     """``resolve(read, {})`` for an attribute path, with the parsing done once (it runs per launch;
     a module or name gone raises, which ``Guards.valid`` counts as changed)."""
-    head, _, rest = read.name.partition(".")
-    tail = operator.attrgetter(rest) if rest else None
-    modules, owner = sys.modules, read.owner
 
-    def get():
-        value = vars(modules[owner])[head]
-        return tail(value) if tail is not None else value
-    return get
+    __slots__ = ("owner", "head", "rest", "_tail")
+
+    def __init__(self, read):
+        self.owner = read.owner
+        self.head, _, self.rest = read.name.partition(".")
+        self._tail = operator.attrgetter(self.rest) if self.rest else None
+
+    def __call__(self):
+        value = vars(sys.modules[self.owner])[self.head]
+        return self._tail(value) if self._tail is not None else value
+
+    def expression(self, env: dict, i: int) -> str:
+        """The same read as Python source over names it puts in ``env``."""
+        env[f"o{i}"], env[f"h{i}"] = self.owner, self.head
+        text = f"vars(modules[o{i}])[h{i}]"
+        if self.rest:
+            if not all(part.isidentifier() and not keyword.iskeyword(part) for part in self.rest.split(".")):
+                env[f"a{i}"] = self._tail
+                return f"a{i}({text})"
+            text += "." + self.rest
+        return text
+
+
+_attr_getter = _AttrRead
+
+
+def _compiled_check(batches, mutable):
+    """``Guards.checked_one_by_one`` as one generated function: a chain of comparisons with no loop,
+    no call per identity check and attribute reads inlined (the launch path runs it every time)."""
+    env = {"modules": sys.modules, "vars": vars, "same": _same_content}
+    terms = []
+    for i, (get, d, seen) in enumerate(batches):
+        env[f"g{i}"], env[f"d{i}"], env[f"s{i}"] = get, d, seen
+        terms.append(f"g{i}(d{i}) == s{i}")
+    for i, (get, witness, snap, fp) in enumerate(mutable):
+        env[f"w{i}"] = witness
+        if isinstance(get, _AttrRead):
+            read = get.expression(env, i)
+        else:
+            env[f"m{i}"] = get
+            read = f"m{i}()"
+        if snap is _IDENTITY:
+            terms.append(f"{read} is w{i}")
+        else:
+            env[f"n{i}"], env[f"f{i}"] = snap, fp
+            terms.append(f"same_value({read}, w{i}, n{i}, f{i})")
+    env["same_value"] = lambda v, witness, snap, fp: v is witness and _same_content(v, snap, fp)
+    source = ("def valid():\n"
+              "    try:\n"
+              f"        return {' and '.join(terms) or 'True'}\n"
+              "    except Exception:  # a name or attribute that went away\n"
+              "        return False\n")
+    exec(compile(source, "<tylopy guards>", "exec"), env)
+    return env["valid"]
 
 
 class _GuardBuilder:

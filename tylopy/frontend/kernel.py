@@ -135,6 +135,11 @@ class CompiledKernel:
     _guards: Any = field(default=None, repr=False)  # capture.Guards: the reads this process must still see
     _env: tuple = field(default=(), repr=False)  # the environment options it was compiled under
 
+    def is_current(self) -> bool:
+        """Would ``compile()`` with the same constexprs still give this specialization? (The
+        environment options are the same, and so is every value its trace read.)"""
+        return self._env == environment_snapshot() and (self._guards is None or self._guards.valid())
+
     @property
     def ir(self) -> KernelIR:
         if self._ir is None and self._retrace is not None:
@@ -160,6 +165,10 @@ class CompiledKernel:
 
     def __call__(self, grid, *args, stream=None):
         return self.launcher().launch(grid, args, stream)
+
+    def prepare(self, grid, *args):
+        """This specialization's launch with ``args`` checked and packed once (``PreparedLaunch``)."""
+        return self.launcher().prepare(grid, args)
 
 
 class Kernel:
@@ -551,6 +560,17 @@ class _BoundLaunch:
             ck = k.compile(**constexprs)
         grid = self.grid(constexprs) if callable(self.grid) else self.grid
         return ck.launcher().launch(grid, args, stream)
+
+    def prepare(self, *args, **constexprs):
+        """The launch ``kernel[grid](*args, **constexprs)`` would make, with its arguments checked and
+        packed once: ``.set(name, value)`` changes one, ``.launch()`` sends it (``PreparedLaunch``).
+        It keeps the specialization compiled now, whatever globals change later."""
+        k = self.kernel
+        if constexprs and not k._runtime_names.isdisjoint(constexprs):
+            args, constexprs = k.bind_keywords(args, constexprs)
+        ck = k._compile_for_arguments(args, constexprs) if k._open_tensors else k.compile(**constexprs)
+        grid = self.grid(constexprs) if callable(self.grid) else self.grid
+        return ck.launcher().prepare(grid, args)
 
 
 def kernel(fn=None, *, threads=128, arch: str = DEFAULT_ARCH, min_blocks_per_sm=None, max_registers=None, name=None,

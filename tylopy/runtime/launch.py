@@ -361,6 +361,9 @@ class Launcher:
             device = drv.current_device()
         if gx == 0 or gy == 0 or gz == 0:
             return  # an empty grid launches nothing
+        self._send(gx, gy, gz, slots, device, stream)
+
+    def _send(self, gx, gy, gz, slots, device, stream):
         f = self._functions.get(device) or self.function(device)
         previous = drv.enter_device(device)
         try:
@@ -368,6 +371,10 @@ class Launcher:
         finally:
             if previous is not None:
                 drv.leave_device(previous)
+
+    def prepare(self, grid, args) -> "PreparedLaunch":
+        """Check and pack ``args`` once into parameter memory of their own (see ``PreparedLaunch``)."""
+        return PreparedLaunch(self, grid, args)
 
     def _launch(self, f, gx, gy, gz, slots, device, stream):
         handle = drv.current_stream(device) if stream is None else (
@@ -416,3 +423,49 @@ class Launcher:
         raise MbarrierTimeoutError(f"{self.ck.name}: {what} timed out waiting for phase parity {parity} of the "
                                    f"mbarrier at shared address {address:#x}{stage_text}; the phase never "
                                    "completed (an expect_tx byte count or arrival count that does not match?)")
+
+
+class PreparedLaunch:
+    """A launch whose arguments were checked and packed once, into parameter memory of its own.
+
+    ``set(arg, value)`` checks and packs one argument again (by name or position), ``launch()``
+    sends the kernel on torch's current stream of the device (or ``stream``). A call repeated
+    with mostly the same arguments then pays only for what changed::
+
+        run = add_one[(blocks,)].prepare(x, out, n)
+        for x in batches:
+            run.set("x", x)
+            run.launch()
+
+    It holds no reference to the tensors it was given (keep them alive while it launches, as with
+    any asynchronous launch), only to tensor maps, whose own memory is the parameter. It stays on
+    the specialization and device it was prepared for: an edit of a global the kernel read takes
+    effect in a new ``prepare``, and a tensor on another device is rejected. One thread at a time.
+    """
+
+    __slots__ = ("launcher", "grid", "device", "_slots", "_index", "_maps")
+
+    def __init__(self, launcher: Launcher, grid, args):
+        self.launcher = launcher
+        self.grid = check_grid(launcher.ck.name, grid)
+        self._slots = _Slots(launcher._types)
+        device, _ = launcher.pack(tuple(args), self._slots)
+        self.device = drv.current_device() if device is None else device
+        self._index = {name: i for i, name in enumerate(launcher.names)}
+        is_map = [isinstance(t, TensorMapType) for _, t in launcher.ck.params]
+        self._maps = {i: x for i, x in enumerate(args) if is_map[i]}  # kept: their memory is the parameter
+
+    def set(self, arg, value) -> None:
+        """Check and pack ``value`` as argument ``arg`` (its name, or its position)."""
+        i = arg if type(arg) is int else self._index.get(arg)
+        if i is None or not 0 <= i < len(self._index):
+            raise LaunchTypeError(f"{self.launcher.ck.name}: set expects an argument name "
+                                  f"({', '.join(self.launcher.names)}) or position, but got {arg!r}")
+        self.launcher.packers[i](value, self._slots.values, self._slots.ptrs, self.device)
+        if i in self._maps:
+            self._maps[i] = value
+
+    def launch(self, stream=None) -> None:
+        gx, gy, gz = self.grid
+        if gx and gy and gz:
+            self.launcher._send(gx, gy, gz, self._slots, self.device, stream)
