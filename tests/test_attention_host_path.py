@@ -48,9 +48,10 @@ def hopper_host(monkeypatch):
     real = d.cuLaunchKernel
 
     def record(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
-        n = len(HL.attention_fwd_sm90.compile(**_last_constexprs[0]).params)
-        ptrs = (ctypes.c_void_p * n).from_address(params)
-        launches.append(((gx, gy, gz), f.value, [ctypes.string_at(p, 128) for p in ptrs]))
+        types = real_compile(**_last_constexprs[0]).launcher()._types
+        sizes = [128 if t is None else ctypes.sizeof(t) for t in types]  # a map's 128 bytes, else the value's
+        ptrs = (ctypes.c_void_p * len(sizes)).from_address(params)
+        launches.append(((gx, gy, gz), f.value, [ctypes.string_at(p, n) for p, n in zip(ptrs, sizes)]))
         return real(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra)
     d.cuLaunchKernel = record
     _last_constexprs[:] = [None]
@@ -142,6 +143,25 @@ def test_editing_the_schedule_in_place_replans(hopper_host, monkeypatch):
     monkeypatch.setitem(HL.LENGTH_TABLE, (64, False), [(8192, {"CONSUMERS": 2})])
     launch(q, k, v)
     assert _last_constexprs[0]["CONSUMERS"] == 2
+
+
+def test_a_kept_plan_asks_compile_again_when_a_read_global_changed(hopper_host, monkeypatch):
+    """The kept plan launches its specialization while ``is_current()`` holds (a global the trace
+    read unchanged) and goes back through ``compile()`` when it does not."""
+    from tylopy.frontend.kernel import CompiledKernel
+    calls = []
+    noted = HL.attention_fwd_sm90.compile
+    monkeypatch.setattr(HL.attention_fwd_sm90, "compile", lambda **cx: calls.append(1) or noted(**cx))
+    q, k, v = qkv()
+    out = torch.empty(q.shape, dtype=q.dtype)
+    for _ in range(3):
+        launch(q, k, v, out=out)
+    assert len(calls) == 2  # the planned launch, then the kept plan's first one
+    monkeypatch.setattr(CompiledKernel, "is_current", lambda self: False)
+    launch(q, k, v, out=out)
+    launch(q, k, v, out=out)
+    assert len(calls) == 4
+    assert len(hopper_host) == 5 and len({tuple(p) for _, _, p in hopper_host}) == 1
 
 
 def test_an_unaligned_or_copied_input_is_not_reused(hopper_host):

@@ -1,6 +1,9 @@
 """Host cost per call of a tylopy launch against the floors around it, in one process (needs a GPU).
 
-    python tools/bench_host_overhead.py [--iters 20000] [--output host.json]
+    python tools/bench_host_overhead.py [--iters 20000] [--output host.json] [--profile ROW]
+
+``--profile ROW[,ROW...]`` prints where the time of each row whose name contains one of them goes
+(cProfile).
 
 Rows (microseconds of host time per call, median of repeats; the GPU keeps up with these tiny
 launches, so the time is what the Python call costs):
@@ -9,6 +12,8 @@ launches, so the time is what the Python call costs):
   parameter array: the floor any Python launcher pays;
 * ``tylopy launcher``: ``CompiledKernel.launcher().launch(grid, args)`` (checks and packing);
 * ``tylopy kernel[grid](...)``: the full path (specialization lookup and guards included);
+* ``tylopy prepared launch``: ``kernel[grid].prepare(...)`` once, then per call ``set`` one
+  pointer and ``launch()`` (a launch whose other arguments stay packed);
 * ``tylopy tensor args``: a kernel with two 2-D ``ty.tensor`` parameters;
 * ``torch.add(out=)``: a torch op of the same size;
 * ``tylopy.attention`` and ``F.scaled_dot_product_attention`` on (1, 1, 128, 64) bf16, and
@@ -84,10 +89,27 @@ def raw_launch(kernel, grid, args):
     return launch
 
 
+def profile(rows, pattern: str, calls: int = 20000) -> None:
+    import cProfile
+    import pstats
+    for name, fn in rows.items():
+        if any(part and part in name for part in pattern.split(",")):
+            host_us(fn, 200, repeats=1)
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(calls):
+                fn()
+            pr.disable()
+            torch.cuda.synchronize()
+            print(f"-- profile of {name!r}, {calls} calls")
+            pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--iters", type=int, default=20000)
     p.add_argument("--output", help="write the results as JSON here")
+    p.add_argument("--profile", help="print a cProfile of the rows whose name contains this")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_host_overhead: needs a CUDA GPU", file=sys.stderr)
@@ -98,6 +120,7 @@ def main(argv=None) -> int:
     grid = (N + 255) // 256
     ck = kernel.compile()
     launcher = ck.launcher()
+    prepared = kernel[(grid,)].prepare(x, y, out, N)
     q = torch.randn(1, 1, 128, 64, device="cuda", dtype=torch.bfloat16)
     # more query buffers than the tensor-map cache holds maps: each call encodes its Q map
     fresh_q = itertools.cycle([torch.randn_like(q) for _ in range(2 * CACHE_ENTRIES)])
@@ -109,6 +132,7 @@ def main(argv=None) -> int:
         "raw cuLaunchKernel": raw_launch(kernel, grid, (x, y, out, N)),
         "tylopy launcher": lambda: launcher.launch((grid,), (x, y, out, N)),
         "tylopy kernel[grid](...)": lambda: kernel[(grid,)](x, y, out, N),
+        "tylopy prepared launch (set x, launch)": lambda: (prepared.set(0, x), prepared.launch()),
         "tylopy tensor args": lambda: copy[(64,)](src, dst),
         "torch.add(out=)": lambda: torch.add(x, y, out=out),
         "tylopy.attention (1,1,128,64) bf16": lambda: ty.attention(q, k, v),
@@ -119,6 +143,8 @@ def main(argv=None) -> int:
         x1, y1, o1 = (t.to("cuda:1") for t in (x, y, out))
         rows["tylopy on cuda:1 (context switch)"] = lambda: kernel[(grid,)](x1, y1, o1, N)
     results = {}
+    if args.profile:
+        profile(rows, args.profile)
     for name, fn in rows.items():
         try:
             results[name] = round(host_us(fn, args.iters), 2)

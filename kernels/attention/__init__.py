@@ -106,6 +106,8 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     through the ``tylopy::attention_fwd`` operator (``autograd.py``), whose backward runs
     tylopy's backward kernels; otherwise it launches the forward kernel directly.
     """
+    if type(return_lse) is not bool:
+        _fail(TypeError, "return_lse", "a bool", type(return_lse).__name__)
     sig = _signature(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     known = _checked.get(sig) if sig is not None else None
     if known is None:
@@ -118,21 +120,43 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         if query.device.type not in ("cuda", "meta"):
             _fail(ValueError, "query", "a CUDA tensor", f"a tensor on {query.device}")
         if sig is not None:
-            known = (scale, _tma_strides_ok(query, key, value))
+            known = _Known(scale, _tma_strides_ok(query, key, value))
             if len(_checked) >= 256:
                 _checked.pop(next(iter(_checked)))
             _checked[sig] = known
+    else:
+        scale = known.scale
+        again = known.repeats[return_lse]
+        if again is not None and not _through_op(query, key, value) and again.fits(query, key, value):
+            out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+            lse = torch.empty(query.shape[:3], dtype=torch.float32, device=query.device) if return_lse else None
+            if again.launch(query, key, value, out, lse, scale):
+                return (out, lse) if return_lse else out
     if _through_op(query, key, value):
         from .autograd import attention_op
-        return attention_op(query, key, value, attn_mask, is_causal, known[0] if known else scale, return_lse)
-    out, lse = forward(query, key, value, attn_mask, is_causal, known[0] if known else scale, return_lse,
-                       None if known is None else known[1])
+        return attention_op(query, key, value, attn_mask, is_causal, scale, return_lse)
+    out, lse, again = forward(query, key, value, attn_mask, is_causal, scale, return_lse,
+                              None if known is None else known.strides_ok, keep_plan=known is not None)
+    if known is not None:
+        known.repeats[return_lse] = again
     return (out, lse) if return_lse else out
 
 
+class _Known:
+    """What a call whose signature passed every check leaves for the next one like it."""
+
+    __slots__ = ("scale", "strides_ok", "repeats")
+
+    def __init__(self, scale, strides_ok):
+        self.scale = scale            # the resolved softmax scale
+        self.strides_ok = strides_ok  # whether TMA can map the inputs' strides
+        self.repeats = {False: None, True: None}  # per return_lse: the Hopper launch kept (or None)
+
+
 # Calls without a mask on CUDA tensors whose signature (shapes, strides, dtypes, devices, options
-# and their types) passed check_inputs before: (the resolved scale, whether the strides suit TMA).
-# Everything the checks read is in the signature, so a hit skips only work that would repeat.
+# and their types) passed check_inputs before. Everything the checks read is in the signature, so
+# a hit skips only work that would repeat; with the launch kept too, it allocates the output and
+# launches (launch_hopper's plan reuse, see hopper_launch.Repeat).
 _checked: dict = {}
 
 
@@ -164,32 +188,36 @@ def _nonpositive_scale(query, scale):
     return (torch.zeros_like(query), 1.0) if scale == 0 else (-query, -scale)
 
 
-def forward(query, key, value, attn_mask, is_causal, scale, return_lse, strides_ok=None):
-    """(out, lse or None) on CUDA by the kernels: Hopper's where it applies, else the portable one.
-    ``strides_ok``: ``_tma_strides_ok(query, key, value)`` when the caller knows it."""
+def forward(query, key, value, attn_mask, is_causal, scale, return_lse, strides_ok=None, keep_plan=False):
+    """(out, lse or None, kept) on CUDA by the kernels: Hopper's where it applies, else the portable
+    one. ``strides_ok``: ``_tma_strides_ok(query, key, value)`` when the caller knows it. With
+    ``keep_plan``, ``kept`` is the Hopper launch a call of the same signature can repeat (or None)."""
     B, H, n_q, D = query.shape
     n_k = key.shape[2]
-    out = torch.empty((B, H, n_q, D), dtype=query.dtype, device=query.device)
-    lse = torch.empty((B, H, n_q), dtype=torch.float32, device=query.device) if return_lse else None
+    dev = query.device
+    out = torch.empty((B, H, n_q, D), dtype=query.dtype, device=dev)
+    lse = torch.empty((B, H, n_q), dtype=torch.float32, device=dev) if return_lse else None
     if B * H * n_q == 0:
-        return out, lse
-    query, scale = _nonpositive_scale(query, scale)
+        return out, lse, None
     if n_k == 0:  # no keys: every row is empty, output zeros and LSE -inf, nothing to launch
         out.zero_()
         if lse is not None:
             lse.fill_(float("-inf"))
-        return out, lse
-    major, _ = _capability(query.device.index)
+        return out, lse, None
+    if scale <= 0:
+        query, scale = _nonpositive_scale(query, scale)
+        keep_plan = False  # it maps a temporary
+    major, _ = _capability(dev.index)
     if strides_ok is None:
         strides_ok = _tma_strides_ok(query, key, value)
     aligned = not (query.data_ptr() | key.data_ptr() | value.data_ptr()) & 15
     if major == 9 and D in HOPPER_HEAD_DIMS and ((strides_ok and aligned) or D == 128):
         from .hopper_launch import launch_hopper
-        launch_hopper(query, key, value, attn_mask, is_causal, scale, out, lse)  # copies what TMA cannot map
-    else:
-        from .portable_launch import launch_forward
-        launch_forward(query, key, value, out, lse, scale=scale, is_causal=is_causal, attn_mask=attn_mask)
-    return out, lse
+        kept = launch_hopper(query, key, value, attn_mask, is_causal, scale, out, lse)  # copies what TMA cannot map
+        return out, lse, kept if keep_plan else None
+    from .portable_launch import launch_forward
+    launch_forward(query, key, value, out, lse, scale=scale, is_causal=is_causal, attn_mask=attn_mask)
+    return out, lse, None
 
 
 def backward(dout, query, key, value, out, lse, attn_mask, dlse, is_causal, scale):

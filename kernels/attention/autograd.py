@@ -137,7 +137,7 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], 
                   return_lse: bool) -> tuple[Tensor, Tensor]:
     if q.device.type == "cuda":
         from . import forward
-        return forward(*_rows_contiguous(q, k, v), attn_mask, is_causal, scale, True)
+        return forward(*_rows_contiguous(q, k, v), attn_mask, is_causal, scale, True)[:2]
     return reference_forward(q, k, v, attn_mask, is_causal, scale)
 
 

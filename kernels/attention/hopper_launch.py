@@ -10,7 +10,8 @@ specs).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 import torch
 
@@ -192,26 +193,28 @@ def plan_launch(q, k, v, attn_mask, is_causal, scale, out, lse, schedule=None, m
 
 def launch_hopper(q, k, v, attn_mask, is_causal, scale, out, lse, schedule=None):
     """Run the kernel: q (B, H, N_q, D), k/v (B, H_kv, N_k, D) with H_kv | H, D in {64, 128}; out
-    (B, H, N_q, D) and lse (B, H, N_q) float32 or None are written."""
+    (B, H, N_q, D) and lse (B, H, N_q) float32 or None are written. Returns the ``Repeat`` that a
+    call with the same shapes, strides, dtype, device and options can launch again (or None)."""
     key = None
     if attn_mask is None and schedule is None and not (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr()) & 15:
         key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), q.dtype, q.get_device(),
                is_causal, lse is None)
         again = _repeats.get(key)
-        if again is not None and again.tables_unchanged(q.shape[3], is_causal):
-            again.launch(q, k, v, out, lse, scale)
-            return
+        if again is not None and again.launch(q, k, v, out, lse, scale):
+            return again
     dev = q.device
     made = []
     launch = plan_launch(q, k, v, attn_mask, is_causal, scale, out, lse, schedule, sm_count=_sm_count(dev),
                          l2_bytes=_l2_bytes(dev), make_map=_recording(made))
     attention_fwd_sm90[launch.grid](*launch.args, **launch.constexprs)
-    if key is not None:
-        again = Repeat.of(launch, made, (q, k, v, out), _tables(q.shape[3], is_causal))
-        if again is not None:
-            if len(_repeats) >= 64:
-                del _repeats[next(iter(_repeats))]
-            _repeats[key] = again
+    if key is None:
+        return None
+    again = Repeat.of(launch, made, (q, k, v, out), q.shape[3], bool(is_causal))
+    if again is not None:
+        if len(_repeats) >= 64:
+            del _repeats[next(iter(_repeats))]
+        _repeats[key] = again
+    return again
 
 
 # -- calls like one planned before ---------------------------------------------------------------------
@@ -242,16 +245,27 @@ class Repeat:
     args: list          # the launch's arguments; the maps, out, lse and scale are set per call
     maps: tuple         # per map slot: (source: 0 q, 1 k, 2 v, 3 out, view of it, shape, strides, box, dtype)
     constexprs: dict
+    head_dim: int
+    is_causal: bool
     tables: tuple       # _tables() when planned
     last: tuple = ()    # (q, k, v, out addresses, their maps) of the last call
+    maps_out: bool = False  # whether a map is over out (the TMA store)
+    compiled: object = None  # the specialization it launches while its guards hold
+    prepared: dict = field(default_factory=dict)  # per thread: (its PreparedLaunch, what that holds packed)
 
-    def tables_unchanged(self, D, is_causal) -> bool:
+    def tables_unchanged(self) -> bool:
         sched, rows, lse_rule, share = self.tables
-        return ((SCHEDULE if D == 64 else SCHEDULE_128) == sched and LENGTH_TABLE.get((D, bool(is_causal)), []) == rows
+        D, is_causal = self.head_dim, self.is_causal
+        return ((SCHEDULE if D == 64 else SCHEDULE_128) == sched and LENGTH_TABLE.get((D, is_causal), []) == rows
                 and PERSISTENT_LSE_SCHEDULE_128 == lse_rule and L2_SHARE == share)
 
     @staticmethod
-    def of(launch, made, sources, tables):
+    def fits(q, k, v) -> bool:
+        """TMA needs 16-byte aligned bases (a view can start anywhere its storage does)."""
+        return not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15
+
+    @staticmethod
+    def of(launch, made, sources, head_dim, is_causal):
         """The reusable form of ``launch`` whose maps ``made`` recorded, or None when a map is
         over a copy rather than over one of ``sources`` (q, k, v, out) or a leading slice of it."""
         if attention_fwd_sm90._open_tensors:  # its specialization would depend on the arguments too
@@ -270,24 +284,56 @@ class Repeat:
         args[_OUT_SLOT] = None
         if launch.constexprs["RETURN_LSE"]:
             args[_LSE_SLOT] = None
-        return Repeat(launch.grid, args, tuple(maps), launch.constexprs, tables)
+        return Repeat(launch.grid, args, tuple(maps), launch.constexprs, head_dim, is_causal,
+                      _tables(head_dim, is_causal), maps_out=any(m[0] == 3 for m in maps))
 
-    def launch(self, q, k, v, out, lse, scale):
-        args = self.args[:]
-        ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
+    def launch(self, q, k, v, out, lse, scale) -> bool:
+        """Launch for these buffers (of the planned call's shapes, strides, dtype and device), or
+        return False when a table the plan read was edited or out is not 16-byte aligned."""
+        if out.data_ptr() & 15 or not self.tables_unchanged():
+            return False
+        ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr() if self.maps_out else 0)
         if self.last and self.last[0] == ptrs:  # the same buffers as last time (a loop, a benchmark)
-            args[:_MAP_SLOTS] = self.last[1]
+            maps = self.last[1]
         else:
-            sources = (q, k, v, out)
-            for i, (src, view, shape, strides, box, dtype) in enumerate(self.maps):
+            sources, maps = (q, k, v, out), []
+            for src, view, shape, strides, box, dtype in self.maps:
                 t = sources[src]
                 if view is not None:
                     t = t[:view[0], :view[1]]
-                args[i] = TensorMap.cached(t, shape, strides, box, dtype)
-            self.last = (ptrs, args[:_MAP_SLOTS])
-        args[_OUT_SLOT] = out.view(torch.int16)
-        if lse is not None:
-            args[_LSE_SLOT] = lse
-        args[_SCALE_SLOT] = scale
-        ck = attention_fwd_sm90.compile(**self.constexprs)  # the same specialization unless a guard changed
-        ck.launcher().launch(self.grid, args)
+                maps.append(TensorMap.cached(t, shape, strides, box, dtype))
+            self.last = (ptrs, maps)
+        ck = self.compiled
+        if ck is None or not ck.is_current():
+            # first call, or a global the kernel read changed: compile() finds (or builds) what runs now
+            ck = self.compiled = attention_fwd_sm90.compile(**self.constexprs)
+            self.prepared = {}
+        kept = self.prepared.get(threading.get_ident())
+        lse_ptr = 0 if lse is None else lse.data_ptr()
+        if kept is None or kept[0].launcher is not ck.launcher():
+            args = self.args[:]
+            args[:_MAP_SLOTS] = maps
+            args[_OUT_SLOT], args[_SCALE_SLOT] = out.view(torch.int16), scale
+            if lse is not None:
+                args[_LSE_SLOT] = lse
+            run = ck.prepare(self.grid, *args)
+            self.prepared[threading.get_ident()] = (run, [maps, out.data_ptr(), lse_ptr, scale])
+            run.launch()
+            return True
+        # pack again only what differs from this thread's last launch: maps, output, LSE, scale
+        run, packed = kept
+        if packed[0] is not maps:
+            for i in range(_MAP_SLOTS):
+                run.set(i, maps[i])
+            packed[0] = maps
+        if packed[1] != out.data_ptr():
+            run.set(_OUT_SLOT, out.view(torch.int16))
+            packed[1] = out.data_ptr()
+        if packed[2] != lse_ptr:
+            run.set(_LSE_SLOT, lse)
+            packed[2] = lse_ptr
+        if packed[3] != scale:
+            run.set(_SCALE_SLOT, scale)
+            packed[3] = scale
+        run.launch()
+        return True
