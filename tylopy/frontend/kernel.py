@@ -551,26 +551,23 @@ class _BoundLaunch:
         self.kernel, self.grid = kernel, grid
 
     def __call__(self, *args, stream=None, **constexprs):
-        k = self.kernel
-        if constexprs and not k._runtime_names.isdisjoint(constexprs):
-            args, constexprs = k.bind_keywords(args, constexprs)
-        if k._open_tensors:
-            ck = k._compile_for_arguments(args, constexprs)
-        else:
-            ck = k.compile(**constexprs)
-        grid = self.grid(constexprs) if callable(self.grid) else self.grid
+        ck, grid, args = self._specialize(args, constexprs)
         return ck.launcher().launch(grid, args, stream)
 
     def prepare(self, *args, **constexprs):
         """The launch ``kernel[grid](*args, **constexprs)`` would make, with its arguments checked and
         packed once: ``.set(name, value)`` changes one, ``.launch()`` sends it (``PreparedLaunch``).
         It keeps the specialization compiled now, whatever globals change later."""
+        ck, grid, args = self._specialize(args, constexprs)
+        return ck.launcher().prepare(grid, args)
+
+    def _specialize(self, args, constexprs):
+        """(the specialization these arguments launch, the grid, the runtime arguments)."""
         k = self.kernel
         if constexprs and not k._runtime_names.isdisjoint(constexprs):
             args, constexprs = k.bind_keywords(args, constexprs)
         ck = k._compile_for_arguments(args, constexprs) if k._open_tensors else k.compile(**constexprs)
-        grid = self.grid(constexprs) if callable(self.grid) else self.grid
-        return ck.launcher().prepare(grid, args)
+        return ck, self.grid(constexprs) if callable(self.grid) else self.grid, args
 
 
 def kernel(fn=None, *, threads=128, arch: str = DEFAULT_ARCH, min_blocks_per_sm=None, max_registers=None, name=None,
