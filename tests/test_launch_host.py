@@ -459,3 +459,49 @@ def test_a_prepared_launch_keeps_the_maps_it_passes(fake):
     assert first() is None and second() is not None  # it keeps the map it passes, and only that one
     run.launch()
     assert (ctypes.c_void_p * 3).from_address(fake.launches[0]["params"])[0] == ctypes.addressof(second().buffer)
+
+
+def test_a_known_map_geometry_still_checks_each_new_address():
+    """TensorMapSpec skips re-checking a geometry it checked before, never the address."""
+    from tylopy.runtime.tensormap import TensorMapSpec
+    flat = torch.zeros(64 * 64 + 8, dtype=torch.bfloat16)
+    t = flat[:4096].view(64, 64)
+    for _ in range(2):
+        TensorMapSpec(t, (64, 64), (128,), (64, 64), "bf16", 128)
+    odd = flat[1:4097].view(64, 64)  # 2 bytes past a 16-byte boundary
+    with pytest.raises(LaunchValueError, match="base address expects 16-byte alignment"):
+        TensorMapSpec(odd, (64, 64), (128,), (64, 64), "bf16", 128)
+    with pytest.raises(LaunchValueError, match="box\\[1\\] expects 1..256, but got 512"):
+        TensorMapSpec(t, (64, 64), (128,), (64, 512), "bf16", 128)
+
+
+def test_a_new_address_with_a_known_geometry_converts_no_argument_again(monkeypatch):
+    import types
+    from tylopy.runtime import tensormap as tm
+    converted, encoded = [], []
+
+    class Bindings(types.SimpleNamespace):
+        def cuuint64_t(self, x):
+            converted.append(x)
+            return ("u64", x)
+
+        def cuuint32_t(self, x):
+            converted.append(x)
+            return ("u32", x)
+
+        def cuTensorMapEncodeTiled(self, *args):
+            encoded.append(args)
+            return 0, MapHandle()
+
+    d = Bindings(CUresult=FakeDriver.CUresult, CUtensorMapDataType=int, CUtensorMapSwizzle=int,
+                 CUtensorMapL2promotion=int, CUtensorMapInterleave=types.SimpleNamespace(CU_TENSOR_MAP_INTERLEAVE_NONE=0),
+                 CUtensorMapFloatOOBfill=types.SimpleNamespace(CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE=0))
+    monkeypatch.setattr(drv, "driver", lambda: d)
+    monkeypatch.setattr(drv, "ensure_context", lambda device: None)
+    monkeypatch.setattr(tm, "_arguments", {})
+    monkeypatch.setattr(tm, "_cache", {})
+    a, b = (on(0, torch.zeros(64, 64, dtype=torch.bfloat16)) for _ in range(2))
+    maps = [tm.TensorMap.cached(t, (64, 64), (128,), (64, 64), "bf16") for t in (a, b, a)]
+    assert maps[0] is maps[2] and maps[0] is not maps[1]  # the third is the cached first
+    assert len(encoded) == 2 and [e[2] for e in encoded] == [a.data_ptr(), b.data_ptr()]
+    assert encoded[0][3:] == encoded[1][3:] and len(converted) == 2 + 1 + 2 + 1  # dims, strides, box, ones

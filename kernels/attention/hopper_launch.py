@@ -293,11 +293,15 @@ class Repeat:
         if out.data_ptr() & 15 or not self.tables_unchanged():
             return False
         ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr() if self.maps_out else 0)
-        if self.last and self.last[0] == ptrs:  # the same buffers as last time (a loop, a benchmark)
-            maps = self.last[1]
-        else:
+        last = self.last
+        if last and last[0] == ptrs:  # the same buffers as last time (a loop, a benchmark)
+            maps = last[1]
+        else:  # a map is looked up again only if its own buffer moved (a new q, the same k and v)
             sources, maps = (q, k, v, out), []
-            for src, view, shape, strides, box, dtype in self.maps:
+            for i, (src, view, shape, strides, box, dtype) in enumerate(self.maps):
+                if last and last[0][src] == ptrs[src]:
+                    maps.append(last[1][i])
+                    continue
                 t = sources[src]
                 if view is not None:
                     t = t[:view[0], :view[1]]
@@ -324,7 +328,8 @@ class Repeat:
         run, packed = kept
         if packed[0] is not maps:
             for i in range(_MAP_SLOTS):
-                run.set(i, maps[i])
+                if packed[0][i] is not maps[i]:
+                    run.set(i, maps[i])
             packed[0] = maps
         if packed[1] != out.data_ptr():
             run.set(_OUT_SLOT, out.view(torch.int16))

@@ -15,6 +15,7 @@ from . import driver as drv
 SWIZZLE_BYTES = {0: 0, 32: 1, 64: 2, 128: 3}
 CACHE_ENTRIES = 256  # TensorMap.cached keeps this many maps (128 bytes of host memory each)
 _cache: dict = {}
+_valid_geometries: set = set()  # (element size, dims, strides, box, swizzle, dtype) that passed validate()
 DTYPE_CODES = {"u8": 0, "u16": 1, "u32": 2, "i32": 3, "u64": 4, "i64": 5, "f16": 6, "f32": 7, "f64": 8, "bf16": 9}
 
 
@@ -65,10 +66,16 @@ class TensorMapSpec:
     swizzle: int = 128
 
     def __post_init__(self):
+        address = self.tensor.data_ptr()
+        geometry = (self.tensor.element_size(), self.dims, self.strides_bytes, self.box, self.swizzle, self.dtype)
+        if geometry in _valid_geometries and not address % 16:
+            return  # checked before: only the address is new
         if self.dtype not in DTYPE_CODES:
             raise LaunchValueError(f"tensor map dtype expects one of {sorted(DTYPE_CODES)}, but got {self.dtype!r}")
-        validate(self.tensor.element_size(), self.tensor.data_ptr(), self.dims, self.strides_bytes, self.box,
-                 self.swizzle)
+        validate(geometry[0], address, self.dims, self.strides_bytes, self.box, self.swizzle)
+        if len(_valid_geometries) >= CACHE_ENTRIES:
+            _valid_geometries.clear()
+        _valid_geometries.add(geometry)
 
     @property
     def box_bytes(self) -> int:
@@ -76,6 +83,27 @@ class TensorMapSpec:
         for b in self.box:
             n *= b
         return n
+
+
+_arguments: dict = {}  # geometry -> (driver module, its encode arguments but the address)
+
+
+def _encode_arguments(d, dims, strides, box, dtype, swizzle, l2_promotion):
+    """cuTensorMapEncodeTiled's arguments before and after the address, as the bindings' objects
+    (converted once per geometry: a new address with a known geometry converts nothing)."""
+    key = (dims, strides, box, dtype, swizzle, l2_promotion)
+    known = _arguments.get(key)
+    if known is not None and known[0] is d:
+        return known[1]
+    made = ((d.CUtensorMapDataType(DTYPE_CODES[dtype]), len(dims)),
+            ([d.cuuint64_t(x) for x in dims], [d.cuuint64_t(x) for x in strides], [d.cuuint32_t(x) for x in box],
+             [d.cuuint32_t(1)] * len(dims), d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+             d.CUtensorMapSwizzle(SWIZZLE_BYTES[swizzle]), d.CUtensorMapL2promotion(l2_promotion),
+             d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
+    if len(_arguments) >= CACHE_ENTRIES:
+        del _arguments[next(iter(_arguments))]
+    _arguments[key] = (d, made)
+    return made
 
 
 class TensorMap:
@@ -119,16 +147,9 @@ class TensorMap:
         d = drv.driver()
         t = spec.tensor
         drv.ensure_context(t.device.index)
-        tmap = drv.call(
-            "cuTensorMapEncodeTiled",
-            d.CUtensorMapDataType(DTYPE_CODES[spec.dtype]), len(spec.dims), t.data_ptr(),
-            [d.cuuint64_t(x) for x in spec.dims], [d.cuuint64_t(x) for x in spec.strides_bytes],
-            [d.cuuint32_t(x) for x in spec.box], [d.cuuint32_t(1)] * len(spec.dims),
-            d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            d.CUtensorMapSwizzle(SWIZZLE_BYTES[spec.swizzle]),
-            d.CUtensorMapL2promotion(l2_promotion),
-            d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
+        before, after = _encode_arguments(d, spec.dims, spec.strides_bytes, spec.box, spec.dtype, spec.swizzle,
+                                          l2_promotion)
+        tmap = drv.call("cuTensorMapEncodeTiled", *before, t.data_ptr(), *after)
         return TensorMap(tmap, spec, hold)
 
     @staticmethod
