@@ -188,7 +188,7 @@ def test_signature_cache_keeps_every_rejection(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
     monkeypatch.setattr(A, "_checked", {})
     sig = A._signature(q, k, v, None, 0.0, True, None, False)
-    A._checked[sig] = (0.125, True)  # as if a causal call had passed
+    A._checked[sig] = A._Known(0.125, True)  # as if a causal call had passed
     with pytest.raises(TypeError, match="is_causal expects a bool, but got int"):
         A.attention(q, k, v, is_causal=1)
     with pytest.raises(TypeError, match="scale expects a float or None, but got bool"):
@@ -199,3 +199,32 @@ def test_signature_cache_keeps_every_rejection(monkeypatch):
         A.attention(q, k[:, :2], v[:, :2], is_causal=True)
     assert A._signature(q, k, v, torch.ones(256, 256, dtype=torch.bool), 0.0, False, None, False) is None
     assert A._signature(torch.nn.Parameter(q), k, v, None, 0.0, False, None, False) is None
+
+
+def test_the_entry_point_launches_the_kept_plan_and_leaves_autograd_to_the_operator(hopper_host, monkeypatch):
+    """``attention`` with a signature seen before goes straight to the kept plan: the same launch as
+    the full path; an input that requires grad still goes through the autograd operator."""
+    from tylopy_kernels.attention import autograd
+    monkeypatch.setattr(A, "_checked", {})
+    monkeypatch.setattr(A, "_capability", lambda index: (9, 0))
+    q, k, v = qkv()
+    A._checked[A._signature(q, k, v, None, 0.0, False, None, False)] = A._Known(0.125, True)  # as if checked
+    out_first = A.attention(q, k, v)
+    kept = next(iter(A._checked.values())).repeats[False]
+    assert kept is not None and len(HL._repeats) == 1
+    monkeypatch.setattr(HL, "launch_hopper", lambda *a, **kw: pytest.fail("the full path ran"))
+    out_again = A.attention(q, k, v)
+    assert out_again.shape == out_first.shape
+    (_, _, first), (_, _, again) = hopper_host[0], hopper_host[-1]
+    assert first[:3] == again[:3] and first[5:] == again[5:]  # Q, K, V maps and scalars
+    assert again[3].startswith(f"({out_again.data_ptr()},".encode())  # the O map (TMA store) of the new output
+    assert again[4] == out_again.data_ptr().to_bytes(8, "little")
+    through = []
+    monkeypatch.setattr(autograd, "attention_op", lambda *a: through.append(a) or a[0])
+    A.attention(q.clone().requires_grad_(), k, v)
+    assert len(through) == 1
+    with torch.no_grad():
+        A.attention(q.clone().requires_grad_(), k, v)
+    assert len(through) == 1 and len(hopper_host) == 3
+    with pytest.raises(TypeError, match="return_lse expects a bool, but got int"):
+        A.attention(q, k, v, return_lse=1)
