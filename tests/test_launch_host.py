@@ -420,6 +420,18 @@ def test_a_prepared_launch_checks_what_is_set(fake):
         run.set("out", on(1, torch.randn(1000)))
     with pytest.raises(LaunchValueError, match=r"argument 'n' expects a value in -2147483648..2147483647"):
         run.set("n", 2**40)
+    with pytest.raises(ty.LaunchTypeError, match=r"or position, but got \[1\]"):
+        run.set([1], x)
+    with pytest.raises(LaunchValueError, match="arguments 'y', 'out', 'n' have no valid value since the last set"):
+        run.launch()  # the failed sets above left them unset
+    run.set("y", y)
+    run.set("out", out)
+    with pytest.raises(LaunchValueError, match="argument 'n' has no valid value"):
+        run.launch()
+    run.set("n", 1000)
+    run.launch()
+    assert read_params(fake.launches[-1]["params"], [ctypes.c_void_p] * 3 + [ctypes.c_int32])[1:] == [
+        y.data_ptr(), out.data_ptr(), 1000]
     with pytest.raises(ty.LaunchTypeError, match="expects 4 arguments"):
         vector_add[(4,)].prepare(x, y, out)
     with pytest.raises(ty.LaunchTypeError, match="grid expects an int or a tuple"):

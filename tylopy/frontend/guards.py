@@ -106,7 +106,7 @@ _attr_getter = _AttrRead
 def _compiled_check(batches, mutable):
     """``Guards.checked_one_by_one`` as one generated function: a chain of comparisons with no loop,
     no call per identity check and attribute reads inlined (the launch path runs it every time)."""
-    env = {"modules": sys.modules, "vars": vars, "same": _same_content}
+    env = {"modules": sys.modules, "vars": vars}
     terms = []
     for i, (get, d, seen) in enumerate(batches):
         env[f"g{i}"], env[f"d{i}"], env[f"s{i}"] = get, d, seen

@@ -443,7 +443,7 @@ class PreparedLaunch:
     effect in a new ``prepare``, and a tensor on another device is rejected. One thread at a time.
     """
 
-    __slots__ = ("launcher", "grid", "device", "_slots", "_index", "_maps")
+    __slots__ = ("launcher", "grid", "device", "_slots", "_index", "_maps", "_unset")
 
     def __init__(self, launcher: Launcher, grid, args):
         self.launcher = launcher
@@ -454,18 +454,29 @@ class PreparedLaunch:
         self._index = {name: i for i, name in enumerate(launcher.names)}
         is_map = [isinstance(t, TensorMapType) for _, t in launcher.ck.params]
         self._maps = {i: x for i, x in enumerate(args) if is_map[i]}  # kept: their memory is the parameter
+        self._unset: set = set()  # arguments whose last set() failed (their slots may be half written)
 
     def set(self, arg, value) -> None:
         """Check and pack ``value`` as argument ``arg`` (its name, or its position)."""
-        i = arg if type(arg) is int else self._index.get(arg)
+        i = arg if type(arg) is int else self._index.get(arg) if isinstance(arg, str) else None
         if i is None or not 0 <= i < len(self._index):
             raise LaunchTypeError(f"{self.launcher.ck.name}: set expects an argument name "
                                   f"({', '.join(self.launcher.names)}) or position, but got {arg!r}")
-        self.launcher.packers[i](value, self._slots.values, self._slots.ptrs, self.device)
+        try:
+            self.launcher.packers[i](value, self._slots.values, self._slots.ptrs, self.device)
+        except BaseException:
+            self._unset.add(i)  # a tensor's shape may be written and its pointer not: no launch until set again
+            raise
+        self._unset.discard(i)
         if i in self._maps:
             self._maps[i] = value
 
     def launch(self, stream=None) -> None:
+        if self._unset:
+            names = [repr(self.launcher.names[i]) for i in sorted(self._unset)]
+            what = f"argument {names[0]} has" if len(names) == 1 else f"arguments {', '.join(names)} have"
+            raise LaunchValueError(f"{self.launcher.ck.name}: {what} no valid value since the last set() of it "
+                                   "failed; set it again before launching")
         gx, gy, gz = self.grid
         if gx and gy and gz:
             self.launcher._send(gx, gy, gz, self._slots, self.device, stream)
