@@ -128,8 +128,7 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         scale = known.scale
         again = known.repeats[return_lse]
         # a signature means CUDA tensors and no trace: of _through_op's reasons only autograd is left
-        if again is not None and again.fits(query, key, value) and not (torch.is_grad_enabled() and (
-                query.requires_grad or key.requires_grad or value.requires_grad)):
+        if again is not None and again.fits(query, key, value) and not _needs_grad(query, key, value):
             out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
             lse = torch.empty(query.shape[:3], dtype=torch.float32, device=query.device) if return_lse else None
             if again.launch(query, key, value, out, lse, scale):
@@ -176,9 +175,13 @@ def _signature(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
             is_causal, type(is_causal), scale, type(scale), enable_gqa, type(enable_gqa))
 
 
+def _needs_grad(query, key, value) -> bool:
+    return torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+
+
 def _through_op(query, key, value) -> bool:
     """Autograd, a trace (torch.compile) or meta tensors need the operator; a plain call does not."""
-    grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+    grad = _needs_grad(query, key, value)
     return grad or query.device.type == "meta" or torch.compiler.is_compiling()
 
 

@@ -68,7 +68,7 @@ class Guards:
                 if module is not None:
                     checks.add(None, vars(module), read.name, value, fp)
             else:
-                checks.add(_attr_getter(read), None, None, value, fp)
+                checks.add(_AttrRead(read), None, None, value, fp)
             checks.follow(value)
         return checks.finish()
 
@@ -99,8 +99,6 @@ class _AttrRead:
             text += "." + self.rest
         return text
 
-
-_attr_getter = _AttrRead
 
 
 def _compiled_check(batches, mutable):
