@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 
 import tylopy
-from tylopy_kernels.attention import distributed as ra
-from tylopy_kernels.attention.backward_reference import attention_grads, gradient_rule
+from tylopy_kernels.attention.distributed import ring as ra
+from tylopy_kernels.attention.testing.backward_reference import attention_grads, gradient_rule
 
 FLOOR_REL = 2.0 ** -10
 

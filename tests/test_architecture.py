@@ -17,7 +17,7 @@ import pytest
 import tylopy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(tylopy.__file__)))
-PACKAGES = {"tylopy": os.path.join(ROOT, "tylopy"), "tylopy_kernels": os.path.join(ROOT, "kernels")}
+PACKAGES = {"tylopy": os.path.join(ROOT, "tylopy"), "tylopy_kernels": os.path.join(ROOT, "tylopy_kernels")}
 
 # What each layer may import (besides itself and the standard library / third-party packages).
 ALLOWED = {
@@ -203,7 +203,7 @@ def test_kernels_use_only_public_names():
 # -- determinism ---------------------------------------------------------------------------------------
 
 def test_two_traces_print_identical_ir():
-    from tylopy_kernels.attention.hopper import attention_fwd_sm90 as k
+    from tylopy_kernels.attention.sm90.forward import attention_fwd_sm90 as k
     assert k.trace().__class__.__name__ == "KernelIR"
     from tylopy.ir import format_ir
     assert format_ir(k.trace()) == format_ir(k.trace())
@@ -216,7 +216,7 @@ def test_same_ptx_in_two_checkouts(tmp_path):
     for n in ("one", "two"):
         dest = tmp_path / n / "checkout"
         shutil.copytree(os.path.join(ROOT, "tylopy"), dest / "tylopy", ignore=shutil.ignore_patterns("__pycache__"))
-        shutil.copytree(os.path.join(ROOT, "kernels"), dest / "tylopy_kernels",
+        shutil.copytree(os.path.join(ROOT, "tylopy_kernels"), dest / "tylopy_kernels",
                         ignore=shutil.ignore_patterns("__pycache__"))
         code = ("from tylopy_kernels.examples.vector_add import vector_add; import sys; "
                 "sys.stdout.write(vector_add.compile().ptx)")

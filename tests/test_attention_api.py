@@ -1,4 +1,4 @@
-"""CPU tier of ``tylopy.attention``'s interface (kernels/attention/__init__.py).
+"""CPU tier of ``tylopy.attention``'s interface (tylopy_kernels/attention/__init__.py).
 
 * SDPA's signature and keyword arguments: ``dropout_p`` (non-zero: NotImplementedError naming
   it), ``enable_gqa`` (fewer K/V heads only with it, a divisor of the query heads), head dims
@@ -17,8 +17,8 @@ import torch
 
 import tylopy
 from tylopy_kernels import attention as api
-from tylopy_kernels.attention.backward_portable_launch import plan_backward_portable
-from tylopy_kernels.attention.portable_launch import plan_forward
+from tylopy_kernels.attention.portable.backward_launch import plan_backward_portable
+from tylopy_kernels.attention.portable.launch import plan_forward
 
 
 def _qkv(B=1, H=4, H_kv=4, n_q=8, n_k=8, D=64, device="cpu", grad=False):
@@ -154,7 +154,7 @@ def test_portable_backward_reads_expand_views_in_place():
 
 def test_training_benchmark_is_registered_and_needs_a_gpu(capsys):
     from tylopy import cli
-    from tylopy_kernels.attention import bench_training
+    from tylopy_kernels.attention.bench import training as bench_training
     assert cli.main(["bench", "attention_training", "--batch", "1"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
     block = bench_training.make_block(256, 4, 2, bench_training._tylopy, torch.bfloat16, "meta")

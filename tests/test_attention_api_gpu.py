@@ -9,7 +9,7 @@ import torch
 
 import tylopy
 from tylopy_kernels.attention import autograd as A
-from tylopy_kernels.attention import grad_check
+from tylopy_kernels.attention.testing import grad_check as grad_check
 
 pytestmark = pytest.mark.gpu
 
@@ -28,7 +28,7 @@ def _check_forward(out, lse, q, k, v, mask=None, causal=False):
 @pytest.mark.parametrize("block_n", [32, 64])
 @pytest.mark.parametrize("causal", [False, True])
 def test_portable_forward_at_head_dim_128(block_n, causal):
-    from tylopy_kernels.attention.portable_launch import streaming_attention
+    from tylopy_kernels.attention.portable.launch import streaming_attention
     q, k, v = _inputs(2, 3, 3, 1000, 1000, 128, seed=block_n)
     out, lse = streaming_attention(q, k, v, is_causal=causal, return_lse=True, block_n=block_n)
     _check_forward(out, lse, q, k, v, causal=causal)
@@ -36,7 +36,7 @@ def test_portable_forward_at_head_dim_128(block_n, causal):
 
 @pytest.mark.parametrize("H,H_kv,D", [(8, 2, 64), (8, 1, 128), (4, 2, 32), (6, 3, 16)])
 def test_grouped_query_forward_on_the_default_path_and_the_portable_kernel(H, H_kv, D):
-    from tylopy_kernels.attention.portable_launch import streaming_attention
+    from tylopy_kernels.attention.portable.launch import streaming_attention
     q, k, v = _inputs(2, H, H_kv, 333, 517, D, seed=H_kv)
     out, lse = tylopy.attention(q, k, v, enable_gqa=True, return_lse=True)
     _check_forward(out, lse, q, k, v)

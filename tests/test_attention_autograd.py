@@ -1,4 +1,4 @@
-"""CPU tier of attention's PyTorch integration (kernels/attention/autograd.py).
+"""CPU tier of attention's PyTorch integration (tylopy_kernels/attention/autograd.py).
 
 * the autograd formula by ``torch.autograd.gradcheck`` in float64 through the operators (their
   CPU implementation is the float64 reference): ragged, causal, masks with empty rows, grouped

@@ -1,7 +1,7 @@
 """GPU tier of attention's gradients: ``tylopy.attention`` under autograd, CUDA graphs and
 ``torch.compile``.
 
-Every gradient check applies FlashAttention's rule (``kernels/attention/grad_check.py``): the
+Every gradient check applies FlashAttention's rule (``tylopy_kernels/attention/testing/grad_check.py``): the
 error against float64 is at most twice that of torch computing in the input dtype, plus half an
 ulp. Inputs live inside larger NaN-filled buffers (memory past every end is NaN). On Hopper
 head dims 64 and 128 run Hopper's backward kernels and 16 and 32 the portable ones; the
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import tylopy
-from tylopy_kernels.attention import grad_check
-from tylopy_kernels.attention.backward_portable_launch import launch_backward_portable
+from tylopy_kernels.attention.testing import grad_check as grad_check
+from tylopy_kernels.attention.portable.backward_launch import launch_backward_portable
 
 pytestmark = pytest.mark.gpu
 

@@ -18,12 +18,12 @@ import pytest
 import torch
 
 import tylopy as ty
-from tylopy_kernels.attention import backward_hopper_launch as L
-from tylopy_kernels.attention.backward_hopper import attention_bwd_sm90, smem_bytes
-from tylopy_kernels.attention.backward_hopper_aux import (attention_bwd_dq_convert, attention_bwd_pack_mask,
+from tylopy_kernels.attention.sm90 import backward_launch as L
+from tylopy_kernels.attention.sm90.backward import attention_bwd_sm90, smem_bytes
+from tylopy_kernels.attention.sm90.backward_aux import (attention_bwd_dq_convert, attention_bwd_pack_mask,
                                                           attention_bwd_preprocess)
-from tylopy_kernels.attention.backward_hopper_dq import attention_bwd_dq_sm90
-from tylopy_kernels.attention.backward_hopper_dq import smem_bytes as dq_smem_bytes
+from tylopy_kernels.attention.sm90.backward_dq import attention_bwd_dq_sm90
+from tylopy_kernels.attention.sm90.backward_dq import smem_bytes as dq_smem_bytes
 
 LOG2E = np.float32(1.4426950408889634)
 

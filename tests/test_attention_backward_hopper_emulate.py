@@ -19,11 +19,11 @@ import torch
 import tylopy as ty
 from tylopy import hopper
 from tylopy.semantics.tensorcore import mma_f32
-from tylopy_kernels.attention import backward_hopper as K
-from tylopy_kernels.attention import backward_hopper_launch as L
-from tylopy_kernels.attention.backward_hopper_common import (bar_at, kmajor_desc, load_tile, mnmajor_desc, rs_gemm,
+from tylopy_kernels.attention.sm90 import backward as K
+from tylopy_kernels.attention.sm90 import backward_launch as L
+from tylopy_kernels.attention.sm90.backward_common import (bar_at, kmajor_desc, load_tile, mnmajor_desc, rs_gemm,
                                                              ss_gemm, zeros)
-from tylopy_kernels.attention.backward_reference import attention_grads, gradient_rule
+from tylopy_kernels.attention.testing.backward_reference import attention_grads, gradient_rule
 
 # -- the five products ------------------------------------------------------------------------------------
 

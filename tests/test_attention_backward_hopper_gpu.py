@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from conftest import requires_sm90
-from tylopy_kernels.attention import backward_hopper_launch as L
-from tylopy_kernels.attention.backward_reference import attention_grads, gradient_rule
+from tylopy_kernels.attention.sm90 import backward_launch as L
+from tylopy_kernels.attention.testing.backward_reference import attention_grads, gradient_rule
 
 try:
     import pytest_timeout  # noqa: F401

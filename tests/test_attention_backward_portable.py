@@ -1,4 +1,4 @@
-"""CPU tier of the portable attention backward (kernels/attention/backward_portable.py).
+"""CPU tier of the portable attention backward (tylopy_kernels/attention/portable/backward.py).
 
 * ptxas on every specialization the launcher uses (head dim x dtype x mask / packed sequences,
   sm_80 and sm_90): no spills, no stack frame, within the shared memory an sm_86 block may have;
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import tylopy as ty
-from tylopy_kernels.attention import backward_portable as bp
-from tylopy_kernels.attention import grad_check
-from tylopy_kernels.attention.backward_portable_launch import plan_backward_portable
+from tylopy_kernels.attention.portable import backward as bp
+from tylopy_kernels.attention.testing import grad_check as grad_check
+from tylopy_kernels.attention.portable.backward_launch import plan_backward_portable
 
 SM86_SMEM = 99 * 1024  # the most shared memory a block may opt into on sm_86/sm_89
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from attention_decode_cases import DecodeCase, check_result, make_inputs, scale_of
-from tylopy_kernels.attention import decode as kd
-from tylopy_kernels.attention import decode_launch as dl
+from tylopy_kernels.attention.decode import kernel as kd
+from tylopy_kernels.attention.decode import launch as dl
 
 SMALL = dict(WARPS=2, WARP_KEYS=16, STAGES=2)
 

@@ -9,7 +9,7 @@ import torch
 
 import tylopy
 from attention_decode_cases import DecodeCase, check_result, make_inputs, scale_of
-from tylopy_kernels.attention import decode_launch as dl
+from tylopy_kernels.attention.decode import launch as dl
 
 pytestmark = pytest.mark.gpu
 

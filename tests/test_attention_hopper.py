@@ -5,7 +5,7 @@
   instructions (wgmma, TMA, mbarrier, setmaxnreg, named barriers).
 * ``check_inputs`` / ``tylopy.attention`` reject bad input before touching a GPU, with a
   TypeError or ValueError that names the argument.
-* The references and pass rules of ``kernels/attention/reference.py`` and ``rules.py`` (which
+* The references and pass rules of ``tylopy_kernels/attention/testing/reference.py`` and ``rules.py`` (which
   the GPU tests and ``tylopy check attention`` use): the oracle against torch in float64, the
   same-boundary recurrence, and the rules accepting a float32 model of the kernel
   (``float32_model.py``) while rejecting it with one step broken.
@@ -19,15 +19,15 @@ import torch
 
 import tylopy
 import tylopy as ty
-from tylopy_kernels.attention import hopper_launch as launch
-from tylopy_kernels.attention import cases as C
-from tylopy_kernels.attention import check as check_attention
-from tylopy_kernels.attention import float32_model as F
-from tylopy_kernels.attention import reference as R
-from tylopy_kernels.attention import rules
-from tylopy_kernels.attention import scenarios as S
+from tylopy_kernels.attention.sm90 import launch as launch
+from tylopy_kernels.attention.testing import cases as C
+from tylopy_kernels.attention.testing import check as check_attention
+from tylopy_kernels.attention.testing import float32_model as F
+from tylopy_kernels.attention.testing import reference as R
+from tylopy_kernels.attention.testing import rules as rules
+from tylopy_kernels.attention.testing import scenarios as S
 from tylopy_kernels.attention import check_inputs
-from tylopy_kernels.attention.hopper import attention_fwd_sm90
+from tylopy_kernels.attention.sm90.forward import attention_fwd_sm90
 
 # -- ptxas and PTX --------------------------------------------------------------------------------
 
@@ -519,7 +519,7 @@ def test_former_failures_in_the_model():
 # -- the benchmark's summaries and the PTX profile (no GPU) ---------------------------------------------
 
 def test_bench_ratios_and_sweep_winners():
-    from tylopy_kernels.attention import bench
+    from tylopy_kernels.attention.bench import forward as bench
     rows = [{"name": "tylopy", "d": 64, "causal": False, "n": 4096, "tflops": 500.0},
             {"name": "sdpa_cudnn", "d": 64, "causal": False, "n": 4096, "tflops": 450.0},
             {"name": "fa3_cute", "d": 64, "causal": False, "n": 4096, "error": "not supported"}]
@@ -535,7 +535,7 @@ def test_bench_ratios_and_sweep_winners():
 def test_bench_variants_are_candidates_with_their_own_ratios():
     """``--variant EXPONENT=shared`` times tylopy under that schedule in the same process and
     gives it a ratio table of its own; a malformed change names the item."""
-    from tylopy_kernels.attention import bench
+    from tylopy_kernels.attention.bench import forward as bench
     assert bench.parse_schedule("EXPONENT=shared,BLOCK_N=64,RESCALE_THRESHOLD=None") == {
         "EXPONENT": "shared", "BLOCK_N": 64, "RESCALE_THRESHOLD": None}
     with pytest.raises(SystemExit, match="KEY=VALUE.*'BLOCK_N'"):
@@ -553,7 +553,7 @@ def test_bench_calls_everything_once_before_timing(monkeypatch, capsys):
     """``tylopy bench attention``: every candidate is called (compiled, checked) on every shape
     before the first timing; a candidate that fails is reported, not timed; the final table holds
     each candidate's TFLOP/s and tylopy's ratios to the FA3-class kernel and to cuDNN."""
-    from tylopy_kernels.attention import bench
+    from tylopy_kernels.attention.bench import forward as bench
     events = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
@@ -594,7 +594,7 @@ def test_bench_calls_everything_once_before_timing(monkeypatch, capsys):
 def test_ptx_profile_of_the_default_loop():
     """The steady-state loop issues one FMA-form exponent per score: 64 ex2 for the scores plus the
     two row rescale factors, and far fewer fp32 operations than the exact form's FADD + FMUL."""
-    from tylopy_kernels.attention import ptx_profile
+    from tylopy_kernels.attention.bench import ptx_profile as ptx_profile
     cx = dict(DTYPE=ty.bf16, BLOCK_N=128, CONSUMERS=3, STAGES=2)
     ffma = ptx_profile.per_tile(_assemble(cx).ptx)
     exact = ptx_profile.per_tile(_assemble(dict(cx, EXPONENT="exact")).ptx, exact_form=True)

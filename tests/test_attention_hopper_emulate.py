@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from tylopy.runtime.tensormap import TensorMapSpec
-from tylopy_kernels.attention import hopper_launch as launch
-from tylopy_kernels.attention.hopper import attention_fwd_sm90
+from tylopy_kernels.attention.sm90 import launch as launch
+from tylopy_kernels.attention.sm90.forward import attention_fwd_sm90
 
 
 def _spec(t, dims, strides, box):
@@ -260,7 +260,9 @@ def test_pass_rules_need_the_lazy_reference():
     """The GPU pass rules judge P's rounding against a same-boundary reference: with the launch's
     lazy maximum the emulated kernel differs from it in ~0.1% of outputs; the running-maximum
     reference, which the kernel no longer follows, differs in ~25% and is rejected."""
-    from tylopy_kernels.attention import cases as C, reference as R, rules
+    from tylopy_kernels.attention.testing import cases as C
+    from tylopy_kernels.attention.testing import reference as R
+    from tylopy_kernels.attention.testing import rules as rules
     case = C.Case("bf16", 1, 2, 300, 300, lse=True)
     q, k, v, mask = C.make_inputs(case, "cpu")
     out, lse, plan = emulate(q, k, v, case.causal, mask, case.scale)
@@ -297,7 +299,10 @@ def _check_emulated_case(case, schedule=None, model_change=None):
     """Run a GPU test's case in the emulator as ``tylopy.attention`` launches it (the launcher's own
     schedule, a nonpositive scale mapped as the entry point maps it) and apply the GPU pass rules
     with the launch's model (``model_change`` alters that model)."""
-    from tylopy_kernels.attention import _nonpositive_scale, cases as C, rules, scenarios as S
+    from tylopy_kernels.attention.testing import cases as C
+    from tylopy_kernels.attention.testing import rules as rules
+    from tylopy_kernels.attention.testing import scenarios as S
+    from tylopy_kernels.attention import _nonpositive_scale
     q, k, v, mask = C.make_inputs(case, "cpu")
     query, scale = _nonpositive_scale(q, case.resolved_scale)
     out = torch.full(q.shape, float("nan"), dtype=q.dtype)
@@ -312,7 +317,7 @@ def test_rules_on_large_fp16_logits_with_a_mask():
     """Logits up to 3e4 in fp16: with the lazy maximum measured in the wrong units (the threshold
     multiplied by the scale once more) the same-boundary reference let weights grow past fp16's
     65504 and judged the kernel against inf and NaN."""
-    from tylopy_kernels.attention import cases as C
+    from tylopy_kernels.attention.testing import cases as C
     _check_emulated_case(C.Case("f16", 2, 1, 300, 257, inputs="large", mask="random", lse=True))
 
 
@@ -320,7 +325,7 @@ def test_rules_on_a_negative_scale():
     """scale = -0.125: the entry point negates Q; the reference's lazy maximum (over the scaled
     scores) moves where the kernel's does only when the threshold is compared in log2 units of the
     scaled scores, whatever the scale's sign (it was off by 0.89 here)."""
-    from tylopy_kernels.attention import cases as C
+    from tylopy_kernels.attention.testing import cases as C
     _check_emulated_case(C.Case("bf16", 1, 2, 100, 300, scale=-0.125, lse=True))
 
 
@@ -330,7 +335,7 @@ def test_rules_follow_the_polynomial_exp2(poly):
     the same-boundary reference applies the same polynomial to the same accumulator registers and
     the emulated kernel differs from it in ~0.2% of outputs. A reference with plain exponentials
     sees 6-18% differ, which the statistical rule rejects at poly = 8."""
-    from tylopy_kernels.attention import cases as C
+    from tylopy_kernels.attention.testing import cases as C
     case = C.Case("bf16", 1, 1, 256, 1000)
     summary = _check_emulated_case(case, {"POLY_EXP2": poly})
     assert float(summary.split("round(sb) in ")[1].split("%")[0]) < 1.0, summary

@@ -5,7 +5,7 @@ for finite inputs; rows with no key exactly 0 with LSE -inf; within 2 x torch's 
 FP64 oracle (+ 2^-10 max|v|); within one output rounding plus one P-rounding "flip" of a
 same-boundary reference that rounds P per key tile of the launcher's BLOCK_N, and (over >= 256
 rows) differing from that reference rounded in few outputs; LSE against the oracle. The
-docstring of kernels/attention/rules.py derives the tolerances. Beyond numerics: NaN
+docstring of tylopy_kernels/attention/testing/rules.py derives the tolerances. Beyond numerics: NaN
 padding past N and D changes no bit; the low-level launcher writes every element of a strided
 output view and nothing around it; causal outputs ignore future keys bit-for-bit; 100 runs are
 bit-identical; (B, N, H, D) memory works; empty inputs launch nothing; a CUDA graph and a side
@@ -32,11 +32,11 @@ import pytest
 import torch
 
 from conftest import requires_sm90
-from tylopy_kernels.attention import hopper_launch as launch
-from tylopy_kernels.attention import cases as C
-from tylopy_kernels.attention import rules
-from tylopy_kernels.attention import scenarios as S
-from tylopy_kernels.attention.reference import HOPPER
+from tylopy_kernels.attention.sm90 import launch as launch
+from tylopy_kernels.attention.testing import cases as C
+from tylopy_kernels.attention.testing import rules as rules
+from tylopy_kernels.attention.testing import scenarios as S
+from tylopy_kernels.attention.testing.reference import HOPPER
 from tylopy_kernels.attention import attention
 
 try:

@@ -11,7 +11,7 @@ import torch
 from tylopy.runtime import driver as drv
 from tylopy.runtime import tensormap as tm_mod
 from tylopy_kernels import attention as A
-from tylopy_kernels.attention import hopper_launch as HL
+from tylopy_kernels.attention.sm90 import launch as HL
 
 import test_launch_host as H
 

@@ -1,4 +1,4 @@
-"""CPU tier of ``tylopy.attention_varlen`` (kernels/attention/varlen.py).
+"""CPU tier of ``tylopy.attention_varlen`` (tylopy_kernels/attention/varlen.py).
 
 * the emulator runs the portable kernels' packed plans (forward and backward) over batches with
   empty and length-1 sequences, queries without keys, keys without queries, causal (aligned to
@@ -14,7 +14,7 @@ import torch
 
 import tylopy
 from tylopy_kernels.attention import autograd as A
-from tylopy_kernels.attention import grad_check
+from tylopy_kernels.attention.testing import grad_check as grad_check
 
 
 def cu(lengths):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tylopy
-from tylopy_kernels.attention import grad_check
+from tylopy_kernels.attention.testing import grad_check as grad_check
 
 pytestmark = pytest.mark.gpu
 
@@ -52,7 +52,7 @@ def test_varlen_forward_and_gradients_pass_the_rule(case):
 
 
 def test_equal_lengths_give_the_batched_portable_results():
-    from tylopy_kernels.attention.portable_launch import streaming_attention
+    from tylopy_kernels.attention.portable.launch import streaming_attention
     gen = torch.Generator(device="cuda").manual_seed(1)
     B, n, H, D = 3, 333, 4, 64
     q, k, v = (torch.randn(B, n, H, D, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(3))

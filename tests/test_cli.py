@@ -99,7 +99,7 @@ def test_dump_prints_ptx_then_report(capsys):
 
 def test_dump_relative_path(capsys, monkeypatch):
     monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.dirname(VECTOR_ADD))))
-    rc, out, err = run_cli(capsys, "dump", "kernels/examples/vector_add.py")
+    rc, out, err = run_cli(capsys, "dump", "tylopy_kernels/examples/vector_add.py")
     assert rc == 0, err
     assert ".target sm_90a" in out and "0 bytes spill stores" in out
 
@@ -325,8 +325,8 @@ def test_emulate_dispatches_to_cli_main(capsys, monkeypatch):
     from tylopy.cli import emulate
     calls = []
     monkeypatch.setattr(emulate, "cli_main", lambda argv: calls.append(argv) or 0)
-    rc, _, _ = run_cli(capsys, "emulate", "kernels/examples/vector_add.py:vector_add", "--grid", "4")
-    assert rc == 0 and calls == [["kernels/examples/vector_add.py:vector_add", "--grid", "4"]]
+    rc, _, _ = run_cli(capsys, "emulate", "tylopy_kernels/examples/vector_add.py:vector_add", "--grid", "4")
+    assert rc == 0 and calls == [["tylopy_kernels/examples/vector_add.py:vector_add", "--grid", "4"]]
 
 
 # -- the console script --------------------------------------------------------------------------------

@@ -20,11 +20,11 @@ import torch
 
 from tylopy.runtime.tensormap import TensorMapSpec
 
-L = pytest.importorskip("tylopy_kernels.attention.hopper_launch")
-PL = pytest.importorskip("tylopy_kernels.attention.portable_launch")
-from tylopy_kernels.attention.hopper import attention_fwd_sm90  # noqa: E402
-from tylopy_kernels.attention.reference import HOPPER, PORTABLE  # noqa: E402
-from tylopy_kernels.attention.rules import check_output  # noqa: E402
+L = pytest.importorskip("tylopy_kernels.attention.sm90.launch")
+PL = pytest.importorskip("tylopy_kernels.attention.portable.launch")
+from tylopy_kernels.attention.sm90.forward import attention_fwd_sm90  # noqa: E402
+from tylopy_kernels.attention.testing.reference import HOPPER, PORTABLE  # noqa: E402
+from tylopy_kernels.attention.testing.rules import check_output  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 

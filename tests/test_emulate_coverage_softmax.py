@@ -1,4 +1,4 @@
-"""Every softmax kernel (``kernels/softmax``) run in the emulator against an FP64 softmax.
+"""Every softmax kernel (``tylopy_kernels/softmax``) run in the emulator against an FP64 softmax.
 
 The launchers need a GPU, so the kernels are called as the launchers call them: the row kernel,
 the streaming kernel (both VEC forms, each dtype), the full-row kernel (one warp a row, and several

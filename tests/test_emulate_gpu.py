@@ -170,7 +170,7 @@ def test_hopper_attention_matches_the_gpu(capsys):
     close to a midpoint, and then by one ulp. Measured on an H200: 3 of 16384 outputs differ,
     each by one ulp (2.4e-4)."""
     from test_emulate_kernels import emulate_hopper, qkv
-    from tylopy_kernels.attention import hopper_launch as launch
+    from tylopy_kernels.attention.sm90 import launch as launch
     n = 256
     q, k, v = qkv(1, 1, n, seed=13)
     out_gpu = torch.zeros_like(q).cuda()

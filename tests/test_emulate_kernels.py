@@ -32,8 +32,8 @@ def _spec(t, dims, strides, box):
 
 def emulate_hopper(q, k, v, out, lse, causal, schedule=None):
     """Run the Hopper kernel in the emulator with the arguments ``launch_hopper`` would pass."""
-    mod = pytest.importorskip("tylopy_kernels.attention.hopper")
-    launch = pytest.importorskip("tylopy_kernels.attention.hopper_launch")
+    mod = pytest.importorskip("tylopy_kernels.attention.sm90.forward")
+    launch = pytest.importorskip("tylopy_kernels.attention.sm90.launch")
     plan = launch.plan_launch(q, k, v, None, causal, 1 / math.sqrt(q.shape[-1]), out, lse,
                               dict({"PERSISTENT": False}, **(schedule or {})), make_map=_spec, sm_count=4)
     return mod.attention_fwd_sm90.emulate(*plan.args, grid=plan.grid, **plan.constexprs)
@@ -48,7 +48,7 @@ def test_hopper_attention_kernel(b, h, n, causal, capsys):
     dt = time.perf_counter() - t0
     err = (out.double() - sdpa(q, k, v, causal)).abs().max().item()
     with capsys.disabled():
-        print(f"\n[emulate timings] kernels/attention/hopper.py B={b} H={h} N={n} causal={causal}: {dt:.2f} s "
+        print(f"\n[emulate timings] tylopy_kernels/attention/sm90/forward.py B={b} H={h} N={n} causal={causal}: {dt:.2f} s "
               f"({len(report.ctas)} CTAs x {report.warps_per_cta} warps), max error {err:.2e}")
     assert err < 2e-2
     want_lse = torch.logsumexp((q.double() @ k.double().transpose(2, 3)) / math.sqrt(D)
@@ -59,7 +59,7 @@ def test_hopper_attention_kernel(b, h, n, causal, capsys):
 
 
 def test_streaming_attention_kernel_n128(capsys):
-    mod = pytest.importorskip("tylopy_kernels.attention.portable")
+    mod = pytest.importorskip("tylopy_kernels.attention.portable.forward")
     n, warps = 128, mod.DEFAULT_WARPS
     q, k, v = qkv(1, 1, n, seed=8)
     out, lse = torch.zeros_like(q), torch.zeros(1, 1, n)
@@ -73,6 +73,6 @@ def test_streaming_attention_kernel_n128(capsys):
     dt = time.perf_counter() - t0
     err = (out.double() - sdpa(q, k, v, False)).abs().max().item()
     with capsys.disabled():
-        print(f"\n[emulate timings] kernels/attention/portable.py N={n}: {dt:.2f} s, max error {err:.2e}")
+        print(f"\n[emulate timings] tylopy_kernels/attention/portable/forward.py N={n}: {dt:.2f} s, max error {err:.2e}")
     assert err < 2e-2
     assert dt < 10

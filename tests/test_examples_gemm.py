@@ -1,4 +1,4 @@
-"""The mma.sync GEMM example (kernels/examples/gemm_mma_sync.py): emulated at small ragged sizes
+"""The mma.sync GEMM example (tylopy_kernels/examples/gemm_mma_sync.py): emulated at small ragged sizes
 against float64 and, bit for bit, against a chain of the tensor-core model; its PTX (cp.async,
 ldmatrix, mma.sync, the wait depth) and ptxas; on the GPU against torch.matmul."""
 import re

@@ -8,7 +8,10 @@ import os
 import pytest
 import torch
 
-from tylopy_kernels.examples import argmax, block_scan, histogram, rmsnorm
+from tylopy_kernels.examples import argmax
+from tylopy_kernels.examples import block_scan
+from tylopy_kernels.examples import histogram
+from tylopy_kernels.examples import rmsnorm
 
 EXAMPLES = os.path.dirname(rmsnorm.__file__)
 

@@ -1,4 +1,4 @@
-"""CPU tier of the Hopper GEMM (kernels/gemm): every schedule assembles with ptxas without spills;
+"""CPU tier of the Hopper GEMM (tylopy_kernels/gemm): every schedule assembles with ptxas without spills;
 the kernel runs in the emulator bit-identical to the tensor-core accumulation model (ragged M, N
 and K, both majors of A and B, bf16/fp16 in, bf16/fp16/fp32 out, bias, epilogues, cooperative
 and pingpong, persistent CTAs with several tiles and a wrapping ring); the schedule geometry;
@@ -10,10 +10,12 @@ import pytest
 import torch
 
 import tylopy as ty
-from tylopy_kernels.gemm import check_inputs, epilogues, launch, matmul
+from tylopy_kernels.gemm import epilogues
+from tylopy_kernels.gemm import launch
+from tylopy_kernels.gemm import check_inputs, matmul
 from tylopy_kernels.gemm.hopper import gemm_sm90
 from tylopy_kernels.gemm.plan import Plan
-from tylopy_kernels.gemm.reference import tensorcore_model
+from tylopy_kernels.gemm.testing.reference import tensorcore_model
 from tylopy_kernels.gemm.splitk import blocks as splitk_blocks
 from tylopy_kernels.gemm.splitk import splitk_reduce
 

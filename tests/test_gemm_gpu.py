@@ -14,8 +14,10 @@ import torch
 
 import tylopy as ty
 from conftest import requires_sm90
-from tylopy_kernels.gemm import epilogues, launch, matmul
-from tylopy_kernels.gemm.reference import reference_fp64, within_bound
+from tylopy_kernels.gemm import epilogues
+from tylopy_kernels.gemm import launch
+from tylopy_kernels.gemm import matmul
+from tylopy_kernels.gemm.testing.reference import reference_fp64, within_bound
 
 try:
     import pytest_timeout  # noqa: F401

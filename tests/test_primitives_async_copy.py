@@ -281,7 +281,7 @@ def test_portable_attention_cp_async_path_equals_its_ld_st_path(causal, emulated
     path) and the plain ld/st pipeline give the same bits in the emulator."""
     import math
     import tylopy as ty
-    from tylopy_kernels.attention import portable
+    from tylopy_kernels.attention.portable import forward as portable
     n, d = 150, 32
     gen = torch.Generator().manual_seed(7)
     q, k, v = (torch.randn(1, 1, n, d, generator=gen).to(torch.bfloat16) for _ in range(3))

@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from tylopy_kernels.attention import distributed as ra
+from tylopy_kernels.attention.distributed import ring as ra
 
 
 def attend_reference(q, k, v, causal, scale):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import tylopy
-from tylopy_kernels.attention import distributed as ra
+from tylopy_kernels.attention.distributed import ring as ra
 
 pytestmark = pytest.mark.gpu
 WORKER = os.path.join(os.path.dirname(__file__), "ring_attention_worker.py")
@@ -34,7 +34,7 @@ def test_world_size_one_is_plain_attention(causal, H_kv):
 def test_world_size_one_backward():
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the attention backward needs Hopper (sm_90)")
-    from tylopy_kernels.attention.backward_reference import attention_grads, gradient_rule
+    from tylopy_kernels.attention.testing.backward_reference import attention_grads, gradient_rule
     q, k, v = _inputs(1, 8, 2, 2048, 128, seed=4)
     dout = torch.randn_like(q)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]

@@ -1,8 +1,8 @@
-"""The SASS loop counter of the Hopper attention (kernels/attention/sass_profile.py): parsing on a
+"""The SASS loop counter of the Hopper attention (tylopy_kernels/attention/bench/sass_profile.py): parsing on a
 hand-written disassembly, and on the real kernel where ptxas and nvdisasm are installed."""
 import pytest
 
-from tylopy_kernels.attention import sass_profile as S
+from tylopy_kernels.attention.bench import sass_profile as S
 
 SASS = """
         /*0000*/                   MOV R1, c[0x0][0x28] ;
@@ -37,7 +37,7 @@ def test_the_default_kernel_loop():
     import shutil
     if S.nvdisasm() is None or shutil.which("ptxas") is None:
         pytest.skip("needs ptxas and nvdisasm")
-    from tylopy_kernels.attention.bench import sass_profiles
+    from tylopy_kernels.attention.bench.forward import sass_profiles
     name, cx = sass_profiles()[0]
     row = S.report(cx)
     # D=64, 128 keys a tile: QK^T is 4 HGMMA (k = 64 / 16), PV 8 (k = 128 / 16); 64 scores a thread

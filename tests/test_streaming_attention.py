@@ -1,4 +1,4 @@
-"""CPU tier of the portable streaming attention (kernels/attention/portable.py).
+"""CPU tier of the portable streaming attention (tylopy_kernels/attention/portable/forward.py).
 
 * the worked example through the reference semantics of the online softmax (6; 7 when the
   numerator is not rescaled);
@@ -8,7 +8,7 @@
   bank-conflict freedom;
 * input checks (no GPU is touched before them) and the arch choice;
 * when the CPU emulator is there: small launches checked against the shared references and pass
-  rules (``kernels/attention/reference.py``, ``rules.py``) with the portable kernel's model.
+  rules (``tylopy_kernels/attention/testing/reference.py``, ``rules.py``) with the portable kernel's model.
 """
 import math
 
@@ -17,12 +17,12 @@ import pytest
 import torch
 
 import tylopy as ty
-from tylopy_kernels.attention import cases
-from tylopy_kernels.attention import reference as R
-from tylopy_kernels.attention import rules
-from tylopy_kernels.attention import scenarios
-from tylopy_kernels.attention import portable as sa
-from tylopy_kernels.attention import portable_launch as pl
+from tylopy_kernels.attention.testing import cases as cases
+from tylopy_kernels.attention.testing import reference as R
+from tylopy_kernels.attention.testing import rules as rules
+from tylopy_kernels.attention.testing import scenarios as scenarios
+from tylopy_kernels.attention.portable import forward as sa
+from tylopy_kernels.attention.portable import launch as pl
 
 DTYPES = (ty.bf16, ty.f16)
 

@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
-from tylopy_kernels.attention import cases
-from tylopy_kernels.attention import scenarios
-from tylopy_kernels.attention import portable as sa
-from tylopy_kernels.attention import portable_launch as pl
+from tylopy_kernels.attention.testing import cases as cases
+from tylopy_kernels.attention.testing import scenarios as scenarios
+from tylopy_kernels.attention.portable import forward as sa
+from tylopy_kernels.attention.portable import launch as pl
 
 pytestmark = pytest.mark.gpu
 

@@ -11,7 +11,7 @@ import tempfile
 KERNELS = [
     ("vector_add", "tylopy_kernels.examples.vector_add", "vector_add", {}),
     ("row_softmax", "tylopy_kernels.softmax.row", "row_softmax", {}),
-    ("attention_fwd_sm90", "tylopy_kernels.attention.hopper", "attention_fwd_sm90", {}),
+    ("attention_fwd_sm90", "tylopy_kernels.attention.sm90.forward", "attention_fwd_sm90", {}),
 ]
 
 PROBE = """

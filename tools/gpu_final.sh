@@ -89,7 +89,7 @@ if [[ " $* " == *" bench "* ]]; then
   want training && step training ${TRAIN_SECONDS:-80} tylopy bench attention_training --output "$LOG/training.json"
   if want ring && [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then  # ring attention over two GPUs (NVLink multicast off)
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 step ring ${RING_SECONDS:-100} \
-      python3 -m torch.distributed.run --standalone --nproc_per_node 2 -m tylopy_kernels.attention.bench_ring \
+      python3 -m torch.distributed.run --standalone --nproc_per_node 2 -m tylopy_kernels.attention.bench.ring \
       --output "$LOG/ring.json"
   fi
   tar czf "$OUT/final-bench.tgz" -C "$OUT" logs

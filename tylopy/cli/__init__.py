@@ -1,12 +1,12 @@
 """The ``tylopy`` command line: dump a kernel's PTX with its ptxas report, manage the disk cache,
 and run the checks, benchmarks and emulations that packages built on tylopy register.
 
-    tylopy dump kernels/examples/vector_add.py         # PTX, then the ptxas report
-    tylopy dump kernels/attention/hopper.py -D BLOCK_N=64 --llvm
-    tylopy cache explain kernels/examples/vector_add.py
+    tylopy dump tylopy_kernels/examples/vector_add.py         # PTX, then the ptxas report
+    tylopy dump tylopy_kernels/attention/sm90/forward.py -D BLOCK_N=64 --llvm
+    tylopy cache explain tylopy_kernels/examples/vector_add.py
     tylopy check attention --quick                     # a registered check (entry point tylopy.checks)
     tylopy bench attention                             # a registered benchmark (tylopy.benchmarks)
-    tylopy emulate kernels/examples/vector_add.py      # the file's emulate_example() on the CPU
+    tylopy emulate tylopy_kernels/examples/vector_add.py      # the file's emulate_example() on the CPU
 
 ``dump`` is a thin wrapper over ``Kernel.compile``: the same PTX, LLVM IR and tylopy IR that
 ``CompiledKernel`` holds, and the same text ``TYLOPY_DUMP_DIR`` writes. Mistakes in the input

@@ -1,0 +1,197 @@
+"""Host side of the portable attention forward (``portable.py``): arch choice, specializations,
+argument checks and launches for batched (B, H, N, D) and packed variable-length (total, H, D)
+tensors (``streaming_attention``, ``launch_streaming``, ``compiled_for``, ``plan_forward``, ...).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+import tylopy as ty
+
+from tylopy_kernels.attention.common import mask_and_lse_args, placeholder
+from tylopy_kernels.attention.portable.forward import (BLOCK_NS, DEFAULT_BLOCK_N, DEFAULT_WARPS, HEAD_DIMS, MAX_GRID_YZ, NEG_INF, ROWS_PER_WARP,
+                       attention_fwd_portable, streaming_attention_fwd)
+
+_kernels: dict = {}
+_archs: dict = {}
+
+
+def device_arch(capability) -> tuple[str, bool]:
+    """(arch to compile for, whether to hand the driver sm_80 PTX to JIT instead of a cubin)."""
+    from tylopy.codegen.targets import SUPPORTED_ARCHS
+    major, minor = capability
+    if (major, minor) < (8, 0):
+        raise ValueError(f"streaming_attention: query expects a GPU of compute capability 8.0 or newer (mma.sync "
+                         f"on bf16, cp.async), but got sm_{major}{minor}")
+    arch = f"sm_{major}{minor}"
+    return (arch, False) if arch in SUPPORTED_ARCHS else ("sm_80", True)
+
+
+def _device_arch(device):
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    arch = _archs.get(index)
+    if arch is None:
+        arch = _archs[index] = device_arch(torch.cuda.get_device_capability(index))
+    return arch
+
+
+def compiled_for(device, kernel=None, **constexprs):
+    """The CompiledKernel of one specialization of ``kernel`` (default: ``streaming_attention_fwd``)
+    for ``device``, cached; the other portable kernels (the backward's) come through here too."""
+    kernel = streaming_attention_fwd if kernel is None else kernel
+    arch, jit = _device_arch(device)
+    key = (kernel, arch, jit, tuple(sorted((k, repr(v)) for k, v in constexprs.items())))
+    ck = _kernels.get(key)
+    if ck is None:
+        kern = _kernels.get((kernel, arch))
+        if kern is None:
+            kern = _kernels[(kernel, arch)] = kernel.with_arch(arch)
+        ck = kern.compile(**constexprs)
+        if jit:  # an arch the codegen does not list: let the driver compile the sm_80 PTX
+            ck = dataclasses.replace(ck, cubin=None, _launcher=None)
+        _kernels[key] = ck
+    return ck
+
+
+def _in_place_ok(t) -> bool:
+    """Contiguous, 16-byte aligned rows: cp.async copies 16 bytes and Q is read as 32-bit words (a
+    zero stride over rows, heads or batch, an ``expand`` view, is fine; over the head dim it is not)."""
+    return (t.data_ptr() % 16 == 0 and (t.stride(-1) == 1 or t.shape[-1] == 1)
+            and all(t.shape[d] == 1 or t.stride(d) % 8 == 0 for d in range(t.dim() - 1)))
+
+
+def aligned(t):
+    return t if _in_place_ok(t) else t.clone(memory_format=torch.contiguous_format)
+
+
+def check_schedule(head_dim, block_n, warps) -> tuple[int, int]:
+    """The (BLOCK_N, WARPS) to use: the defaults for None, else checked."""
+    block_n = DEFAULT_BLOCK_N[head_dim] if block_n is None else block_n
+    warps = DEFAULT_WARPS if warps is None else warps
+    if isinstance(block_n, bool) or block_n not in BLOCK_NS:
+        raise ValueError(f"streaming_attention: block_n expects one of {BLOCK_NS}, but got {block_n!r}")
+    if isinstance(warps, bool) or warps not in (1, 2, 4, 8):
+        raise ValueError(f"streaming_attention: warps expects 1, 2, 4 or 8, but got {warps!r}")
+    return block_n, warps
+
+
+def _check_out(out, lse):
+    if out.stride(-1) != 1 or out.data_ptr() % 4 or any(out.stride(d) % 2 for d in range(out.dim() - 1)):
+        raise ValueError(f"streaming_attention: out expects 4-byte aligned rows with a contiguous last dim, "
+                         f"but got strides {out.stride()}")
+    if lse is not None and lse.stride(-1) != 1:
+        raise ValueError(f"streaming_attention: lse expects a contiguous last dim, but got strides {lse.stride()}")
+
+
+def row_strides(t, varlen: bool) -> tuple:
+    """(batch, head, row) element strides: (B, H, N, D) tensors, or packed (total, H, D) rows (no batch)."""
+    return (0, t.stride(1), t.stride(0)) if varlen else (t.stride(0), t.stride(1), t.stride(2))
+
+
+def dtype_of(t):
+    return ty.bf16 if t.dtype == torch.bfloat16 else ty.f16
+
+
+@dataclasses.dataclass
+class Launch:
+    """One kernel launch, planned on the host: ``run()`` on the GPU, ``run(emulate=True)`` on CPU tensors."""
+
+    kernel: object
+    grid: tuple
+    args: tuple
+    constexprs: dict
+
+    def run(self, emulate=False, **options):
+        if emulate:
+            return self.kernel.emulate(*self.args, grid=self.grid, **self.constexprs, **options)
+        compiled_for(self.args[0].device, self.kernel, **self.constexprs)(self.grid, *self.args)
+
+
+def plan_forward(q, k, v, out, lse, *, scale, is_causal=False, attn_mask=None, varlen=None, block_n=None,
+                 warps=None, async_copy=True) -> Launch | None:
+    """The launch of ``attention_fwd_portable`` that fills ``out`` (and ``lse`` when given); None
+    when there is nothing to compute.
+
+    Batched: q/out (B, H, n_q, D), k/v (B, H_kv, n_k, D) with H_kv dividing H, lse (B, H, n_q).
+    ``varlen=(cu_q, cu_k, max_seqlen_q)``: q/out (total_q, H, D), k/v (total_k, H_kv, D), lse
+    (H, total_q), int32 prefix sums cu_q/cu_k of B + 1 entries. scale > 0.
+    """
+    packed = varlen is not None
+    D = q.shape[-1]
+    block_n, warps = check_schedule(D, block_n, warps)
+    rows = ROWS_PER_WARP * warps
+    H, H_kv = q.shape[-2 if packed else 1], k.shape[-2 if packed else 1]
+    if packed:
+        cu_q, cu_k, max_q = varlen
+        B, n_q, n_k = cu_q.shape[0] - 1, max_q, 0
+        lse_strides = (0, lse.stride(0)) if lse is not None else (0, 0)
+    else:
+        B, n_q, n_k = q.shape[0], q.shape[2], k.shape[2]
+        cu_q = cu_k = placeholder(q.device, torch.int32)
+        lse_strides = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
+    for name, n in (("batch", B), ("heads", H)):
+        if n > MAX_GRID_YZ:
+            raise ValueError(f"streaming_attention: query {name} expects at most {MAX_GRID_YZ} (a grid dimension), "
+                             f"but got {n}")
+    _check_out(out, lse)
+    if B * H * n_q == 0:
+        return None
+    q, k, v = aligned(q), aligned(k), aligned(v)
+    if packed:
+        mask_t, ms = placeholder(q.device, torch.uint8), (0, 0, 0, 0)
+        lse_t = lse if lse is not None else placeholder(q.device, torch.float32)
+    else:
+        mask_t, ms, lse_t = mask_and_lse_args(attn_mask, lse, B, H, n_q, n_k, q.device)
+    i16 = torch.int16
+    args = (q.view(i16), k.view(i16), v.view(i16), out.view(i16), lse_t, mask_t, cu_q, cu_k, n_q, n_k, H // H_kv,
+            float(scale), int(is_causal), *row_strides(q, packed), *row_strides(k, packed), *row_strides(v, packed),
+            *row_strides(out, packed), *lse_strides, *ms)
+    cx = dict(DTYPE=dtype_of(q), HEAD_DIM=D, BLOCK_N=block_n, WARPS=warps, HAS_MASK=attn_mask is not None,
+              RETURN_LSE=lse is not None, ASYNC_COPY=async_copy, VARLEN=packed)
+    return Launch(attention_fwd_portable, ((n_q + rows - 1) // rows, H, B), args, cx)
+
+
+def launch_forward(q, k, v, out, lse, **kwargs) -> None:
+    """``plan_forward``'s launch, on the current stream."""
+    launch = plan_forward(q, k, v, out, lse, **kwargs)
+    if launch is not None:
+        launch.run()
+
+
+def launch_streaming(q, k, v, attn_mask, is_causal, scale, out, lse, block_n=None, warps=None, async_copy=True):
+    """Launch on checked (B, H, N, D) inputs (``tylopy_kernels.attention.check_inputs``) into ``out``
+    (and ``lse``); K/V may have fewer heads than Q (a divisor)."""
+    if lse is not None and not lse.is_contiguous():
+        raise ValueError("streaming_attention: lse expects a contiguous (B, H, n_q) tensor")
+    launch_forward(q, k, v, out, lse, scale=scale, is_causal=is_causal, attn_mask=attn_mask, block_n=block_n,
+                   warps=warps, async_copy=async_copy)
+
+
+def streaming_attention(query, key, value, attn_mask=None, is_causal=False, scale=None, return_lse=False,
+                        block_n=None, warps=None, out=None, enable_gqa=False):
+    """Like ``tylopy.attention``, always on this kernel; ``block_n`` (32/64) and ``warps`` pick the schedule."""
+    from tylopy_kernels.attention import check_inputs
+    B, H, n_q, n_k, D, scale = check_inputs(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    block_n, warps = check_schedule(D, block_n, warps)
+    if query.device.type != "cuda":
+        raise ValueError(f"streaming_attention: query expects a CUDA tensor, but got a tensor on {query.device}")
+    if out is None:
+        out = torch.empty((B, H, n_q, D), dtype=query.dtype, device=query.device)
+    elif out.shape != (B, H, n_q, D) or out.dtype != query.dtype or out.device != query.device:
+        raise ValueError(f"streaming_attention: out expects a {query.dtype} tensor of shape {(B, H, n_q, D)} on "
+                         f"{query.device}, but got {out.dtype} {tuple(out.shape)} on {out.device}")
+    lse = torch.empty((B, H, n_q), dtype=torch.float32, device=query.device) if return_lse else None
+    if n_k == 0 and B * H * n_q:  # no keys: every row is empty
+        out.zero_()
+        if lse is not None:
+            lse.fill_(NEG_INF)
+    else:
+        launch_streaming(query, key, value, attn_mask, is_causal, scale, out, lse, block_n, warps)
+    return (out, lse) if return_lse else out
+
+
+__all__ = ["HEAD_DIMS", "device_arch", "compiled_for", "check_schedule", "aligned", "row_strides", "Launch",
+           "plan_forward", "launch_forward",
+           "launch_streaming", "streaming_attention"]

@@ -1,0 +1,126 @@
+"""The small kernels around the Hopper attention backward: statistics before it, dQ after it.
+
+``attention_bwd_preprocess``: per query row, delta = sum_d dO * O (fp32, fused multiply-adds in
+head-dim order per 16-byte chunk, then a butterfly over the row's lanes) and L log2(e) from the
+forward's natural-log LSE, both into padded (B*H, n_pad) fp32 buffers the main kernels read with
+TMA or plain loads. Rows past n_q get delta 0 and L = +inf; a row whose LSE is -inf (every key
+masked) also gets +inf, so exp2(s c - L) is exactly 0 for it and its gradients vanish.
+
+``attention_bwd_dq_convert``: dQ = scale * the fp32 accumulator the dK/dV kernel added its
+partial products into, rounded to the input dtype. The accumulator holds 64x64 sub-tiles
+(batch, head, row tile, column tile) in wgmma register order (``backward_hopper.accumulate_dq``):
+thread t of the 128 reads its 32 values with 8 16-byte loads and stores pairs of columns.
+"""
+import tylopy as ty
+
+from tylopy_kernels.attention.sm90.backward_common import LOG2E, store_rows
+
+POS_INF = float("inf")
+NEG_INF = float("-inf")
+
+
+@ty.func
+def row_dot(out, dout, o_off, do_off, dtype):
+    """sum over 8 consecutive elements of out * dout (two 16-byte loads)."""
+    ow = ty.load(ty.ptr_cast(out + o_off, ty.b32), vec=4)
+    dw = ty.load(ty.ptr_cast(dout + do_off, ty.b32), vec=4)
+    acc = ty.cast(0.0, ty.f32)
+    for k in range(4):
+        o0, o1 = ty.unpack2(ow[k], dtype)
+        d0, d1 = ty.unpack2(dw[k], dtype)
+        acc = ty.fma(o0, d0, acc)
+        acc = ty.fma(o1, d1, acc)
+    return acc
+
+
+@ty.kernel(threads=128, noalias=True)
+def attention_bwd_preprocess(
+    out: ty.ptr(ty.i16), dout: ty.ptr(ty.i16), lse: ty.ptr(ty.f32), delta: ty.ptr(ty.f32), lse_log2: ty.ptr(ty.f32),
+    n_q: ty.i32, n_heads: ty.i32, n_pad: ty.i32,
+    o_stride_b: ty.i64, o_stride_h: ty.i64, o_stride_n: ty.i64,
+    do_stride_b: ty.i64, do_stride_h: ty.i64, do_stride_n: ty.i64,
+    l_stride_b: ty.i64, l_stride_h: ty.i64, l_stride_n: ty.i64,
+    DTYPE: ty.constexpr = ty.bf16, HEAD_DIM: ty.constexpr = 64,
+):
+    """Grid (ceil(n_pad / rows per CTA), heads, batch); HEAD_DIM / 8 lanes share a row, 16 bytes each."""
+    lanes = HEAD_DIM // 8
+    rows = 128 // lanes
+    tid = ty.thread_idx()
+    row = ty.block_idx(0) * rows + tid // lanes
+    part = tid % lanes
+    h = ty.block_idx(1)
+    b = ty.block_idx(2)
+    b64 = ty.cast(b, ty.i64)
+    h64 = ty.cast(h, ty.i64)
+    r64 = ty.cast(row, ty.i64)
+    acc = ty.cast(0.0, ty.f32)
+    if row < n_q:
+        o_off = b64 * o_stride_b + h64 * o_stride_h + r64 * o_stride_n + ty.cast(part * 8, ty.i64)
+        do_off = b64 * do_stride_b + h64 * do_stride_h + r64 * do_stride_n + ty.cast(part * 8, ty.i64)
+        acc = row_dot(out, dout, o_off, do_off, DTYPE)
+    m = 1
+    while m < lanes:  # compile-time: every lane of the row takes part in each butterfly step
+        acc = acc + ty.shfl_xor(acc, m)
+        m = m * 2
+    if (part == 0) & (row < n_pad):
+        stat = (b * n_heads + h) * n_pad + row
+        delta[stat] = acc
+        scaled = ty.cast(POS_INF, ty.f32)
+        if row < n_q:
+            x = lse[b64 * l_stride_b + h64 * l_stride_h + r64 * l_stride_n]
+            scaled = ty.select(x == NEG_INF, POS_INF, x * LOG2E)
+        lse_log2[stat] = scaled
+
+
+@ty.kernel(threads=128, noalias=True)
+def attention_bwd_dq_convert(
+    dq_accum: ty.ptr(ty.f32), dq: ty.ptr(ty.i16), n_q: ty.i32, n_heads: ty.i32, n_pad: ty.i32, scale: ty.f32,
+    dq_stride_b: ty.i64, dq_stride_h: ty.i64, dq_stride_n: ty.i64,
+    DTYPE: ty.constexpr = ty.bf16, HEAD_DIM: ty.constexpr = 64,
+):
+    """Grid (n_pad / 64 * HEAD_DIM / 64, heads, batch): one 64x64 sub-tile per CTA."""
+    col_tiles = HEAD_DIM // 64
+    row_tile = ty.block_idx(0) // col_tiles
+    col_tile = ty.block_idx(0) % col_tiles
+    h = ty.block_idx(1)
+    b = ty.block_idx(2)
+    tile = ((b * n_heads + h) * (n_pad // 64) + row_tile) * col_tiles + col_tile
+    base = ty.cast(tile, ty.i64) * 4096 + ty.cast(ty.thread_idx() * 4, ty.i64)
+    vals = []
+    for j in range(8):
+        vals += list(ty.load(dq_accum + (base + 512 * j), vec=4))
+    acc = ty.Fragment(tuple(vals), ty.WARPGROUP, ty.wgmma_acc(64)) * scale
+    out_base = ty.cast(b, ty.i64) * dq_stride_b + ty.cast(h, ty.i64) * dq_stride_h
+    store_rows(acc, dq, row_tile * 64, n_q, out_base, dq_stride_n, col_tile * 64, DTYPE)
+
+
+@ty.kernel(threads=128, noalias=True)
+def attention_bwd_pack_mask(
+    mask: ty.ptr(ty.u8), bits: ty.ptr(ty.u32), n_q: ty.i32, n_k: ty.i32, rows: ty.i32, words: ty.i32,
+    m_stride_b: ty.i64, m_stride_h: ty.i64, m_stride_q: ty.i64, m_stride_k: ty.i64,
+    KEYS_ON_ROWS: ty.constexpr = True,
+):
+    """The Boolean mask bit-packed for the backward kernels: bits[bh, row, w] bit i is the mask at
+    (key row, query 32w + i) (``KEYS_ON_ROWS``) or (query row, key 32w + i); 0 past n_q or n_k.
+
+    Grid (ceil(rows * words / 128), the mask's heads, its batch): a broadcast (stride 0) batch or
+    head dimension is packed once. Consecutive threads take consecutive rows, so each of the 32
+    byte loads of a warp reads 32 neighbours along the row dimension.
+    """
+    idx = ty.block_idx(0) * 128 + ty.thread_idx()
+    h = ty.block_idx(1)
+    b = ty.block_idx(2)
+    if idx < rows * words:
+        row = idx % rows
+        w = idx // rows
+        base = ty.cast(b, ty.i64) * m_stride_b + ty.cast(h, ty.i64) * m_stride_h
+        word = ty.cast(0, ty.u32)
+        for i in range(32):
+            col = 32 * w + i
+            q, k = (col, row) if KEYS_ON_ROWS else (row, col)
+            flag = ty.load(mask + (base + ty.cast(q, ty.i64) * m_stride_q + ty.cast(k, ty.i64) * m_stride_k),
+                           mask=(q < n_q) & (k < n_k))
+            word = word | ty.select(flag != 0, ty.cast(1 << i, ty.u32), ty.cast(0, ty.u32))
+        plane = b * ty.grid_dim(1) + h
+        bits[(ty.cast(plane, ty.i64) * ty.cast(rows, ty.i64) + ty.cast(row, ty.i64)) * ty.cast(words, ty.i64)
+             + ty.cast(w, ty.i64)] = word
