@@ -4,6 +4,9 @@
   tier runs everything else.
 * ``requires_sm90`` (also the ``sm90`` marker) skips unless the current device is compute
   capability 9.0 (Hopper), like numba-cuda's ``skip_unless_cc_90``.
+* ``TYLOPY_REQUIRE_GPU=1`` (set by the GPU script) turns a skip for a missing GPU into a failure
+  and fails the run when no ``gpu`` test passed; ``TYLOPY_REQUIRE_PTXAS=1`` does the same for a
+  skip because ptxas is missing. A green run then means the tests ran.
 * ``TYLOPY_CACHE_DIR`` points at a temporary folder made for this session, so tests never
   read or write ``~/.cache/tylopy``; tests that need an empty cache use the ``cache_dir``
   fixture.
@@ -70,6 +73,41 @@ def pytest_configure(config):
     os.environ["TYLOPY_CACHE_DIR"] = _SESSION_CACHE  # set before any test module compiles a kernel
 
 
+_REQUIRED = {  # environment switch -> the words of the skip reasons it turns into failures
+    "TYLOPY_REQUIRE_GPU": ("needs a CUDA GPU", "torch.cuda.is_available() is False", "needs a GPU", "needs a Hopper"),
+    "TYLOPY_REQUIRE_PTXAS": ("ptxas not found", "needs ptxas", "ptxas report: not available"),
+}
+_gpu_passed = [0]
+
+
+def _required_reasons() -> tuple:
+    return tuple(w for var, words in _REQUIRED.items() if os.environ.get(var) == "1" for w in words)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and isinstance(report.longrepr, tuple):
+        reason = report.longrepr[2]
+        if any(w in reason for w in _required_reasons()):
+            report.outcome = "failed"
+            report.longrepr = f"required by the environment, but skipped: {reason}"
+
+
+def pytest_runtest_logreport(report):  # on the controller too under xdist
+    if report.passed and report.when == "call" and "gpu" in report.keywords:
+        _gpu_passed[0] += 1
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if hasattr(session.config, "workerinput"):
+        return  # an xdist worker: the controller decides
+    if os.environ.get("TYLOPY_REQUIRE_GPU") == "1" and exitstatus == 0 and not _gpu_passed[0]:
+        session.exitstatus = 1
+        print("\nTYLOPY_REQUIRE_GPU=1, but no test marked gpu passed")
+
+
 def pytest_unconfigure(config):
     if _SESSION_CACHE:
         shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
@@ -107,3 +145,12 @@ def fresh(kernel):
     import tylopy as ty
     return ty.Kernel(kernel.fn, kernel.threads, kernel.arch, kernel.min_blocks_per_sm, kernel.max_registers,
                      kernel.name)
+
+
+@pytest.fixture
+def fake():
+    """A fake CUDA driver (``tylopy.testing.FakeDriver``) for the test: launches are checked, packed
+    and recorded in ``fake.launches``; nothing runs."""
+    from tylopy.testing import fake_driver
+    with fake_driver() as d:
+        yield d

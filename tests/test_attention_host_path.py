@@ -8,12 +8,10 @@ import ctypes
 import pytest
 import torch
 
-from tylopy.runtime import driver as drv
 from tylopy.runtime import tensormap as tm_mod
+from tylopy.testing import fake_driver
 from tylopy_kernels import attention as A
 from tylopy_kernels.attention.sm90 import launch as HL
-
-import test_launch_host as H
 
 
 class RecordedMap(tm_mod.TensorMap):
@@ -32,11 +30,8 @@ class RecordedMap(tm_mod.TensorMap):
 def hopper_host(monkeypatch):
     """launch_hopper against a fake sm_90 driver; yields the list of launches, each as the bytes
     its parameters would carry."""
-    d = H.FakeDriver(devices=1)
-    monkeypatch.setattr(drv, "driver", lambda: d)
-    monkeypatch.setattr(drv, "current_device", lambda: 0)
-    monkeypatch.setattr(drv, "current_stream", lambda device: 7000)
-    monkeypatch.setattr(drv, "primary_context", H._primary_without_torch)
+    driver = fake_driver(devices=1)
+    d = driver.__enter__()
     monkeypatch.setattr(tm_mod.TensorMap, "tiled", staticmethod(
         lambda t, dims, strides, box, dtype, swizzle=128, hold=True: RecordedMap(t, dims, strides, box, dtype)))
     monkeypatch.setattr(tm_mod, "_cache", {})
@@ -61,9 +56,10 @@ def hopper_host(monkeypatch):
         _last_constexprs[0] = cx
         return real_compile(**cx)
     monkeypatch.setattr(HL.attention_fwd_sm90, "compile", compile_and_note)
-    drv.forget_contexts()
-    yield launches
-    drv.forget_contexts()
+    try:
+        yield launches
+    finally:
+        driver.__exit__(None, None, None)
 
 
 _last_constexprs = [None]

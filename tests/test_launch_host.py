@@ -13,119 +13,14 @@ import tylopy as ty
 from tylopy.errors import ArchMismatchError, LaunchValueError
 from tylopy.runtime import driver as drv
 from tylopy.runtime import launch as rl
+from tylopy.testing import FakeDriver, Handle, on_device
 from tylopy_kernels.examples.vector_add import vector_add
 
 import kernels_for_tests as K
 
 
-class OnDevice(torch.Tensor):
-    """A CPU tensor that reports a CUDA device index (the launcher asks ``get_device()``)."""
-
-    device_index = 0
-    __torch_function__ = torch._C._disabled_torch_function_impl  # methods at C speed, like a plain tensor
-
-    def get_device(self):
-        return self.device_index
-
-
 def on(device: int, t: torch.Tensor) -> torch.Tensor:
-    x = t.as_subclass(OnDevice)
-    x.device_index = device
-    return x
-
-
-class Handle:
-    def __init__(self, value):
-        self.value = value
-
-    def __int__(self):
-        return self.value
-
-
-class FakeDriver:
-    """What tylopy calls of cuda.bindings.driver, recording each call."""
-
-    class CUresult:
-        CUDA_SUCCESS = 0
-
-    class CUdevice_attribute:
-        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = "major"
-        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = "minor"
-        CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = "smem"
-
-    class CUfunction_attribute:
-        CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = "max_dyn_smem"
-
-    def __init__(self, capability=(9, 0), devices=2):
-        self.calls = []
-        self.current = Handle(0)
-        self.capability = capability
-        self.devices = devices
-        self.launches = []
-
-    def CUstream(self, handle):
-        return Handle(handle)
-
-    def cuGetErrorName(self, err):
-        return 0, b"CUDA_ERROR_FAKE"
-
-    def cuInit(self, flags):
-        return (0,)
-
-    def cuDeviceGetCount(self):
-        return 0, self.devices
-
-    def cuDeviceGet(self, i):
-        return 0, i
-
-    def cuDevicePrimaryCtxRetain(self, dev):
-        self.calls.append(("retain", dev))
-        return 0, Handle(100 + dev)
-
-    def cuCtxGetCurrent(self):
-        return 0, self.current
-
-    def cuCtxSetCurrent(self, ctx):
-        self.calls.append(("set_current", int(ctx)))
-        self.current = ctx
-        return (0,)
-
-    def cuDeviceGetAttribute(self, attr, dev):
-        return 0, {"major": self.capability[0], "minor": self.capability[1], "smem": 227 * 1024}[attr]
-
-    def cuModuleLoadData(self, image):
-        self.calls.append(("load", int(self.current), image[:16]))
-        return 0, Handle(("module", int(self.current)))
-
-    def cuModuleGetFunction(self, module, name):
-        return 0, Handle(("function", module.value, name))
-
-    def cuFuncSetAttribute(self, f, attr, value):
-        return (0,)
-
-    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
-        self.launches.append(dict(function=f.value, context=int(self.current), grid=(gx, gy, gz), block=bx,
-                                  smem=smem, stream=stream.value, params=params))
-        return (0,)
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    d = FakeDriver()
-    monkeypatch.setattr(drv, "driver", lambda: d)
-    monkeypatch.setattr(drv, "current_device", lambda: 0)
-    monkeypatch.setattr(drv, "current_stream", lambda device: 7000 + device)
-    monkeypatch.setattr(drv, "primary_context", _primary_without_torch)
-    drv.forget_contexts()
-    yield d
-    drv.forget_contexts()
-
-
-def _primary_without_torch(device):
-    ctx = drv._primary.get(device)
-    if ctx is None:
-        ctx = drv._primary[device] = drv.call("cuDevicePrimaryCtxRetain", drv.call("cuDeviceGet", device))
-    return ctx
+    return on_device(t, device)
 
 
 def read_params(address: int, ctypes_types) -> list:

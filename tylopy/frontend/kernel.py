@@ -30,6 +30,7 @@ from ..ir.printer import format_ir
 from ..ir.types import PointerType, ScalarType, TensorMapType, Type
 from ..ir.values import KernelIR, LaunchBounds, Param
 from ..ir.verify import verify
+from ..runtime import hooks
 from . import capture, guards, tracing
 from .builder import Builder, user_location
 from .diagnostics import (constexpr_note, def_loc, innermost_user_frame, locate, lowering_error, param_loc, relocated,
@@ -475,6 +476,9 @@ class Kernel:
         entries.insert(0, ck)
         del entries[MAX_SPECIALIZATIONS_PER_KEY:]
         cache.maybe_dump(ck)
+        if hooks._observers:
+            hooks.emit(hooks.CompileEvent(self.name, ck.constexprs, "disk" if ck.from_cache else "build",
+                                          ck.compile_seconds))
         return ck
 
     def _build(self, kir: KernelIR, cx: dict, options: CompileOptions, key: str) -> CompiledKernel:

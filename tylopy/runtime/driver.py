@@ -14,6 +14,7 @@ replace them.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 
@@ -172,3 +173,30 @@ def device_attribute(device_index: int, attr_name: str) -> int:
 def compute_capability(device_index: int) -> tuple[int, int]:
     return (device_attribute(device_index, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR"),
             device_attribute(device_index, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR"))
+
+
+# -- the seam for host-path tests ---------------------------------------------------------------------
+
+@contextlib.contextmanager
+def substitute(fake, devices: int | None = None, stream_base: int = 7000):
+    """Run the block against ``fake`` instead of cuda.bindings.driver, without torch's CUDA:
+    devices are numbered by the tensors' ``get_device()``, device 0 is current, the current stream
+    of device d is ``stream_base + d``, and primary contexts come from ``fake`` alone. Everything
+    remembered about contexts is dropped on entry and exit. ``tylopy.testing.FakeDriver`` is such
+    a fake; ``tylopy.testing.fake_driver()`` wraps both."""
+    module = globals()
+    saved = {name: module[name] for name in ("driver", "current_device", "current_stream", "primary_context")}
+
+    def primary(device):
+        ctx = _primary.get(device)
+        if ctx is None:
+            ctx = _primary[device] = call("cuDevicePrimaryCtxRetain", call("cuDeviceGet", device))
+        return ctx
+    module.update(driver=lambda: fake, current_device=lambda: 0,
+                  current_stream=lambda device: stream_base + device, primary_context=primary)
+    forget_contexts()
+    try:
+        yield fake
+    finally:
+        module.update(saved)
+        forget_contexts()

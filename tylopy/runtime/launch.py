@@ -19,6 +19,7 @@ import threading
 from ..errors import ArchMismatchError, DriverError, LaunchTypeError, LaunchValueError, ResourceLimitError
 from ..ir.types import PointerType, ScalarType, TensorMapType, int_range
 from . import driver as drv
+from . import hooks
 
 _INT_CTYPES = {"i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32, "i64": ctypes.c_int64,
                "u8": ctypes.c_uint8, "u16": ctypes.c_uint16, "u32": ctypes.c_uint32, "u64": ctypes.c_uint64,
@@ -363,8 +364,10 @@ class Launcher:
             return  # an empty grid launches nothing
         self._send(gx, gy, gz, slots, device, stream)
 
-    def _send(self, gx, gy, gz, slots, device, stream):
+    def _send(self, gx, gy, gz, slots, device, stream, prepared=False):
         f = self._functions.get(device) or self.function(device)
+        if hooks._observers:
+            hooks.emit(hooks.LaunchEvent(self.ck.name, self.ck.constexprs, (gx, gy, gz), device, prepared))
         previous = drv.enter_device(device)
         try:
             self._launch(f, gx, gy, gz, slots, device, stream)
@@ -479,4 +482,4 @@ class PreparedLaunch:
                                    "failed; set it again before launching")
         gx, gy, gz = self.grid
         if gx and gy and gz:
-            self.launcher._send(gx, gy, gz, self._slots, self.device, stream)
+            self.launcher._send(gx, gy, gz, self._slots, self.device, stream, prepared=True)

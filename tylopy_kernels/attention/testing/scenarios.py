@@ -24,6 +24,8 @@ from typing import Callable
 
 import torch
 
+import tylopy as ty
+
 from tylopy_kernels.attention.testing.cases import Case, make_inputs, worked_example_inputs
 from tylopy_kernels.attention.testing.reference import HOPPER, NEG_INF, PORTABLE
 from tylopy_kernels.attention.testing.rules import check_output
@@ -46,29 +48,16 @@ def _equal(a, b) -> bool:
 
 @contextmanager
 def recorded_launches():
-    """Record the compile-time parameters (and the grid) of every launch of the Hopper kernel
-    made inside: a list of dicts such as {"BLOCK_N": 128, ..., "grid": (132,)}."""
-    from tylopy_kernels.attention.sm90 import launch as launch
-    real = launch.attention_fwd_sm90
+    """Record the compile-time parameters (and the grid) of every launch of the Hopper forward made
+    inside, through ``ty.observe`` (so launches of a kept plan count too): a list of dicts such as
+    {"BLOCK_N": 128, ..., "grid": (132, 1, 1)}, filled as the block runs."""
     seen: list[dict] = []
-
-    class Recorder:
-        def __getitem__(self, grid):
-            bound = real[grid]
-
-            def launch_and_record(*args, **constexprs):
-                seen.append(dict(constexprs, grid=grid))
-                return bound(*args, **constexprs)
-            return launch_and_record
-
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-    launch.attention_fwd_sm90 = Recorder()
-    try:
-        yield seen
-    finally:
-        launch.attention_fwd_sm90 = real
+    with ty.observe() as events:
+        try:
+            yield seen
+        finally:
+            seen.extend(dict(e.constexprs, grid=e.grid) for e in events
+                        if e.kind == "launch" and e.kernel == "attention_fwd_sm90")
 
 
 def attend(attention, q, k, v, mask, case: Case, block_n: int | None = None):
