@@ -32,6 +32,7 @@ ALLOWED = {
     "tylopy.tile": {"tylopy.frontend", "tylopy.ir", "tylopy.semantics", "tylopy.errors"},
     "tylopy.benchmarking": set(),
     "tylopy._plugins": set(),
+    "tylopy.testing": {"tylopy.runtime"},
     "tylopy.hopper": {"tylopy.frontend", "tylopy.tile"},
     "tylopy.cli": {"tylopy", "tylopy._plugins", "tylopy.frontend", "tylopy.ir", "tylopy.codegen", "tylopy.emulate",
                    "tylopy.errors", "tylopy.runtime"},
@@ -228,3 +229,32 @@ def test_same_ptx_in_two_checkouts(tmp_path):
         outs.append(proc.stdout)
     assert outs[0] == outs[1]
     assert '.file\t1 "vector_add.py"' in outs[0] or '.file 1 "vector_add.py"' in outs[0]
+
+
+def test_no_test_module_imports_another():
+    """Shared probes live in helper modules (emulate_probes, primitive_probes, ...) or conftest."""
+    tests = os.path.join(ROOT, "tests")
+    bad = []
+    for f in sorted(os.listdir(tests)):
+        if not f.endswith(".py"):
+            continue
+        with open(os.path.join(tests, f)) as fh:
+            tree = ast.parse(fh.read())
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            bad += [f"{f}:{node.lineno} imports {n}" for n in names if n.split(".")[0].startswith("test_")]
+    assert not bad, bad
+
+
+def test_no_source_file_over_600_lines():
+    out = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip("not a git checkout")
+    long = []
+    for f in out.stdout.split():
+        with open(os.path.join(ROOT, f)) as fh:
+            n = sum(1 for _ in fh)
+        if n > 600:
+            long.append(f"{f} ({n} lines)")
+    assert not long, long

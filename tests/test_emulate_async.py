@@ -13,16 +13,24 @@ import torch
 import tylopy as ty
 from tylopy.emulate import ProtocolError
 from tylopy.runtime.tensormap import TensorMapSpec
-from test_emulate_dsl import (bulk_commit, bulk_wait, cp_async, cp_async_commit, cp_async_wait, fence_mbarrier_init,
+from emulate_dsl import (bulk_commit, bulk_wait, cp_async, cp_async_commit, cp_async_wait, fence_mbarrier_init,
                               fence_proxy_async, line_of, mbar_arrive, mbar_expect_tx, mbar_init, mbar_wait, tma_load,
                               tma_store)
+import emulate_probes
+from emulate_probes import _store_args, cp_pipeline, cp_zero_fill, tile_store  # noqa: F401
 
 HERE = __file__
 SEEDS = (None, 1, 2, 3)
 
 
 def at(marker: str) -> str:
-    return re.escape(f"{HERE}:{line_of(HERE, marker)}")
+    """The file:line of a marked line here or in the shared probes."""
+    for path in (HERE, emulate_probes.__file__):
+        try:
+            return re.escape(f"{path}:{line_of(path, marker)}")
+        except LookupError:
+            pass
+    raise LookupError(f"no line marked {marker!r}")
 
 
 def tile_map(t, rows, swizzle=128):
@@ -130,27 +138,6 @@ def test_tma_load_not_yet_landed_reads_stale_bytes_without_race_checks():
 
 # -- cp.async -------------------------------------------------------------------------------------------
 
-@ty.kernel(threads=64)
-def cp_pipeline(x: ty.ptr(ty.f32), out: ty.ptr(ty.f32), n_tiles: ty.i32, MODE: ty.constexpr):
-    """Double-buffered tiles of 64 floats: copy tile j + 1 while tile j is read (reversed, so every thread
-    reads what a thread of the other warp copied)."""
-    buf = ty.shared(ty.f32, 128)
-    tid = ty.thread_idx()
-    cp_async(buf + tid, x + tid, 4)
-    cp_async_commit()
-    for j in range(n_tiles):
-        if j + 1 < n_tiles:
-            cp_async(buf + ((j + 1) & 1) * 64 + tid, x + (j + 1) * 64 + tid, 4)
-        cp_async_commit()
-        if MODE in ("wait", "no_sync"):
-            cp_async_wait(1)
-        elif MODE == "wait_too_few":
-            cp_async_wait(2)
-        if MODE != "no_sync":
-            ty.syncthreads()
-        out[j * 64 + tid] = buf[(j & 1) * 64 + 63 - tid]  # <- cp_read
-        ty.syncthreads()
-
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_cp_async_pipeline(seed):
@@ -186,19 +173,6 @@ def test_cp_async_missing_wait_reads_stale_bytes_without_race_checks():
     assert torch.isnan(out[:64]).all()  # the copies land at their wait, which never comes before the read
 
 
-@ty.kernel(threads=32)
-def cp_zero_fill(x: ty.ptr(ty.i32), out: ty.ptr(ty.i32), n: ty.i32):
-    """Lane i copies 16 bytes (4 ints) from x[4i], reading only the ints below n; the rest is zero-filled."""
-    buf = ty.shared(ty.i32, 128)
-    lane = ty.lane_id()
-    left = ty.maximum(ty.minimum(n - 4 * lane, 4), 0)
-    cp_async(buf + 4 * lane, x + 4 * lane, 16, src_bytes=left * 4)
-    cp_async_commit()
-    cp_async_wait(0)
-    for k in range(4):
-        out[4 * lane + k] = buf[4 * lane + k]
-
-
 @pytest.mark.parametrize("n", [0, 5, 64, 126])
 def test_cp_async_zero_fills_past_src_bytes(n):
     x = torch.arange(1, n + 1, dtype=torch.int32) if n else torch.zeros(1, dtype=torch.int32)  # reads past n fail
@@ -210,31 +184,6 @@ def test_cp_async_zero_fills_past_src_bytes(n):
 
 
 # -- TMA stores -----------------------------------------------------------------------------------------
-
-@ty.kernel(threads=64, arch="sm_90a")
-def tile_store(dst: ty.tensormap, x: ty.ptr(ty.bf16), MODE: ty.constexpr, REDUCE: ty.constexpr):
-    """Every thread writes a row of a 64 x 16 bf16 tile (no swizzle); thread 0 stores it with TMA."""
-    tile = ty.dynamic_shared(ty.bf16, 64 * 16 * 2, align=128)
-    tid = ty.thread_idx()
-    for c in range(16):
-        tile[tid * 16 + c] = x[tid * 16 + c]
-    if MODE != "no_fence":
-        fence_proxy_async()
-    ty.syncthreads()
-    if tid == 0:
-        tma_store(dst, tile, 0, 0, reduce=REDUCE)  # <- store
-        bulk_commit()
-        if MODE == "overwrite":
-            tile[0] = ty.cast(0.0, ty.bf16)  # <- overwrite
-        if MODE != "no_wait":
-            bulk_wait(0, read=True)
-
-
-def _store_args():
-    torch.manual_seed(1)
-    x = torch.randn(64, 16).to(torch.bfloat16)
-    out = torch.randn(64, 16).to(torch.bfloat16)
-    return x, out, TensorMapSpec(out, (16, 64), (32,), (16, 64), "bf16", 0)
 
 
 @pytest.mark.parametrize("seed", SEEDS)

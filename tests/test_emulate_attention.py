@@ -16,7 +16,7 @@ import torch
 
 import tylopy as ty
 from tylopy.runtime.tensormap import TensorMapSpec
-from test_emulate_dsl import (desc, fence_mbarrier_init, mbar_arrive, mbar_expect_tx, mbar_init, mbar_wait,
+from emulate_dsl import (desc, fence_mbarrier_init, mbar_arrive, mbar_expect_tx, mbar_init, mbar_wait,
                               mma_sync, setmaxnreg, tma_load, wgmma, wgmma_commit, wgmma_fence, wgmma_wait, word_of)
 
 D = 64

@@ -9,7 +9,7 @@ import torch
 import tylopy as ty
 from tylopy.emulate import EmulationReport, MemoryAccessError, ProtocolError, emulate_kernel
 from tylopy_kernels.examples.vector_add import vector_add
-from test_emulate_dsl import line_of
+from emulate_dsl import line_of
 
 HERE = __file__
 WARPS = 4

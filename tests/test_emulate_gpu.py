@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import tylopy as ty
-from test_emulate_hopper import tile_map, tma_image, wgmma_ss_rs
-from test_emulate_mma import MMA
+from emulate_probes import tile_map, tma_image, wgmma_ss_rs
+from emulate_probes import MMA
 
 pytestmark = pytest.mark.gpu
 N = 4096
@@ -169,7 +169,7 @@ def test_hopper_attention_matches_the_gpu(capsys):
     by ~2^-20 relative: an output's bf16 rounding changes only where its float32 value lies that
     close to a midpoint, and then by one ulp. Measured on an H200: 3 of 16384 outputs differ,
     each by one ulp (2.4e-4)."""
-    from test_emulate_kernels import emulate_hopper, qkv
+    from emulate_probes import emulate_hopper, qkv
     from tylopy_kernels.attention.sm90 import launch as launch
     n = 256
     q, k, v = qkv(1, 1, n, seed=13)
@@ -193,7 +193,7 @@ def test_hopper_attention_matches_the_gpu(capsys):
 
 def test_cp_async_pipeline_and_zero_fill_match_the_gpu():
     """cp.async groups (double buffering with wait_group 1) and src-size zero fill, on the GPU and emulated."""
-    from test_emulate_async import cp_pipeline, cp_zero_fill
+    from emulate_probes import cp_pipeline, cp_zero_fill
     torch.manual_seed(14)
     x = torch.randn(5 * 64)
     out_gpu, out_cpu = torch.zeros(5 * 64, device="cuda"), torch.zeros(5 * 64)
@@ -212,7 +212,7 @@ def test_cp_async_pipeline_and_zero_fill_match_the_gpu():
 @pytest.mark.parametrize("reduce", [None, "add"])
 def test_tma_store_matches_the_gpu(reduce):
     """A TMA store (and a bf16 reduce-add) of a 64 x 16 tile, on the GPU and emulated: the same bits."""
-    from test_emulate_async import _store_args, tile_store
+    from emulate_probes import _store_args, tile_store
     from tylopy.runtime.tensormap import TensorMap, TensorMapSpec
     x, out_cpu, spec = _store_args()
     out_gpu = out_cpu.clone().cuda()

@@ -11,30 +11,9 @@ import torch
 import tylopy as ty
 from tylopy.semantics.tensorcore import mma_f32
 from tylopy.runtime.tensormap import TensorMapSpec
-from test_emulate_dsl import (desc, fence_mbarrier_init, mbar_expect_tx, mbar_init, mbar_wait, tma_load, wgmma,
+from emulate_dsl import (desc, fence_mbarrier_init, mbar_expect_tx, mbar_init, mbar_wait, tma_load, wgmma,
                               wgmma_commit, wgmma_fence, wgmma_wait)
-
-
-def tile_map(t: torch.Tensor, box_rows=64, box_cols=None, swizzle=128):
-    """A 2-D tensor map over a row-major (rows, cols) bf16 tensor."""
-    rows, cols = t.shape
-    box_cols = box_cols or cols
-    return TensorMapSpec(t, (cols, rows), (cols * t.element_size(),), (box_cols, box_rows), "bf16", swizzle)
-
-
-@ty.kernel(threads=32)
-def tma_image(src: ty.tensormap, out: ty.ptr(ty.u32), ROW0: ty.constexpr):
-    tile = ty.dynamic_shared(ty.u32, 8192, align=1024)
-    bar = ty.shared(ty.u64, 1, align=8)
-    lane = ty.lane_id()
-    if lane == 0:
-        mbar_init(bar, 1)
-        fence_mbarrier_init()
-        mbar_expect_tx(bar, 8192)
-        tma_load(tile, src, bar, 0, ROW0)
-    mbar_wait(bar, 0)
-    for k in range(64):
-        out[k * 32 + lane] = tile[k * 32 + lane]
+from emulate_probes import tile_map, tma_image, wgmma_ss_rs  # noqa: F401
 
 
 @ty.kernel(threads=128)
@@ -75,45 +54,6 @@ def wgmma_ss(a_map: ty.tensormap, b_map: ty.tensormap, d: ty.ptr(ty.f32), SW: ty
     g, t = lane >> 2, lane & 3
     for i in ty.static_range(N // 2):
         d[(16 * w + g + 8 * ((i >> 1) & 1)) * N + 8 * (i >> 2) + 2 * t + (i & 1)] = acc[i]
-
-
-@ty.kernel(threads=128)
-def wgmma_ss_rs(q_map: ty.tensormap, k_map: ty.tensormap, v_map: ty.tensormap, s_out: ty.ptr(ty.f32),
-                o_out: ty.ptr(ty.f32)):
-    """S = Q K^T (SS, K-major), then O = bf16(S) V (RS: P from S's registers; V MN-major, trans-b)."""
-    smem = ty.dynamic_shared(ty.bf16, 3 * 8192, align=1024)
-    bar = ty.shared(ty.u64, 1, align=8)
-    tid = ty.thread_idx()
-    q_s, k_s, v_s = smem, smem + 4096, smem + 8192
-    if tid == 0:
-        mbar_init(bar, 1)
-        fence_mbarrier_init()
-    ty.syncthreads()
-    if tid == 0:
-        mbar_expect_tx(bar, 3 * 8192)
-        tma_load(q_s, q_map, bar, 0, 0)
-        tma_load(k_s, k_map, bar, 0, 0)
-        tma_load(v_s, v_map, bar, 0, 0)
-    mbar_wait(bar, 0)
-    wgmma_fence()
-    s = None
-    for k in ty.static_range(4):
-        s = wgmma(64, s, desc(ty.address(q_s) + 32 * k), desc(ty.address(k_s) + 32 * k))
-    wgmma_commit()
-    s = wgmma_wait(0, s)
-    wgmma_fence()
-    o = None
-    for kk in ty.static_range(4):
-        p = [ty.pack2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1], ty.bf16) for r in range(4)]
-        o = wgmma(64, o, p, desc(ty.address(v_s) + 2048 * kk), trans_b=1)
-    wgmma_commit()
-    o = wgmma_wait(0, o)
-    w, lane = tid >> 5, tid & 31
-    g, t = lane >> 2, lane & 3
-    for i in ty.static_range(32):
-        at = (16 * w + g + 8 * ((i >> 1) & 1)) * 64 + 8 * (i >> 2) + 2 * t + (i & 1)
-        s_out[at] = s[i]
-        o_out[at] = o[i]
 
 
 def chained_product(a, b_t, k_step=16):

@@ -12,31 +12,11 @@ import torch
 
 import tylopy as ty
 from tylopy.runtime.tensormap import TensorMapSpec
-
-D = 64
+from emulate_probes import D, _spec, emulate_hopper, qkv  # noqa: F401
 
 
 def sdpa(q, k, v, causal):
     return torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
-
-
-def qkv(b, h, n, seed):
-    torch.manual_seed(seed)
-    return [torch.randn(b, h, n, D).to(torch.bfloat16) for _ in range(3)]
-
-
-def _spec(t, dims, strides, box):
-    """A tensor map as the launcher describes it, as a spec the emulator reads (no driver)."""
-    return TensorMapSpec(t, tuple(dims), tuple(strides), tuple(box), "bf16" if t.dtype == torch.bfloat16 else "f16", 128)
-
-
-def emulate_hopper(q, k, v, out, lse, causal, schedule=None):
-    """Run the Hopper kernel in the emulator with the arguments ``launch_hopper`` would pass."""
-    mod = pytest.importorskip("tylopy_kernels.attention.sm90.forward")
-    launch = pytest.importorskip("tylopy_kernels.attention.sm90.launch")
-    plan = launch.plan_launch(q, k, v, None, causal, 1 / math.sqrt(q.shape[-1]), out, lse,
-                              dict({"PERSISTENT": False}, **(schedule or {})), make_map=_spec, sm_count=4)
-    return mod.attention_fwd_sm90.emulate(*plan.args, grid=plan.grid, **plan.constexprs)
 
 
 @pytest.mark.parametrize("b,h,n,causal", [(1, 1, 256, False), (1, 2, 200, True)])

@@ -6,29 +6,10 @@ import torch
 
 import tylopy as ty
 from tylopy.emulate import ProtocolError
-from test_emulate_dsl import ldmatrix, line_of, mma_sync, word_of
+from emulate_dsl import ldmatrix, line_of, mma_sync, word_of
+from emulate_probes import MMA, mma_kernel  # noqa: F401
 
 HERE = __file__
-
-
-def mma_kernel(dt):
-    @ty.kernel(threads=32, name=f"mma_tile_{dt}")
-    def mma_tile(a: ty.ptr(dt), b: ty.ptr(dt), c: ty.ptr(ty.f32), d: ty.ptr(ty.f32)):
-        lane = ty.lane_id()
-        g, t = lane >> 2, lane & 3
-        # A 16x16 row-major: a_r holds row g + 8(r&1), columns 2t + 8(r>>1) and the next one
-        A = [word_of(a[(g + 8 * (r & 1)) * 16 + 2 * t + 8 * (r >> 1)],
-                     a[(g + 8 * (r & 1)) * 16 + 2 * t + 8 * (r >> 1) + 1]) for r in range(4)]
-        # B 16x8 (K x N) row-major: b_r holds k = 2t + 8r and 2t + 8r + 1 of column g
-        B = [word_of(b[(2 * t + 8 * r) * 8 + g], b[(2 * t + 8 * r + 1) * 8 + g]) for r in range(2)]
-        C = [c[(g + 8 * (i >> 1)) * 8 + 2 * t + (i & 1)] for i in range(4)]
-        D = mma_sync(A, B, C, dtype=dt.name)
-        for i in range(4):
-            d[(g + 8 * (i >> 1)) * 8 + 2 * t + (i & 1)] = D[i]
-    return mma_tile
-
-
-MMA = {"bf16": mma_kernel(ty.bf16), "f16": mma_kernel(ty.f16)}
 
 
 @ty.kernel(threads=32)

@@ -12,7 +12,7 @@ import torch
 import tylopy as ty
 from tylopy.emulate import ProtocolError, UnsupportedOpError
 from tylopy.runtime.tensormap import TensorMapSpec
-from test_emulate_dsl import (desc, fence_mbarrier_init, fence_proxy_async, line_of, mbar_arrive, mbar_expect_tx,
+from emulate_dsl import (desc, fence_mbarrier_init, fence_proxy_async, line_of, mbar_arrive, mbar_expect_tx,
                               mbar_init, mbar_wait, setmaxnreg, tma_load, wgmma, wgmma_commit, wgmma_fence,
                               wgmma_wait)
 

@@ -16,7 +16,8 @@ import tylopy as ty
 from tylopy import hopper
 from tylopy.errors import KernelSourceError
 from tylopy.runtime.tensormap import TensorMapSpec
-from test_emulate_dsl import line_of
+from emulate_dsl import line_of
+from primitive_probes import box_values, cp_probe, run_cp, store_map, tma_store_probe  # noqa: F401
 
 HERE = __file__
 
@@ -31,23 +32,6 @@ def emulated():
 
 # -- cp.async ---------------------------------------------------------------------------------------------
 
-@ty.kernel(threads=32)
-def cp_probe(src: ty.ptr(ty.u8), take: ty.ptr(ty.i32), out: ty.ptr(ty.u8), NBYTES: ty.constexpr = 16,
-             CACHE: ty.constexpr = None, CONST_TAKE: ty.constexpr = -1):
-    """Lane l copies NBYTES from src + NBYTES l to its slot with src_bytes take[l] (or a constant)."""
-    smem = ty.shared(ty.u8, 32 * 16, align=16)
-    lane = ty.lane_id()
-    for k in range(16):
-        smem[lane * 16 + k] = ty.cast(0xAB, ty.u8)  # a canary under every destination
-    ty.syncthreads()
-    n = take[lane] if CONST_TAKE < 0 else (None if CONST_TAKE == NBYTES else CONST_TAKE)
-    ty.cp_async(smem + lane * NBYTES, src + lane * NBYTES, NBYTES, src_bytes=n, cache=CACHE)
-    ty.cp_async_commit()
-    ty.cp_async_wait(0)
-    ty.syncthreads()
-    for k in range(16):
-        out[lane * 16 + k] = smem[((lane + 5) & 31) * 16 + k]  # read another lane's bytes: needs the sync
-
 
 def cp_oracle(src: np.ndarray, take: np.ndarray, nbytes: int) -> np.ndarray:
     mem = np.full(32 * 16, 0xAB, dtype=np.uint8)
@@ -56,21 +40,6 @@ def cp_oracle(src: np.ndarray, take: np.ndarray, nbytes: int) -> np.ndarray:
         mem[d:d + nbytes] = 0
         mem[d:d + take[lane]] = src[d:d + take[lane]]
     return np.concatenate([mem[((lane + 5) & 31) * 16:((lane + 5) & 31) * 16 + 16] for lane in range(32)])
-
-
-def run_cp(nbytes, const_take=-1, device="cpu", seed=0):
-    rng = np.random.default_rng(seed)
-    src = rng.integers(1, 255, 32 * 16, dtype=np.uint8)
-    take = rng.integers(0, nbytes + 1, 32).astype(np.int32) if const_take < 0 else np.full(32, const_take, np.int32)
-    out = torch.zeros(32 * 16, dtype=torch.uint8, device=device)
-    args = (torch.from_numpy(src).to(device), torch.from_numpy(take).to(device), out)
-    if device == "cpu":
-        cp_probe.emulate(*args, grid=1, NBYTES=nbytes, CONST_TAKE=const_take)
-    else:
-        from conftest import for_this_gpu
-        for_this_gpu(cp_probe)[(1,)](*args, NBYTES=nbytes, CONST_TAKE=const_take)
-        torch.cuda.synchronize()
-    return src, take, out.cpu().numpy()
 
 
 @pytest.mark.parametrize("nbytes, const_take", [(4, -1), (8, -1), (16, -1), (16, 16), (8, 3), (16, 0)])
@@ -152,35 +121,7 @@ def test_cp_async_misuse_is_an_error_at_the_user_line(case, words):
 
 # -- TMA stores ---------------------------------------------------------------------------------------------
 
-ROWS, COLS = 16, 32  # the box: 16 rows of 32 f32
-
-
-@ty.kernel(threads=128, arch="sm_90a")
-def tma_store_probe(dst: ty.tensormap, x: ty.i32, y: ty.i32, REDUCE: ty.constexpr = None, FENCE: ty.constexpr = True):
-    """Every thread writes 4 elements of the box (value 1000 row + col + 0.5), then thread 0 stores it."""
-    tile = ty.shared(ty.f32, ROWS * COLS, align=128)
-    tid = ty.thread_idx()
-    for k in range(ROWS * COLS // 128):
-        e = tid + 128 * k
-        tile[e] = ty.cast(1000 * (e // COLS) + e % COLS, ty.f32) + 0.5
-    if FENCE:
-        hopper.fence_proxy_async()  # my generic writes -> visible to the TMA engine (async proxy)
-    ty.syncthreads()
-    if tid == 0:
-        hopper.tma_store(dst, tile, x, y, reduce=REDUCE)
-        hopper.bulk_commit()
-        hopper.bulk_wait(0, read=True)  # the tile may be reused (or freed at exit) after this
-    ty.syncthreads()
-
-
-def store_map(t):
-    rows, cols = t.shape
-    return TensorMapSpec(t, (cols, rows), (cols * 4,), (COLS, ROWS), "f32", 0)
-
-
-def box_values():
-    r, c = np.meshgrid(np.arange(ROWS), np.arange(COLS), indexing="ij")
-    return (1000 * r + c + 0.5).astype(np.float32)
+from primitive_probes import COLS, ROWS  # noqa: E402  (the TMA-store box)
 
 
 @pytest.mark.parametrize("reduce", [None, "add"])

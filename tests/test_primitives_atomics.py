@@ -19,11 +19,11 @@ import tylopy as ty
 from tylopy.codegen.ptxas import assemble
 from tylopy.emulate import MemoryAccessError, ProtocolError
 from tylopy.errors import CompileError
-from test_emulate_dsl import line_of
+from emulate_dsl import line_of
+from primitive_probes import INT_KERNELS, LEGAL, NP, cas_lock, counters, int_atomics, to_words  # noqa: F401
 
 HERE = __file__
 RNG = np.random.default_rng(99)
-NP = {"i32": np.int32, "u32": np.uint32, "i64": np.int64, "u64": np.uint64, "f32": np.float32, "f64": np.float64}
 
 
 def wrap(x: int, bits: int, signed: bool) -> int:
@@ -43,38 +43,6 @@ def isa_update(op, r, s, bits, signed, t=None):
 
 
 # -- integer atomics: returned values and final memory -----------------------------------------------------
-
-def int_atomics(dtype):
-    @ty.kernel(threads=32)
-    def int_atomic_kernel(mem: ty.ptr(dtype), x: ty.ptr(dtype), old: ty.ptr(dtype), OP: ty.constexpr,
-                          SLOTS: ty.constexpr):
-        t = ty.thread_idx()
-        p = mem + t % SLOTS
-        if OP == "add":
-            old[t] = ty.atomic_add(p, x[t])
-        elif OP == "min":
-            old[t] = ty.atomic_min(p, x[t])
-        elif OP == "max":
-            old[t] = ty.atomic_max(p, x[t])
-        elif OP == "and":
-            old[t] = ty.atomic_and(p, x[t])
-        elif OP == "or":
-            old[t] = ty.atomic_or(p, x[t])
-        elif OP == "xor":
-            old[t] = ty.atomic_xor(p, x[t])
-        elif OP == "exch":
-            old[t] = ty.atomic_exch(p, x[t])
-        elif OP == "inc":
-            old[t] = ty.atomic_inc(p, x[t])
-        else:
-            old[t] = ty.atomic_dec(p, x[t])
-    return int_atomic_kernel
-
-
-INT_KERNELS = {n: int_atomics(getattr(ty, n)) for n in ("i32", "u32", "i64", "u64")}
-LEGAL = {"add": ("i32", "u32", "u64"), "min": ("i32", "u32", "i64", "u64"), "max": ("i32", "u32", "i64", "u64"),
-         "and": ("i32", "u32", "i64", "u64"), "or": ("i32", "u32", "i64", "u64"), "xor": ("i32", "u32", "i64", "u64"),
-         "exch": ("i32", "u32", "i64", "u64"), "inc": ("u32",), "dec": ("u32",)}
 
 
 @pytest.mark.parametrize("op,name", [(op, n) for op, names in LEGAL.items() for n in names])
@@ -99,13 +67,6 @@ def test_integer_atomics_follow_the_isa_formulas(op, name):
     assert [int(v) for v in mem] == cur
 
 
-@ty.kernel(threads=128)
-def counters(ctr: ty.ptr(ty.u32), old: ty.ptr(ty.u32), K: ty.constexpr):
-    t = ty.thread_idx()
-    if t % 2 == 0:  # a diverged warp: only the active lanes update
-        old[t] = ty.atomic_add(ctr + t % K, 1)
-
-
 def test_counter_returns_each_ticket_once():
     ctr, old = np.zeros(3, np.uint32), np.full(128, 777, np.uint32)
     counters.emulate(ctr, old, grid=1, K=3)
@@ -115,12 +76,6 @@ def test_counter_returns_each_ticket_once():
         got = sorted(int(old[t]) for t in lanes if t % 3 == k)
         assert got == list(range(int(ctr[k])))  # the ISA: every ticket 0..n-1 handed out exactly once
     assert (old[1::2] == 777).all()
-
-
-@ty.kernel(threads=32)
-def cas_lock(lock: ty.ptr(ty.i32), old: ty.ptr(ty.i32)):
-    t = ty.thread_idx()
-    old[t] = ty.atomic_cas(lock, 0, t + 1, sem="acquire")
 
 
 def test_compare_and_swap_lets_one_lane_win():
@@ -187,10 +142,6 @@ def packed_adds(own: ty.ptr(ty.b32), common: ty.ptr(ty.b32), x: ty.ptr(ty.b32), 
 
 def halves(words, dtype):
     return torch.from_numpy(np.ascontiguousarray(words).view(np.int16)).view(dtype).float().numpy()
-
-
-def to_words(vals, dtype):
-    return torch.from_numpy(np.asarray(vals, np.float32)).to(dtype).view(torch.int16).numpy().view(np.uint32)
 
 
 @pytest.mark.parametrize("half,dtype", [("f16x2", torch.float16), ("bf16x2", torch.bfloat16)])

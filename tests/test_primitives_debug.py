@@ -14,7 +14,7 @@ import pytest
 import tylopy as ty
 from tylopy.emulate.ops_debug import DeviceAssertError
 from tylopy.semantics.printf import format_c
-from test_emulate_dsl import line_of
+from emulate_dsl import line_of
 
 HERE = __file__
 

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import tylopy as ty
-from test_primitives_atomics import INT_KERNELS, LEGAL, NP, cas_lock, counters, to_words
-from test_primitives_warp import REDUCERS, lanes_here, matches, partial_warp_votes, votes
+from primitive_probes import INT_KERNELS, LEGAL, NP, cas_lock, counters, to_words
+from primitive_probes import REDUCERS, lanes_here, matches, partial_warp_votes, votes
 
 pytestmark = pytest.mark.gpu
 RNG = np.random.default_rng(2024)

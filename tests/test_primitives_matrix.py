@@ -19,13 +19,11 @@ import tylopy as ty
 from tylopy import hopper
 from tylopy.errors import KernelSourceError
 from tylopy.semantics.tensorcore import mma_f32
-from test_emulate_dsl import line_of
+from emulate_dsl import line_of
+from primitive_probes import LANE, TORCH, TY, _fill_core_matrices, _word, ldmatrix_probe, mma_inputs, mma_probe, row_slots, run_ldmatrix, run_mma_probe, run_stmatrix, run_wgmma, stmatrix_probe, wgmma_probe  # noqa: F401
 
 HERE = __file__
-LANE = np.arange(32)
 G, T = LANE >> 2, LANE & 3
-TORCH = {"bf16": torch.bfloat16, "f16": torch.float16}
-TY = {"bf16": ty.bf16, "f16": ty.f16}
 
 
 def isa_tables(shape: str):
@@ -52,54 +50,6 @@ def test_atom_layouts_are_the_isa_fragments(shape):
 
 
 # -- mma.sync ------------------------------------------------------------------------------------------
-
-def _word(p, index):
-    """The b32 word of two 16-bit loads (raw bits): element ``index[0]`` low, ``index[1]`` high."""
-    lo = ty.cast(ty.bitcast(p[index[0]], ty.u16), ty.u32)
-    hi = ty.cast(ty.bitcast(p[index[1]], ty.u16), ty.u32)
-    return ty.bitcast(lo | (hi << 16), ty.b32)
-
-
-@ty.kernel(threads=32)
-def mma_probe(a: ty.ptr(ty.i16), b: ty.ptr(ty.i16), c: ty.ptr(ty.f32), d: ty.ptr(ty.f32),
-              DTYPE: ty.constexpr = ty.bf16, SHAPE: ty.constexpr = "m16n8k8"):
-    """D = A B + C for one atom; A (16xK), B (Kx8) as raw 16-bit bits, row-major; fragments by the ISA."""
-    atom = ty.MmaSyncAtom(DTYPE, SHAPE)
-    K = atom.mnk[2]
-    lane = ty.lane_id()
-    g, t = lane >> 2, lane & 3
-    if SHAPE == "m16n8k16":
-        aw = [_word(a, [(g + 8 * (r & 1)) * K + 2 * t + h + 8 * (r >> 1) for h in range(2)]) for r in range(4)]
-        bw = [_word(b, [(2 * t + h + 8 * r) * 8 + g for h in range(2)]) for r in range(2)]
-    else:
-        aw = [_word(a, [(g + 8 * r) * K + 2 * t + h for h in range(2)]) for r in range(2)]
-        bw = [_word(b, [(2 * t + h) * 8 + g for h in range(2)])]
-    cv = [c[(g + 8 * (i >> 1)) * 8 + 2 * t + (i & 1)] for i in range(4)]
-    out = ty.mma(atom, atom.a_fragment(aw), atom.b_fragment(bw), atom.c_fragment(cv))
-    for i in range(4):
-        d[(g + 8 * (i >> 1)) * 8 + 2 * t + (i & 1)] = out.values[i]
-
-
-def mma_inputs(dtype, shape, seed=0):
-    k = 16 if shape == "m16n8k16" else 8
-    gen = torch.Generator().manual_seed(seed)
-    a = torch.randn(16, k, generator=gen).to(TORCH[dtype])
-    b = torch.randn(k, 8, generator=gen).to(TORCH[dtype])
-    c = torch.randn(16, 8, generator=gen)
-    return a, b, c
-
-
-def run_mma_probe(dtype, shape, device="cpu", seed=0):
-    a, b, c = mma_inputs(dtype, shape, seed)
-    d = torch.full((16, 8), float("nan"), device=device)
-    args = (a.view(torch.int16).to(device), b.view(torch.int16).to(device), c.to(device), d)
-    if device == "cpu":
-        mma_probe.emulate(*args, grid=1, DTYPE=TY[dtype], SHAPE=shape)
-    else:
-        from conftest import for_this_gpu
-        for_this_gpu(mma_probe)[(1,)](*args, DTYPE=TY[dtype], SHAPE=shape)
-        torch.cuda.synchronize()
-    return a, b, c, d.cpu()
 
 
 @pytest.mark.parametrize("shape", ["m16n8k8", "m16n8k16"])
@@ -162,28 +112,6 @@ def test_fragment_misuse_is_an_error_at_the_user_line(case, words):
 
 # -- ldmatrix / stmatrix ------------------------------------------------------------------------------------
 
-def row_slots(num, seed):
-    """Shared slots (16 bytes each, 32 of them) of the rows: lane 8j + i gives row i of matrix j.
-    A permutation, so rows sit anywhere (as in a swizzled tile); lanes past 8 num get a valid but
-    unused slot, which must not matter."""
-    perm = np.random.default_rng(seed).permutation(32).astype(np.int32)
-    return np.where(LANE < 8 * num, perm, perm[0]).astype(np.int32)
-
-
-@ty.kernel(threads=32)
-def ldmatrix_probe(src: ty.ptr(ty.i16), slots: ty.ptr(ty.i32), out: ty.ptr(ty.i32),
-                   NUM: ty.constexpr = 4, TRANS: ty.constexpr = False):
-    """smem (32 rows of 8 x 16 bit) <- src; each lane loads with its row slot; out[j * 32 + lane] = word j."""
-    smem = ty.shared(ty.i16, 256, align=16)
-    lane = ty.lane_id()
-    for k in range(8):
-        smem[lane * 8 + k] = src[lane * 8 + k]
-    ty.syncthreads()
-    words = ty.ldmatrix(smem + slots[lane] * 8, NUM, trans=TRANS)
-    words = (words,) if NUM == 1 else words
-    for j in range(NUM):
-        out[j * 32 + lane] = ty.bitcast(words[j], ty.i32)
-
 
 def ldmatrix_oracle(mem: np.ndarray, slots: np.ndarray, num: int, trans: bool) -> np.ndarray:
     """Words (num, 32) from the ISA: matrix j's row i is memory row slots[8 j + i]."""
@@ -196,40 +124,11 @@ def ldmatrix_oracle(mem: np.ndarray, slots: np.ndarray, num: int, trans: bool) -
     return out
 
 
-def run_ldmatrix(num, trans, device="cpu", seed=1):
-    mem = np.random.default_rng(seed).integers(0, 1 << 16, (32, 8)).astype(np.uint16)
-    slots = row_slots(num, seed)
-    out = torch.zeros(32 * num, dtype=torch.int32, device=device)
-    args = (torch.from_numpy(mem.view(np.int16).ravel().copy()).to(device), torch.from_numpy(slots).to(device), out)
-    if device == "cpu":
-        ldmatrix_probe.emulate(*args, grid=1, NUM=num, TRANS=trans)
-    else:
-        from conftest import for_this_gpu
-        for_this_gpu(ldmatrix_probe)[(1,)](*args, NUM=num, TRANS=trans)
-        torch.cuda.synchronize()
-    return mem, slots, out.cpu().numpy().view(np.uint32).reshape(num, 32)
-
-
 @pytest.mark.parametrize("trans", [False, True])
 @pytest.mark.parametrize("num", [1, 2, 4])
 def test_ldmatrix_lane_addresses_and_register_contents(num, trans):
     mem, slots, got = run_ldmatrix(num, trans)
     np.testing.assert_array_equal(got, ldmatrix_oracle(mem, slots, num, trans))
-
-
-@ty.kernel(threads=32, arch="sm_90a")
-def stmatrix_probe(words: ty.ptr(ty.i32), slots: ty.ptr(ty.i32), out: ty.ptr(ty.i16),
-                   NUM: ty.constexpr = 4, TRANS: ty.constexpr = False):
-    """Each lane stores its NUM words with its row slot; then the whole 512-byte buffer goes to out."""
-    smem = ty.shared(ty.i16, 256, align=16)
-    lane = ty.lane_id()
-    for k in range(8):
-        smem[lane * 8 + k] = ty.cast(-1, ty.i16)
-    ty.syncthreads()
-    ty.stmatrix(smem + slots[lane] * 8, [ty.bitcast(words[j * 32 + lane], ty.b32) for j in range(NUM)], trans=TRANS)
-    ty.syncthreads()
-    for k in range(8):
-        out[lane * 8 + k] = smem[lane * 8 + k]
 
 
 def stmatrix_oracle(words: np.ndarray, slots: np.ndarray, num: int, trans: bool) -> np.ndarray:
@@ -240,20 +139,6 @@ def stmatrix_oracle(words: np.ndarray, slots: np.ndarray, num: int, trans: bool)
         m[G, 2 * T + 1] = words[j] >> 16
         mem[slots[8 * j:8 * j + 8]] = m.T if trans else m
     return mem
-
-
-def run_stmatrix(num, trans, device="cpu", seed=2):
-    words = np.random.default_rng(seed).integers(0, 1 << 32, (num, 32), dtype=np.uint64).astype(np.uint32)
-    slots = row_slots(num, seed)
-    out = torch.zeros(256, dtype=torch.int16, device=device)
-    args = (torch.from_numpy(words.view(np.int32).ravel().copy()).to(device), torch.from_numpy(slots).to(device), out)
-    if device == "cpu":
-        stmatrix_probe.emulate(*args, grid=1, NUM=num, TRANS=trans)
-    else:
-        from conftest import for_this_gpu
-        for_this_gpu(stmatrix_probe)[(1,)](*args, NUM=num, TRANS=trans)
-        torch.cuda.synchronize()
-    return words, slots, out.cpu().numpy().view(np.uint16).reshape(32, 8)
 
 
 @pytest.mark.parametrize("trans", [False, True])
@@ -308,59 +193,6 @@ def test_ldmatrix_stmatrix_misuse_is_an_error_at_the_user_line(case, arch, words
 
 
 # -- wgmma for every N: SS and RS --------------------------------------------------------------------------
-
-@ty.func
-def _fill_core_matrices(dst, src, rows, lane_id, threads):
-    """rows x 16 (K) 16-bit values, row-major in ``src``, into the no-swizzle K-major layout: 8x8
-    core matrices of 128 contiguous bytes; 8-row groups 128 bytes apart (SBO), the two 8-column
-    halves of k 16 * rows bytes apart (LBO)."""
-    for e in range(lane_id, rows * 16, threads):
-        r, k = e // 16, e % 16
-        dst[(k // 8) * (rows * 8) + r * 8 + (k % 8)] = src[e]
-
-
-@ty.kernel(threads=128, arch="sm_90a")
-def wgmma_probe(a: ty.ptr(ty.i16), b: ty.ptr(ty.i16), d: ty.ptr(ty.f32), N: ty.constexpr = 64,
-                A_FROM: ty.constexpr = "ss", DTYPE: ty.constexpr = ty.bf16):
-    """D (64 x N) = A (64 x 16) B (N x 16)^T: one wgmma, B (and A for SS) in no-swizzle shared tiles."""
-    smem = ty.shared(ty.i16, 64 * 16 + 256 * 16, align=1024)
-    tid = ty.thread_idx()
-    a_s, b_s = smem, smem + 64 * 16
-    _fill_core_matrices(a_s, a, 64, tid, 128)
-    _fill_core_matrices(b_s, b, N, tid, 128)
-    hopper.fence_proxy_async()
-    ty.syncthreads()
-    atom = hopper.WgmmaAtom(N, DTYPE, A_FROM)
-    db = hopper.smem_descriptor(ty.address(b_s), lbo=N * 16, sbo=128, swizzle=0)
-    w, lane = tid >> 5, tid & 31
-    g, t = lane >> 2, lane & 3
-    if A_FROM == "ss":
-        a_op = hopper.smem_descriptor(ty.address(a_s), lbo=64 * 16, sbo=128, swizzle=0)
-    else:  # register A: a_r[h] at row 16w + g + 8 (r & 1), col 2t + h + 8 (r >> 1), as mma.sync's A per warp
-        regs = [_word(a, [(16 * w + g + 8 * (r & 1)) * 16 + 2 * t + h + 8 * (r >> 1) for h in range(2)])
-                for r in range(4)]
-        a_op = ty.Fragment(tuple(regs), ty.WGMMA_A_RS, pack=2, dtype=DTYPE)
-    hopper.wgmma_fence()
-    acc = hopper.wgmma(atom, None, a_op, db)
-    hopper.wgmma_commit()
-    acc = hopper.wgmma_wait(0, acc)
-    for i in range(N // 2):
-        d[(16 * w + g + 8 * ((i >> 1) & 1)) * N + 8 * (i >> 2) + 2 * t + (i & 1)] = acc.values[i]
-
-
-def run_wgmma(n, a_from, dtype="bf16", device="cpu", seed=3):
-    gen = torch.Generator().manual_seed(seed + n)
-    a = torch.randn(64, 16, generator=gen).to(TORCH[dtype])
-    b = torch.randn(n, 16, generator=gen).to(TORCH[dtype])
-    d = torch.full((64, n), float("nan"), device=device)
-    args = (a.view(torch.int16).to(device), b.view(torch.int16).to(device), d)
-    if device == "cpu":
-        wgmma_probe.emulate(*args, grid=1, N=n, A_FROM=a_from, DTYPE=TY[dtype])
-    else:
-        from conftest import for_this_gpu
-        for_this_gpu(wgmma_probe)[(1,)](*args, N=n, A_FROM=a_from, DTYPE=TY[dtype])
-        torch.cuda.synchronize()
-    return a, b, d.cpu()
 
 
 @pytest.mark.parametrize("n, a_from, dtype", [(8, "ss", "bf16"), (24, "rs", "f16"), (136, "ss", "f16"),

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from conftest import requires_sm90
-from test_primitives_async_copy import box_values, run_cp, store_map, tma_store_probe
-from test_primitives_matrix import run_ldmatrix, run_mma_probe, run_stmatrix, run_wgmma
+from primitive_probes import box_values, run_cp, store_map, tma_store_probe
+from primitive_probes import run_ldmatrix, run_mma_probe, run_stmatrix, run_wgmma
 
 pytestmark = pytest.mark.gpu
 

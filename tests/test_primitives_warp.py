@@ -16,7 +16,8 @@ import pytest
 import tylopy as ty
 from tylopy.emulate import ProtocolError
 from tylopy.semantics import warp as W
-from test_emulate_dsl import line_of
+from emulate_dsl import line_of
+from primitive_probes import REDUCERS, lanes_here, matches, partial_warp_votes, reducer, votes  # noqa: F401
 
 HERE = __file__
 RNG = np.random.default_rng(1234)
@@ -27,16 +28,6 @@ def ballot_oracle(pred) -> int:
 
 
 # -- votes -------------------------------------------------------------------------------------------------
-
-@ty.kernel(threads=128)
-def votes(pred: ty.ptr(ty.i32), out: ty.ptr(ty.u32)):
-    t = ty.thread_idx()
-    p = pred[t] != 0
-    out[5 * t] = ty.ballot(p)
-    out[5 * t + 1] = ty.cast(ty.vote_all(p), ty.u32)
-    out[5 * t + 2] = ty.cast(ty.vote_any(p), ty.u32)
-    out[5 * t + 3] = ty.cast(ty.vote_uni(p), ty.u32)
-    out[5 * t + 4] = ty.activemask()
 
 
 def test_votes_and_ballot_bit_order():
@@ -56,27 +47,12 @@ def test_votes_and_ballot_bit_order():
     assert out[2, 0, 0] == 1 << 5 and out[1, 7, 0] == 0xFFFFFFFF
 
 
-@ty.kernel(threads=48)
-def partial_warp_votes(out: ty.ptr(ty.u32)):
-    t = ty.thread_idx()
-    out[2 * t] = ty.ballot(t >= 0)
-    out[2 * t + 1] = ty.cast(ty.vote_all(t >= 32), ty.u32)
-
-
 def test_partial_warp_lanes_past_the_block_take_no_part():
     out = np.zeros(96, dtype=np.uint32)
     partial_warp_votes.emulate(out, grid=1)
     out = out.reshape(48, 2)
     assert (out[:32, 0] == 0xFFFFFFFF).all() and (out[:32, 1] == 0).all()
     assert (out[32:, 0] == 0x0000FFFF).all() and (out[32:, 1] == 1).all()
-
-
-@ty.kernel(threads=32)
-def lanes_here(out: ty.ptr(ty.u32)):
-    t = ty.thread_idx()
-    out[t] = 7
-    if t % 3 == 0:
-        out[t] = ty.activemask()
 
 
 def test_activemask_in_a_branch_is_the_lanes_in_it():
@@ -110,16 +86,6 @@ def test_a_diverged_warp_is_a_protocol_error_at_the_line():
 
 # -- matches -----------------------------------------------------------------------------------------------
 
-@ty.kernel(threads=64)
-def matches(v32: ty.ptr(ty.u32), v64: ty.ptr(ty.u64), f: ty.ptr(ty.f32), out: ty.ptr(ty.u32)):
-    t = ty.thread_idx()
-    out[5 * t] = ty.match_any(v32[t])
-    m, same = ty.match_all(v32[t])
-    out[5 * t + 1] = m
-    out[5 * t + 2] = ty.cast(same, ty.u32)
-    out[5 * t + 3] = ty.match_any(v64[t])
-    out[5 * t + 4] = ty.match_any(f[t])
-
 
 def match_any_oracle(vals) -> list[int]:
     return [sum(1 << j for j in range(32) if vals[j] == vals[i]) for i in range(32)]
@@ -146,15 +112,7 @@ def test_match_any_and_all():
 
 # -- reductions ---------------------------------------------------------------------------------------------
 
-def reducer(dtype):
-    @ty.kernel(threads=64)
-    def reduce_kernel(x: ty.ptr(dtype), out: ty.ptr(dtype), OP: ty.constexpr):
-        t = ty.thread_idx()
-        out[t] = ty.warp_reduce(OP, x[t])
-    return reduce_kernel
 
-
-REDUCERS = {name: reducer(getattr(ty, name)) for name in ("f32", "f64", "i32", "u32", "i64", "u64")}
 NP = {"f32": np.float32, "f64": np.float64, "i32": np.int32, "u32": np.uint32, "i64": np.int64, "u64": np.uint64}
 
 
