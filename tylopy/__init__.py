@@ -21,6 +21,7 @@ from .errors import (ArchMismatchError, CaptureError, CompileError, CompileOptio
 from .frontend.kernel import CompiledKernel, Kernel, __version__, func, kernel
 from .runtime.launch import PreparedLaunch
 from .runtime.hooks import CompileEvent, LaunchEvent, observe
+from .runtime.plancache import PlanCache, clear_caches
 from .frontend.autotune import Config, autotune
 from .frontend.lang import *  # noqa: F401,F403  (the kernel language is the package's namespace)
 from .frontend.lang import __all__ as _lang_all
@@ -40,7 +41,7 @@ from .tile import (MMA_SYNC_A, MMA_SYNC_B, MMA_SYNC_C, QUAD, WARP, WARPGROUP, WG
 from ._plugins import function as _plugin_function
 from ._plugins import names as _plugin_names
 
-__all__ = ["kernel", "func", "Kernel", "CompiledKernel", "PreparedLaunch", "observe", "CompileEvent", "LaunchEvent",
+__all__ = ["kernel", "func", "Kernel", "CompiledKernel", "PreparedLaunch", "observe", "CompileEvent", "LaunchEvent", "PlanCache", "clear_caches",
            "CompileOptions", "TylopyError", "KernelSourceError",
            "CompileError", "CompileOptionError", "CaptureError", "DriverError", "NoDriverError", "LaunchTypeError",
            "ArchMismatchError",

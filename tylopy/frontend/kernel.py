@@ -30,7 +30,7 @@ from ..ir.printer import format_ir
 from ..ir.types import PointerType, ScalarType, TensorMapType, Type
 from ..ir.values import KernelIR, LaunchBounds, Param
 from ..ir.verify import verify
-from ..runtime import hooks
+from ..runtime import hooks, plancache
 from . import capture, guards, tracing
 from .builder import Builder, user_location
 from .diagnostics import (constexpr_note, def_loc, innermost_user_frame, locate, lowering_error, param_loc, relocated,
@@ -586,3 +586,12 @@ def kernel(fn=None, *, threads=128, arch: str = DEFAULT_ARCH, min_blocks_per_sm=
     def wrap(f):
         return Kernel(f, threads, arch, min_blocks_per_sm, max_registers, name, noalias)
     return wrap(fn) if fn is not None else wrap
+
+
+def _clear_defined_kernels() -> None:
+    for kernels in list(_defined.values()):
+        for k in list(kernels):
+            k.clear_cache()
+
+
+plancache.on_clear(_clear_defined_kernels)

@@ -11,11 +11,13 @@ from dataclasses import dataclass
 
 from ..errors import LaunchValueError
 from . import driver as drv
+from . import plancache
 
 SWIZZLE_BYTES = {0: 0, 32: 1, 64: 2, 128: 3}
 CACHE_ENTRIES = 256  # TensorMap.cached keeps this many maps (128 bytes of host memory each)
 _cache: dict = {}
 _valid_geometries: set = set()  # (element size, dims, strides, box, swizzle, dtype) that passed validate()
+plancache.on_clear(lambda: _cache.clear())  # the maps hold device addresses: forget them with the plans
 DTYPE_CODES = {"u8": 0, "u16": 1, "u32": 2, "i32": 3, "u64": 4, "i64": 5, "f16": 6, "f32": 7, "f64": 8, "bf16": 9}
 
 
