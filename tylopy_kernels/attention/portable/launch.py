@@ -14,7 +14,7 @@ from tylopy_kernels.attention.common import mask_and_lse_args, placeholder
 from tylopy_kernels.attention.portable.forward import (BLOCK_NS, DEFAULT_BLOCK_N, DEFAULT_WARPS, HEAD_DIMS, MAX_GRID_YZ, NEG_INF, ROWS_PER_WARP,
                        attention_fwd_portable, streaming_attention_fwd)
 
-_kernels: dict = {}
+_kernels = ty.PlanCache("portable attention kernels", capacity=512)  # (kernel, arch[, jit, constexprs])
 _archs: dict = {}
 
 
@@ -44,14 +44,15 @@ def compiled_for(device, kernel=None, **constexprs):
     arch, jit = _device_arch(device)
     key = (kernel, arch, jit, tuple(sorted((k, repr(v)) for k, v in constexprs.items())))
     ck = _kernels.get(key)
-    if ck is None:
+    if ck is None or not ck.is_current():  # a global its trace read changed: compile again (docs/design.md)
         kern = _kernels.get((kernel, arch))
         if kern is None:
-            kern = _kernels[(kernel, arch)] = kernel.with_arch(arch)
+            kern = kernel.with_arch(arch)
+            _kernels.put((kernel, arch), kern)
         ck = kern.compile(**constexprs)
         if jit:  # an arch the codegen does not list: let the driver compile the sm_80 PTX
             ck = dataclasses.replace(ck, cubin=None, _launcher=None)
-        _kernels[key] = ck
+        _kernels.put(key, ck)
     return ck
 
 
