@@ -80,6 +80,17 @@ if [[ " $* " == *" bench "* ]]; then
     want ncu-variant && step "ncu-forward-$v" ${NCU_SECONDS:-60} $NCU --launch-skip 3 --launch-count 1 \
       -k regex:attention_fwd_sm90 tylopy bench attention --once --d 64 --n 16384 --schedule "$v"
   done
+  if want account; then  # the instruction-level account: ncu's per-instruction source page of each kernel
+    SRC="ncu --set full --import-source no --page source --print-source sass --csv --launch-skip 3 --launch-count 1"
+    for d in ${ACCOUNT_DIMS:-64 128}; do
+      step account-tylopy-d$d ${NCU_SECONDS:-120} $SRC -k regex:attention_fwd_sm90 \
+        tylopy bench attention --once --d $d --n 16384
+      step account-fa3-d$d ${NCU_SECONDS:-120} $SRC -k 'regex:[Ff]lash|[Ff]wd|[Aa]ttn' \
+        tylopy bench attention --once --only fa3_cute --d $d --n 16384
+      python3 -m tylopy_kernels.attention.bench.account "$LOG/account-tylopy-d$d.log" "$LOG/account-fa3-d$d.log" \
+        --names "tylopy D=$d" "FA3-class D=$d" > "$LOG/account-d$d.md" 2>&1
+    done
+  fi
   want backward && step backward ${BWD_SECONDS:-120} tylopy bench attention_backward --output "$LOG/backward.json" \
     --plot "$LOG/backward.png"
   want gemm && TYLOPY_AUTOTUNE_VERBOSE=1 step gemm ${GEMM_SECONDS:-110} tylopy bench gemm --output "$LOG/gemm.json" \
@@ -97,6 +108,7 @@ if [[ " $* " == *" bench "* ]]; then
   for f in attention backward gemm decode training; do
     [ -f "$LOG/$f.log" ] && { echo "--- $f"; grep -E "^\||^variant|geometric" "$LOG/$f.log" | tail -${TABLE_LINES:-40}; }
   done
+  for f in "$LOG"/account-d*.md; do [ -f "$f" ] && { echo "--- $(basename "$f")"; cat "$f"; }; done
   for f in "$LOG"/ncu-forward-*.log; do [ -f "$f" ] && ncu_summary "$(basename "$f" .log)"; done
   [ -f "$LOG/gemm.log" ] && echo "--- gemm autotune: first process $(grep -c 'tylopy.autotune.* ms$' "$LOG/gemm.log") candidates timed, second" \
        "process $(grep -c 'tylopy.autotune.* ms$' "$LOG/gemm-again.log")"
