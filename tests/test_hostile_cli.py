@@ -16,7 +16,7 @@ from tylopy_kernels.examples.vector_add import vector_add
 from conftest import fresh
 
 VECTOR_ADD = vector_add_module.__file__
-HOPPER = os.path.join(os.path.dirname(os.path.dirname(vector_add_module.__file__)), "attention", "hopper.py")
+HOPPER = os.path.join(os.path.dirname(os.path.dirname(vector_add_module.__file__)), "attention", "sm90", "forward.py")
 
 
 def run_cli(capsys, *argv):

@@ -45,7 +45,7 @@ def tracing() -> bool:
 
 
 def _is_tylopy_file(fname: str) -> bool:
-    return fname.startswith(_PACKAGE_DIR) and not fname.startswith("<")
+    return fname.startswith(_PACKAGE_DIR + os.sep) and not fname.startswith("<")
 
 
 @functools.lru_cache(maxsize=2048)
