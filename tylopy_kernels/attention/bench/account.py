@@ -14,9 +14,11 @@ Profile each kernel once (same shape, same process settings), keeping the per-in
 The loop is found in each listing as the innermost backward branch whose range holds ``MUFU.EX2``
 and ``HGMMA`` (as ``sass_profile.py`` does on a cubin); "per tile" divides the loop's executed
 instructions by the executions of its first instruction (warp-level counts, so: per warp and key
-tile, averaged over the paths the data took). Stall samples are divided the same way. The listing's
-instructions between the wait for S (the first ``WARPGROUP.DEPBAR``/``WARPGROUP.ARRIVE`` after an
-HGMMA group) and the next HGMMA are the chain from S to the next PV issue.
+tile, averaged over the paths the data took). Stall reasons are shares of the loop's warp-state
+samples. The executed instructions from the wait for S (the loop's first ``WARPGROUP.DEPBAR``) to
+the next PV issue (the next register-A ``HGMMA``, around the loop) are the chain from S to PV; the
+longest run of back-to-back ``MUFU.EX2`` and their mean spacing say how the exponentials are
+interleaved with the other work.
 """
 from __future__ import annotations
 
@@ -92,21 +94,38 @@ def main_loop(listing: Listing) -> tuple[int, int]:
 
 
 def chain_after_s(rows, lo: int, hi: int) -> int:
-    """Instructions from the first warpgroup wait after an HGMMA to the next HGMMA, in listing order."""
-    seen_mma = wait = None
-    for k in range(lo, hi + 1):
-        op = rows[k]["opcode"]
-        if op.startswith("HGMMA"):
-            if wait is not None:
-                return k - wait
-            seen_mma = k
-        elif seen_mma is not None and wait is None and op.startswith("WARPGROUP.DEPBAR"):
-            wait = k
+    """Executed instructions from the loop's first warpgroup wait (S_j ready) to the next PV issue
+    (the first HGMMA whose A operand is a register, ``HGMMA ... Rd, Ra, gdesc``), around the loop."""
+    loop = rows[lo:hi + 1]
+    wait = next((i for i, r in enumerate(loop) if r["opcode"].startswith("WARPGROUP.DEPBAR")), None)
+    if wait is None:
+        return 0
+    n = len(loop)
+    count = 0
+    for step in range(1, n + 1):
+        r = loop[(wait + step) % n]
+        if r["opcode"].startswith("HGMMA") and re.search(r"HGMMA\S*\s+R\d+,\s*R\d+", r["source"]):
+            return count
+        count += r["executed"] > 0
     return 0
 
 
+def mufu_runs(rows) -> tuple[int, float]:
+    """(longest run of back-to-back MUFU.EX2, mean executed instructions between two of them) in the
+    loop's listing order: how the exponentials are interleaved with the other work."""
+    live = [r for r in rows if r["executed"] > 0]
+    where = [i for i, r in enumerate(live) if r["opcode"].startswith("MUFU.EX2")]
+    longest = run = 0
+    for a, b in zip([-2] + where, where):
+        run = run + 1 if b == a + 1 else 1
+        longest = max(longest, run)
+    gaps = [b - a - 1 for a, b in zip(where, where[1:])]
+    return longest, (sum(gaps) / len(gaps) if gaps else 0.0)
+
+
 def account(listing: Listing) -> dict:
-    """Per key tile (per warp): instructions by class, stall samples by reason, the S-to-PV chain."""
+    """Per key tile (per warp): instructions by class, the S-to-PV chain, how the exponentials are
+    spread, and each stall reason's share of the loop's warp-state samples (%)."""
     lo, hi = main_loop(listing)
     rows = listing.rows[lo:hi + 1]
     iterations = max(rows[0]["executed"], 1.0)
@@ -115,13 +134,17 @@ def account(listing: Listing) -> dict:
     for r in rows:
         by_class[classify(r["opcode"])] += r["executed"]
         for s, v in r["stalls"].items():
-            stalls[s] += v
+            if "not issued" not in s.lower():
+                stalls[s] += v
+    samples = sum(r["samples"] for r in rows)
+    longest, gap = mufu_runs(rows)
     out = {"loop rows": len(rows), "iterations": iterations,
            "instructions": sum(r["executed"] for r in rows) / iterations,
-           "samples": sum(r["samples"] for r in rows) / iterations,
-           "S->PV chain": chain_after_s(listing.rows, lo, hi)}
+           "S->PV chain": chain_after_s(listing.rows, lo, hi), "MUFU run": longest, "MUFU gap": gap,
+           "loop share %": 100.0 * samples / max(sum(r["samples"] for r in listing.rows), 1.0)}
     out.update({c: by_class.get(c, 0.0) / iterations for c in CLASSES})
-    out["stalls"] = {s: v / iterations for s, v in stalls.most_common() if v}
+    total = max(sum(stalls.values()), 1.0)
+    out["stalls"] = {s: 100.0 * v / total for s, v in stalls.most_common() if v}
     return out
 
 
@@ -129,13 +152,14 @@ def table(accounts: dict) -> str:
     """A markdown table, one column per kernel, instruction classes then the largest stall reasons."""
     names = list(accounts)
     lines = ["| per key tile | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
-    for key in ("instructions",) + CLASSES + ("S->PV chain", "samples"):
+    for key in ("instructions",) + CLASSES + ("S->PV chain", "MUFU run", "MUFU gap", "loop share %"):
         lines.append(f"| {key} | " + " | ".join(f"{accounts[n][key]:.1f}" for n in names) + " |")
     reasons = collections.Counter()
     for a in accounts.values():
         reasons.update(a["stalls"])
     for s, _ in reasons.most_common(10):
-        lines.append(f"| stall: {s} | " + " | ".join(f"{accounts[n]['stalls'].get(s, 0.0):.1f}" for n in names) + " |")
+        lines.append(f"| {s} (% of samples) | " + " | ".join(f"{accounts[n]['stalls'].get(s, 0.0):.1f}"
+                                                         for n in names) + " |")
     return "\n".join(lines)
 
 

@@ -292,10 +292,13 @@ def consumer_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles, d
             if masked:
                 s = mask_scores(s, row0, col0, prob, mask_base, sched.has_mask)
             st, p, alpha, moved = softmax.update(sm, st, list(s.values))
+        if sched.early_sums:  # the row sums consume each weight as it comes: ptxas interleaves the MUFUs
+            st = softmax.add_to_sums(st, alpha, [p])
         o, pa = wait_pv(sched, o, pa, p)
         release(smem, plan.v_empty, it + j - 1, plan.stages, leader)
         o = rescale_o(o, alpha, moved)
-        st = softmax.add_to_sums(st, alpha, [p])
+        if not sched.early_sums:
+            st = softmax.add_to_sums(st, alpha, [p])
         pa = pack_p(plan, sched, p)
 
     if leader:  # every S GEMM of this tile has completed: the producer may load the next Q

@@ -126,7 +126,7 @@ def attention_fwd_sm90(
     PERSISTENT: ty.constexpr = False, ORDER: ty.constexpr = "heads", EXPONENT: ty.constexpr = "ffma",
     RESCALE_THRESHOLD: ty.constexpr = 8.0, SPLIT_S: ty.constexpr = False, PV_WAIT: ty.constexpr = "pinned",
     POLY_EXP2: ty.constexpr = 0, TMA_STORE: ty.constexpr = False, O_ORDER: ty.constexpr = None,
-    DEFER_EPILOGUE: ty.constexpr = True,
+    DEFER_EPILOGUE: ty.constexpr = True, EARLY_SUMS: ty.constexpr = True,
 ):
     """One CTA works through tiles (query block, head, batch): one per CTA when the grid covers
     them all, or a persistent loop when the grid is the number of SMs.
@@ -139,7 +139,8 @@ def attention_fwd_sm90(
     plan = Plan(HEAD_DIM, BLOCK_N, STAGES, CONSUMERS, TMA_STORE)
     sched = Schedule(DTYPE, HAS_MASK, RETURN_LSE, PERSISTENT, ORDER, COORD_ORDER, O_ORDER, EXPONENT,
                      RESCALE_THRESHOLD, SPLIT_S, PV_WAIT, POLY_EXP2, TMA_STORE, defer_epilogue(plan, DEFER_EPILOGUE,
-                                                                                           PERSISTENT, RETURN_LSE))
+                                                                                           PERSISTENT, RETURN_LSE),
+                     EARLY_SUMS)
     smem = ty.dynamic_shared(ty.u8, plan.total, align=1024)
     prob = Problem(n_q, n_k, n_heads, n_batch, kv_group, kv_batch, head_group_log2, scale, causal, out, lse_ptr, mask,
                    tm_o, (o_stride_b, o_stride_h, o_stride_n), (m_stride_b, m_stride_h, m_stride_q, m_stride_k),

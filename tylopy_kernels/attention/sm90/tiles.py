@@ -49,7 +49,7 @@ class Schedule:
     """The compile-time options the consumers read (see ``attention_fwd_sm90``'s constexprs)."""
 
     def __init__(self, dtype, has_mask, return_lse, persistent, tile_order, coord_order, out_order, exponent,
-                 threshold, split_s, pv_wait, poly, tma_store, defer_epilogue):
+                 threshold, split_s, pv_wait, poly, tma_store, defer_epilogue, early_sums=True):
         if pv_wait not in ("pinned", "free"):
             raise ValueError(f"PV_WAIT expects 'pinned' or 'free', but got {pv_wait!r}")
         if tile_order not in ("heads", "lpt"):
@@ -60,6 +60,7 @@ class Schedule:
         self.exponent, self.threshold, self.split_s = exponent, threshold, split_s
         self.pv_wait, self.poly, self.tma_store = pv_wait, poly, tma_store
         self.defer_epilogue = defer_epilogue
+        self.early_sums = early_sums
 
 
 @ty.func
