@@ -27,11 +27,12 @@ from ..codegen.targets import SUPPORTED_ARCHS
 from ..errors import (CompileError, IRVerificationError, KernelSourceError, LaunchTypeError, LayoutError,
                       ResourceLimitError, TylopyError)
 from ..ir.printer import format_ir
-from ..ir.types import PointerType, ScalarType, TensorMapType, Type
+from ..ir.types import PointerType, ScalarType, Type
 from ..ir.values import KernelIR, LaunchBounds, Param
 from ..ir.verify import verify
 from ..runtime import hooks, plancache
 from . import capture, guards, tracing
+from .annotations import param_kind as _param_kind
 from .builder import Builder, user_location
 from .diagnostics import (constexpr_note, def_loc, innermost_user_frame, locate, lowering_error, param_loc, relocated,
                           trace_error, verification_error, with_ptx_source_line)
@@ -49,41 +50,6 @@ MAX_FUNC_DEPTH = 64
 MAX_SPECIALIZATIONS_PER_KEY = 8  # in-memory entries per base key (one per set of read values)
 
 
-def _evaluate_annotation(fn: Callable, name: str, text: str) -> Any:
-    """A string annotation (``from __future__ import annotations``, or quoted) evaluated where the
-    kernel was defined: its module's globals, the names it closes over and, since a name used only in
-    an annotation is not closed over, the locals of the enclosing function while it is decorating
-    (found on the stack as the frame whose code holds the kernel's code)."""
-    scope = dict(fn.__globals__)
-    frame = inspect.currentframe()
-    while frame is not None:
-        if fn.__code__ in frame.f_code.co_consts:
-            scope.update(frame.f_locals)
-            break
-        frame = frame.f_back
-    del frame
-    for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
-        try:
-            scope[var] = cell.cell_contents
-        except ValueError:  # an empty cell: the name is not bound yet
-            pass
-    try:
-        return eval(text, scope)  # noqa: S307 - the kernel author's own annotation text
-    except Exception as e:  # noqa: BLE001 - reported at the parameter
-        raise KernelSourceError(f"kernel parameter {name!r}: its annotation {text!r} could not be evaluated "
-                                f"({type(e).__name__}: {e})", param_loc(fn, name)) from None
-
-
-def _param_kind(fn: Callable, name: str, ann) -> Any:
-    if isinstance(ann, str):
-        ann = _evaluate_annotation(fn, name, ann)
-    if isinstance(ann, (_Constexpr, ScalarType, PointerType, TensorMapType, NoAliasPointer, TensorSpec)):
-        return ann
-    raise KernelSourceError(
-        f"kernel parameter {name!r} expects an annotation such as ty.ptr(ty.f32), ty.tensor(ty.f32, 2), ty.i32, "
-        f"ty.f32, ty.tensormap or ty.constexpr, but got {ann!r}", param_loc(fn, name))
-
-
 class func:
     """A helper traced inline into the kernel that calls it; its if/for/while may use run-time values."""
 
@@ -94,6 +60,16 @@ class func:
         functools.update_wrapper(self, fn)
         self._traceable = None
         self._depth = 0
+
+    def source_digest(self) -> str:
+        """The digest of the source text this helper is traced from (read from its file when it is
+        first traced or keyed; part of the key of every kernel that calls it)."""
+        if self._traceable is None:
+            try:
+                self._traceable = rewrite_function(self.fn)
+            except KernelSourceError:
+                return "no source"  # (calling it says why)
+        return self._traceable.source_digest
 
     def __call__(self, *args, **kwargs):
         if self._traceable is None:
@@ -225,6 +201,17 @@ class Kernel:
     def __repr__(self):
         return f"<tylopy kernel {self.name} ({self.arch}) from {self.source_file}>"
 
+    def _rewritten(self):
+        """The kernel rewritten for tracing, from its file's text when first needed (kept: the key and
+        every trace of this object use that same text)."""
+        if self._traceable is None:
+            self._traceable = rewrite_function(self.fn, record_closure=True)
+        return self._traceable
+
+    def source_digest(self) -> str:
+        """The digest of the source text this kernel is traced from (part of its cache key)."""
+        return self._rewritten().source_digest
+
     def with_arch(self, arch: str) -> "Kernel":
         """The same kernel compiled for another target (``sm_80``, ``sm_90a``, ...); a new object."""
         if arch not in SUPPORTED_ARCHS:
@@ -341,8 +328,7 @@ class Kernel:
         """The verified IR of one specialization."""
         cx = self._constexprs(constexprs)
         options = options or self.options()
-        if self._traceable is None:
-            self._traceable = rewrite_function(self.fn, record_closure=True)
+        traceable = self._rewritten()
         bounds = self._launch_bounds(cx)
         bld = Builder(options.arch, options)
         params, args = [], []
@@ -360,7 +346,7 @@ class Kernel:
             args.append(RuntimeValue(v))
         with bld, (recorder or contextlib.nullcontext()):  # (only a compile records what the trace reads)
             try:
-                out = self._traceable.make(tracing)(*args)
+                out = traceable.make(tracing)(*args)
             except KernelSourceError as e:
                 if e.loc is not None:
                     raise
@@ -389,6 +375,15 @@ class Kernel:
         except IRVerificationError as e:
             raise verification_error(e) from None
         return kir
+
+    def traced(self, **constexprs) -> tuple[KernelIR, Callable[[], bool]]:
+        """(the verified IR of one specialization, a test that it is still what a trace would give):
+        the rule ``compile`` follows (same environment options, same values read), for the emulator."""
+        env, recorder = environment_snapshot(), capture.Recorder(self.name)
+        kir = self.trace(None, recorder, **constexprs)
+        cells = dict(zip(self.fn.__code__.co_freevars, self.fn.__closure__ or ()))
+        checks = guards.Guards.build([(r, recorder.values[r], fp) for r, fp in recorder.reads.items()], cells)
+        return kir, lambda: env == environment_snapshot() and checks.valid()
 
     @staticmethod
     def _tensor_param(bld, name: str, spec: TensorSpec, options, params: list) -> TensorArg:
