@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import functools
 import inspect
 import os
@@ -37,6 +38,7 @@ from .builder import Builder, user_location
 from .diagnostics import (constexpr_note, def_loc, innermost_user_frame, locate, lowering_error, param_loc, relocated,
                           trace_error, verification_error, with_ptx_source_line)
 from .lang import NoAliasPointer, _Constexpr
+from .launching import _BoundLaunch
 from .options import CompileOptions, environment_snapshot, from_environment
 from .proxy import RuntimeValue
 from .rewrite import rewrite_function, source_of
@@ -170,6 +172,7 @@ class Kernel:
         self.min_blocks_per_sm = min_blocks_per_sm
         self.max_registers = max_registers
         self.noalias = bool(noalias)
+        self._debug = None  # the compile option debug when set (with_debug), else TYLOPY_DEBUG decides
         source_of(fn)  # no source, no tracing: say so at the decorator, not at the first launch
         self.signature = []
         for p in inspect.signature(fn).parameters.values():
@@ -217,7 +220,17 @@ class Kernel:
         if arch not in SUPPORTED_ARCHS:
             raise ValueError(f"arch expects one of {', '.join(SUPPORTED_ARCHS)}, but got {arch!r}")
         return Kernel(self.fn, self.threads, arch, self.min_blocks_per_sm, self.max_registers, self.name,
-                      self.noalias, _register=False)
+                      self.noalias, _register=False).with_debug(self._debug)
+
+    def with_debug(self, debug: bool | None = True) -> "Kernel":
+        """This kernel with the compile option ``debug`` (device asserts and prints) set: True or False
+        whatever ``TYLOPY_DEBUG`` says, None to follow it. Returns ``self``."""
+        if debug is not None and not isinstance(debug, bool):
+            raise KernelSourceError(f"kernel {self.name!r}: debug expects True, False or None, but got {debug!r}",
+                                    def_loc(self.fn))
+        self._debug = debug
+        self.clear_cache()
+        return self
 
     def clear_cache(self) -> None:
         """Forget the specializations compiled in this process (the disk cache stays)."""
@@ -268,7 +281,8 @@ class Kernel:
 
     def options(self) -> CompileOptions:
         """The compile options of a compile started now (the environment is read here)."""
-        return from_environment(self.arch, "all" if self.noalias else "declared")
+        options = from_environment(self.arch, "all" if self.noalias else "declared")
+        return options if self._debug is None else dataclasses.replace(options, debug=self._debug)
 
     def _constexprs(self, given: dict) -> dict:
         out = {}
@@ -543,43 +557,19 @@ def _stable_repr(v) -> str:
     return text
 
 
-class _BoundLaunch:
-    __slots__ = ("kernel", "grid")
-
-    def __init__(self, kernel: Kernel, grid):
-        self.kernel, self.grid = kernel, grid
-
-    def __call__(self, *args, stream=None, **constexprs):
-        ck, grid, args = self._specialize(args, constexprs)
-        return ck.launcher().launch(grid, args, stream)
-
-    def prepare(self, *args, **constexprs):
-        """The launch ``kernel[grid](*args, **constexprs)`` would make, with its arguments checked and
-        packed once: ``.set(name, value)`` changes one, ``.launch()`` sends it (``PreparedLaunch``).
-        It keeps the specialization compiled now, whatever globals change later."""
-        ck, grid, args = self._specialize(args, constexprs)
-        return ck.launcher().prepare(grid, args)
-
-    def _specialize(self, args, constexprs):
-        """(the specialization these arguments launch, the grid, the runtime arguments)."""
-        k = self.kernel
-        if constexprs and not k._runtime_names.isdisjoint(constexprs):
-            args, constexprs = k.bind_keywords(args, constexprs)
-        ck = k._compile_for_arguments(args, constexprs) if k._open_tensors else k.compile(**constexprs)
-        return ck, self.grid(constexprs) if callable(self.grid) else self.grid, args
-
-
 def kernel(fn=None, *, threads=128, arch: str = DEFAULT_ARCH, min_blocks_per_sm=None, max_registers=None, name=None,
-           noalias: bool = False):
+           noalias: bool = False, debug: bool | None = None):
     """Decorate a function as a tylopy kernel.
 
     ``threads`` is the block size (an int, or a function of the constexprs); ``arch`` the
     target (``sm_90a`` for Hopper-only instructions, ``sm_80`` for portable kernels);
     ``noalias=True`` promises that no two pointer arguments of a launch overlap (LLVM
     ``noalias`` on every pointer parameter; per parameter: ``ty.ptr(ty.f32, noalias=True)``).
+    ``debug=True``/``False`` compiles ``ty.device_assert``/``ty.printf`` in or out whatever
+    ``TYLOPY_DEBUG`` says (None: as it says).
     """
     def wrap(f):
-        return Kernel(f, threads, arch, min_blocks_per_sm, max_registers, name, noalias)
+        return Kernel(f, threads, arch, min_blocks_per_sm, max_registers, name, noalias).with_debug(debug)
     return wrap(fn) if fn is not None else wrap
 
 
