@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 
@@ -32,7 +31,6 @@ def forget_module():
 def scaled_kernel(setup: str, expression: str) -> str:
     return f"""\
 import os
-import numpy as np
 import tylopy as ty
 {setup}
 

@@ -38,7 +38,7 @@ FORMAT = 3
 MAX_META_BYTES = cachefs.MAX_META_BYTES
 MAX_RECIPES = 16  # read-recipe sets kept per base key
 MAX_READS = 4096  # reads in one recipe
-READ_KINDS = ("global", "closure", "attr", "env")
+READ_KINDS = ("global", "closure", "attr", "env", "unbound")
 EXPLAIN_SCAN = 512  # explain looks at the newest this many entries of the folder
 
 

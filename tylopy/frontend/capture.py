@@ -43,7 +43,8 @@ _STDLIB = os.path.realpath(sysconfig.get_paths()["stdlib"])
 class Read:
     """One value a trace read: ``kind`` is "global" (``owner`` a module name), "closure" (of the
     kernel function; ``owner`` is ""), "attr" (``name`` a dotted path from a module global) or
-    "env" (an environment variable; its value, or None when unset)."""
+    "env" (an environment variable; its value, or None when unset) or "unbound" (a module global
+    the trace looked for and did not find, so Python used the builtin: ``UNBOUND`` while it stays so)."""
 
     kind: str
     owner: str
@@ -54,10 +55,27 @@ class Read:
             return f"closure variable {self.name!r}"
         if self.kind == "env":
             return f"environment variable {self.name}"
+        if self.kind == "unbound":
+            return f"{self.owner}.{self.name} (unbound, so the builtin)"
         return f"{self.owner}.{self.name}"
 
     def as_json(self) -> list:
         return [self.kind, self.owner, self.name]
+
+
+class _Unbound:
+    """The value of a module global that is not bound (the name means the builtin)."""
+
+    __slots__ = ()
+
+    def __tylopy_fingerprint__(self):
+        return "unbound"
+
+    def __repr__(self):
+        return "<unbound>"
+
+
+UNBOUND = _Unbound()
 
 
 class Unresolvable(LookupError):
@@ -75,6 +93,8 @@ def resolve(read: Read, closure: dict):
     module = sys.modules.get(read.owner)
     if module is None:
         raise Unresolvable(read.owner)
+    if read.kind == "unbound":
+        return vars(module).get(read.name, UNBOUND)
     head, *rest = read.name.split(".")
     try:
         value = vars(module)[head]
@@ -168,8 +188,9 @@ class RecordingGlobals(dict):
 
     def __missing__(self, name):
         g = self._globals
-        if name not in g:
-            raise KeyError(name)  # then Python looks in the builtins
+        if name not in g:  # then Python looks in the builtins; a global bound later must be seen
+            _record(Read("unbound", self._module, name), UNBOUND)
+            raise KeyError(name)
         return _record(Read("global", self._module, name), g[name])
 
 

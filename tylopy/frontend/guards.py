@@ -15,7 +15,7 @@ import sys
 import types
 
 from ..errors import CaptureError
-from .capture import _SIMPLE, _is_user_module, _library_function, fingerprint, global_names, unwrap
+from .capture import _SIMPLE, UNBOUND, _is_user_module, _library_function, fingerprint, global_names, unwrap
 
 _MISSING = object()
 
@@ -67,6 +67,11 @@ class Guards:
                 cell = closure_cells.get(read.name)
                 if cell is not None:
                     checks.add(_cell_getter(cell), None, None, value, fp)
+            elif read.kind == "unbound":  # still not bound (a global of that name now shadows the builtin)
+                module = sys.modules.get(read.owner)
+                if module is not None:
+                    checks.mutable.append((functools.partial(vars(module).get, read.name, UNBOUND), UNBOUND,
+                                           _IDENTITY, None))
             elif read.kind == "env":  # (a new str each read: compared by value)
                 checks.mutable.append((functools.partial(os.environ.get, read.name), value, _EQUAL, None))
             elif read.kind == "global":
