@@ -3,21 +3,24 @@
 A specialization's key has two parts:
 
 * the **base key**, a SHA-256 over named components known before tracing: the kernel's name,
-  signature and source (the content of its module's file), the constexpr values, the launch
-  bounds, the compile options (arch, debug switches, noalias policy), tylopy's own source
-  hash, and the llvmlite, LLVM and ptxas versions;
-* the **reads**: every value the trace read from outside the kernel (``capture.py``) as a
-  recipe to find it again plus its fingerprint.
+  signature, compiled code and the digest of the source text it is traced from, the constexpr
+  values, the launch bounds, the compile options (arch, debug switches, noalias policy), tylopy's
+  own source hash, and the llvmlite, LLVM and ptxas versions;
+* the **reads**: every value the trace read from outside the kernel (``capture.py``: globals,
+  globals found unbound, closure variables, attributes, environment variables) as a recipe to
+  find it again plus its fingerprint.
 
 The full key hashes both. Each base key has a manifest listing the read recipes of the
 entries stored under it; a lookup resolves each recipe set against the current process,
 fingerprints the values it finds and looks for the entry under the resulting full key. A
 changed value gives a different key, never a stale kernel. Entries are written to a
-temporary name and renamed (atomic on POSIX), metadata last; an entry whose hashes do not
-match its metadata, or whose files cannot be parsed, is treated as absent and rebuilt. A cache
-path that is a file, or a folder that cannot be created, is an error (``CacheUnavailable``,
-naming ``TYLOPY_CACHE_DIR`` and ``TYLOPY_CACHE=0``); a folder that can be read but not written
-serves what it has and warns once that new entries are not stored.
+temporary name and renamed (atomic on POSIX), metadata last. Metadata and manifests are signed
+(``cachefs.py``: HMAC under a per-user key, folder trust checks, bounded non-blocking reads);
+an unsigned or corrupt file, a schema violation, or a hash mismatch is treated as absent and
+rebuilt. A cache path that is a file, or a folder that cannot be created, is an error
+(``CacheUnavailable``, naming ``TYLOPY_CACHE_DIR`` and ``TYLOPY_CACHE=0``); a folder that can be
+read but not written serves what it has and warns once that new entries are not stored.
+docs/cache.md is the user's view.
 """
 from __future__ import annotations
 
