@@ -8,11 +8,12 @@ def median_ms(fn, warmup_ms: float = 100, rep_ms: float = 400) -> float:
     try:
         from triton.testing import do_bench
     except ImportError:
-        return _events_median(fn, warmup_ms, rep_ms)
+        return events_median_ms(fn, warmup_ms, rep_ms)
     return do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
-def _events_median(fn, warmup_ms, rep_ms):
+def events_median_ms(fn, warmup_ms: float = 100, rep_ms: float = 400) -> float:
+    """Median milliseconds of ``fn()`` from CUDA events after warm-up (the autotuner's timer too)."""
     import torch
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()

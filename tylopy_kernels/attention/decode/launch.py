@@ -40,6 +40,7 @@ import math
 import torch
 
 import tylopy as ty
+from tylopy.runtime import devices
 
 from tylopy_kernels.attention.decode import kernel as kd
 from tylopy_kernels.attention.common import rejecter
@@ -348,8 +349,6 @@ def plan_decode(q, k_cache, v_cache, cache_seqlens, out, lse, *, scale, block_ta
                       lse_part, counters)
 
 
-def _sm_count(device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 _plans: dict = {}
@@ -383,7 +382,7 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, block_ta
             s = 1.0 if s == 0 else -s  # the kernels keep the maximum of raw scores: the sign goes into q
         plan = make_plan(q, k_cache, v_cache, cache_seqlens, scale=s, block_table=block_table, is_causal=is_causal,
                          num_splits=num_splits, layout=layout, merge=merge, schedule=schedule,
-                         sm_count=_sm_count(q.device), return_lse=return_lse)
+                         sm_count=devices.sm_count(q.device), return_lse=return_lse)
         _plans[key] = plan
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((plan.B, plan.H_q, plan.n_q), dtype=torch.float32, device=q.device) if return_lse else None

@@ -9,13 +9,13 @@ specs).
 """
 from __future__ import annotations
 
-import functools
 import threading
 from dataclasses import dataclass, field
 
 import torch
 
 import tylopy as ty
+from tylopy.runtime.devices import l2_bytes, sm_count
 from tylopy.runtime.tensormap import TensorMap
 
 from tylopy_kernels.attention.common import mask_and_lse_args
@@ -97,16 +97,6 @@ def _dtype_name(t):
 
 def device_map(t: torch.Tensor, shape, strides, box) -> TensorMap:
     return TensorMap.cached(t, tuple(shape), tuple(strides), tuple(box), _dtype_name(t))
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-@functools.lru_cache(maxsize=None)
-def _l2_bytes(device) -> int:
-    return getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20)
 
 
 def resolve_schedule(D, n_k, is_causal, masked, schedule=None, return_lse=False) -> dict:
@@ -204,8 +194,8 @@ def launch_hopper(q, k, v, attn_mask, is_causal, scale, out, lse, schedule=None)
             return again
     dev = q.device
     made = []
-    launch = plan_launch(q, k, v, attn_mask, is_causal, scale, out, lse, schedule, sm_count=_sm_count(dev),
-                         l2_bytes=_l2_bytes(dev), make_map=_recording(made))
+    launch = plan_launch(q, k, v, attn_mask, is_causal, scale, out, lse, schedule, sm_count=sm_count(dev),
+                         l2_bytes=l2_bytes(dev), make_map=_recording(made))
     attention_fwd_sm90[launch.grid](*launch.args, **launch.constexprs)
     if key is None:
         return None
