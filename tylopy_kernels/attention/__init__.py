@@ -30,6 +30,8 @@ import math
 
 import torch
 
+import tylopy as ty
+
 from tylopy_kernels.attention.common import check_token_tensor, rejecter
 
 HOPPER_HEAD_DIMS = (64, 128)
@@ -121,9 +123,7 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
             _fail(ValueError, "query", "a CUDA tensor", f"a tensor on {query.device}")
         if sig is not None:
             known = _Known(scale, _tma_strides_ok(query, key, value))
-            if len(_checked) >= 256:
-                _checked.pop(next(iter(_checked)))
-            _checked[sig] = known
+            _checked.put(sig, known)
     else:
         scale = known.scale
         again = known.repeats[return_lse]
@@ -158,7 +158,7 @@ class _Known:
 # and their types) passed check_inputs before. Everything the checks read is in the signature, so
 # a hit skips only work that would repeat; with the launch kept too, it allocates the output and
 # launches (launch_hopper's plan reuse, see hopper_launch.Repeat).
-_checked: dict = {}
+_checked = ty.PlanCache("attention signatures", capacity=256)
 
 
 def _signature(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):

@@ -24,6 +24,8 @@ import functools
 
 import torch
 
+import tylopy as ty
+
 DTYPES = (torch.bfloat16, torch.float16)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SCHEDULE_KEYS = ("BLOCK_M", "BLOCK_N", "STAGES", "SCHEDULE", "GROUP_M", "STORE", "SPLIT_K")
@@ -106,8 +108,7 @@ def _capability(device_index):
 
 # Launch plans of calls seen before, by everything the checks and the plan depend on: a repeated
 # call skips the checks, the layout analysis and the autotuner's key (tens of microseconds).
-_plans: dict = {}
-MAX_PLANS = 1024
+_plans = ty.PlanCache("matmul plans", capacity=1024)
 
 
 def _signature(a, b, bias, out_dtype, epilogue, schedule):
@@ -170,9 +171,7 @@ def matmul(a, b, bias=None, out_dtype=None, *, epilogue=None, schedule=None):
         plan(a3, b3, out, bias)
     # Remember the plan when a repeat needs no copies: the operands went to the kernel as they are.
     if sig is not None and k > 0 and a3.data_ptr() == a2.data_ptr() and b3 is b and (bias is None or sig[10][1] == (1,)):
-        if len(_plans) >= MAX_PLANS:
-            _plans.clear()
-        _plans[sig] = _Call(plan, m, k, out_shape, out_dtype, a.dim() != 2 or a2.data_ptr() != a.data_ptr())
+        _plans.put(sig, _Call(plan, m, k, out_shape, out_dtype, a.dim() != 2 or a2.data_ptr() != a.data_ptr()))
     if not out.is_contiguous():
         out = out.contiguous()
     return out.view(out_shape)

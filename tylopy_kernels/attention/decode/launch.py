@@ -351,7 +351,7 @@ def plan_decode(q, k_cache, v_cache, cache_seqlens, out, lse, *, scale, block_ta
 
 
 
-_plans: dict = {}
+_plans = ty.PlanCache("attention_decode plans", capacity=256)
 
 
 def _signature(t):
@@ -368,10 +368,7 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, block_ta
     key = (_signature(q), _signature(k_cache), _signature(v_cache), _signature(cache_seqlens),
            _signature(block_table), scale, is_causal, num_splits, return_lse, layout, merge,
            tuple(sorted(schedule.items())) if schedule else None)
-    try:
-        plan = _plans.get(key)
-    except TypeError:  # an unhashable argument: the checks name it
-        plan = None
+    plan = _plans.get(key)  # None too for an unhashable argument: the checks name it
     if plan is None:
         if not isinstance(q, torch.Tensor) or q.device.type != "cuda":
             check_decode_inputs(q, k_cache, v_cache, cache_seqlens, scale, block_table, is_causal, num_splits,
@@ -383,7 +380,7 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, block_ta
         plan = make_plan(q, k_cache, v_cache, cache_seqlens, scale=s, block_table=block_table, is_causal=is_causal,
                          num_splits=num_splits, layout=layout, merge=merge, schedule=schedule,
                          sm_count=devices.sm_count(q.device), return_lse=return_lse)
-        _plans[key] = plan
+        _plans.put(key, plan)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((plan.B, plan.H_q, plan.n_q), dtype=torch.float32, device=q.device) if return_lse else None
     if out.numel() == 0:
