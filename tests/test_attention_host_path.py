@@ -37,7 +37,7 @@ def hopper_host(monkeypatch):
     monkeypatch.setattr(tm_mod.TensorMap, "tiled", staticmethod(
         lambda t, dims, strides, box, dtype, swizzle=128, hold=True: RecordedMap(t, dims, strides, box, dtype)))
     monkeypatch.setattr(tm_mod, "_cache", {})
-    monkeypatch.setattr(HL, "_repeats", {})
+    monkeypatch.setattr(HL, "_repeats", ty.PlanCache("test launches", capacity=64))
     monkeypatch.setattr(HL, "sm_count", lambda dev: 132)
     monkeypatch.setattr(HL, "l2_bytes", lambda dev: 50 << 20)
     monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)  # CPU tensors pass as cuda:0

@@ -201,9 +201,7 @@ def launch_hopper(q, k, v, attn_mask, is_causal, scale, out, lse, schedule=None)
         return None
     again = Repeat.of(launch, made, (q, k, v, out), q.shape[3], bool(is_causal))
     if again is not None:
-        if len(_repeats) >= 64:
-            del _repeats[next(iter(_repeats))]
-        _repeats[key] = again
+        _repeats.put(key, again)
     return again
 
 
@@ -212,7 +210,7 @@ def launch_hopper(q, k, v, attn_mask, is_causal, scale, out, lse, schedule=None)
 # in its pointers and scale: it reuses that launch (grid, constexprs, arguments) and looks its
 # tensor maps up by address. plan_launch stays the one place that decides; a plan that copied an
 # input (a layout TMA cannot map) is not reused.
-_repeats: dict = {}
+_repeats = ty.PlanCache("Hopper attention launches", capacity=64)
 _MAP_SLOTS, _OUT_SLOT, _LSE_SLOT, _SCALE_SLOT = 4, 4, 5, 14
 
 
