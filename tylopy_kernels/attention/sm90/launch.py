@@ -27,13 +27,16 @@ from tylopy_kernels.attention.sm90.tiles import Plan
 # beat these by more than the sweep's noise (identical SASS read up to 3.5% apart). D=64 takes the
 # "shared" exponent sequence: the bits of "ffma" in 764 instead of 889 SASS instructions a tile;
 # on the H200, same process, 1.015x "ffma" over the 12 D=64 shapes (0.98-1.09) and 2.9% less
-# time under ncu at 16k. At D=128 it was 0.98x (0.91-1.05), so "ffma" stays there.
+# time under ncu at 16k. At D=128 it was 0.98x (0.91-1.05) while the row sums waited for the PV
+# product; with EARLY_SUMS "ffma" still issues its 64 exponents as one run inside the branch of
+# its form (the sums come after the branch), "shared" interleaves them (longest run 5), so D=128
+# takes "shared" too (docs/performance.md, the account).
 SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 3, "PERSISTENT": "auto", "EXPONENT": "shared",
             "RESCALE_THRESHOLD": 8.0, "SPLIT_S": False, "PV_WAIT": "pinned", "POLY_EXP2": 0, "TMA_STORE": False,
             "ORDER": "auto", "DEFER_EPILOGUE": True}
 # D=128: O takes 64 registers a thread, so two consumers (240 registers) as FA3; 128 x 128 tiles
 # (176-key tiles, FA3's non-causal choice, lost 1.5-6% at N >= 4k and 9% causal at 2k).
-SCHEDULE_128 = dict(SCHEDULE, CONSUMERS=2, EXPONENT="ffma")
+SCHEDULE_128 = dict(SCHEDULE, CONSUMERS=2)
 # Short sequences: a persistent grid (one CTA per SM looping over work tiles, the next Q loading
 # under the current epilogue), longest work first ("lpt"), O through a TMA store. It needs a few
 # more live registers than 160 a consumer thread allow, so it runs with two consumers; at D=128
