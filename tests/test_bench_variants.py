@@ -277,3 +277,22 @@ def test_quick_run_on_gpu(tmp_path):
             assert c["fwd_err"] < 3e-2, c
         if "bwd_err" in c:
             assert c["bwd_err"] < 1e-1, c
+
+
+@pytest.mark.parametrize("variant", list(cases.VARIANTS))
+def test_flex_forms_of_the_variants_match_the_fp32_reference(variant, monkeypatch):
+    """The masks, score_mods and the sink rescale the bench gives flex_attention compute the variant
+    (eager flex on the CPU, forward only: flex has no CPU backward)."""
+    flex_attention = pytest.importorskip("torch.nn.attention.flex_attention").flex_attention
+    monkeypatch.setattr(libs, "_COMPILED", {"flex": flex_attention, "flex_sinks": libs._flex_with_sinks})
+    leaves = libs._leaves
+
+    def without_grad(x, layout):
+        qkv, dout, to_common = leaves(x, layout)
+        return [t.detach() for t in qkv], dout, to_common
+    monkeypatch.setattr(libs, "_leaves", without_grad)
+    spec = bench.check_spec(variant, 64, 256)
+    spec = cases.Spec(**dict(spec.__dict__, heads=2))
+    x = cases.make_inputs(spec, "cpu", seed=1)
+    got = bench.check_one("flex", spec, x, (cases.reference(spec, x),), ("fwd",))
+    assert got["fwd_err"] < 3e-2, got

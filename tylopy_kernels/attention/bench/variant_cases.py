@@ -215,12 +215,12 @@ def make_inputs(spec, device="cuda", seed=0):
     """q, k, v, dout as (batch, heads, seq, D) bf16 (fresh normal data) and what the variant
     needs besides: ALiBi slopes, sink logits, document ids / cu_seqlens, the block table."""
     import torch
-    gen = torch.Generator(device="cpu").manual_seed(seed + 31 * spec.n + spec.d)
+    gen = torch.Generator(device=device).manual_seed(seed + 31 * spec.n + spec.d)
     shape = (spec.batch, spec.heads, spec.seq, spec.d)
-    x = {name: torch.randn(shape, generator=gen).to(device=device, dtype=torch.bfloat16)
+    x = {name: torch.randn(shape, generator=gen, device=device, dtype=torch.bfloat16)
          for name in ("q", "k", "v", "dout")}
     x["slopes"] = alibi_slopes(spec.heads, device)
-    x["sinks"] = torch.randn(spec.heads, generator=gen).to(device=device, dtype=torch.float32)
+    x["sinks"] = torch.randn(spec.heads, generator=gen, device=device, dtype=torch.float32)
     if spec.variant in DOCUMENT_VARIANTS:
         x["doc_ids"], x["cu_seqlens"] = doc_ids(spec, device), cu_seqlens(spec, device)
         x["max_seqlen"] = max(spec.doc_lengths)
