@@ -184,7 +184,7 @@ def test_markdown_shows_every_point_and_counts_the_losses():
     assert "| causal | 64 | 1024 | fwd | 400 | 500 | 200 | 0.80 (loss) | 2.00 |" in text
     assert "| causal | 64 | 2048 | fwd | 300 | unavailable | not supported | - | - |" in text
     assert "| sliding_window | 64 | 1024 | fwd | not supported | not run | 100 | - | - |" in text
-    assert "| causal | fwd | 0.80 (1 of 1 below 1) | 2.00 (0 of 1 below 1) |" in text
+    assert "| causal | 64 | fwd | 0.80 (1 of 1 below 1) | 2.00 (0 of 1 below 1) |" in text
 
 
 def test_json_writer_and_merge(tmp_path, capsys):

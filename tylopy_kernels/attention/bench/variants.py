@@ -240,7 +240,7 @@ def ratio_table(rows):
         points.setdefault(_key(r), {})[r["library"]] = r
     order = {v: i for i, v in enumerate(cases.VARIANTS)}
     table = []
-    for key in sorted(points, key=lambda k: (order.get(k[0], 99), k[1], k[3], k[2])):
+    for key in sorted(points, key=lambda k: (order.get(k[0], 99), k[1], k[3] != "fwd", k[2])):
         cell = points[key]
         t = cell.get("tylopy", {}).get("tflops")
         entry = dict(zip(("variant", "d", "n", "direction"), key))
@@ -284,18 +284,18 @@ def markdown(table):
         lines.append(f"| {e['variant']} | {e['d']} | {e['n']} | {e['direction']} | {num(e, 'tylopy')} | "
                      f"{num(e, 'fa3_cute')} | {num(e, 'flex')} | {ratio(e['tylopy_vs_fa3_cute'])} | "
                      f"{ratio(e['tylopy_vs_flex'])} |")
-    lines += ["", "| variant | dir | tylopy / FA3-class (geomean, losses) | tylopy / flex (geomean, losses) |",
-              "|---|---|---|---|"]
+    lines += ["", "| variant | D | dir | tylopy / FA3-class (geomean, losses) | tylopy / flex (geomean, losses) |",
+              "|---|---|---|---|---|"]
     groups = {}
     for e in table:
-        groups.setdefault((e["variant"], e["direction"]), []).append(e)
-    for (variant, direction), entries in groups.items():
+        groups.setdefault((e["variant"], e["d"], e["direction"]), []).append(e)
+    for (variant, d, direction), entries in groups.items():
         cells = []
         for lib in ("fa3_cute", "flex"):
             vals = [e[f"tylopy_vs_{lib}"] for e in entries if e[f"tylopy_vs_{lib}"]]
             gm = geomean(vals)
             cells.append("-" if gm is None else f"{gm:.2f} ({sum(v < 1 for v in vals)} of {len(vals)} below 1)")
-        lines.append(f"| {variant} | {direction} | {cells[0]} | {cells[1]} |")
+        lines.append(f"| {variant} | {d} | {direction} | {cells[0]} | {cells[1]} |")
     return lines
 
 
@@ -313,7 +313,7 @@ def plot(rows, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     variants = [v for v in cases.VARIANTS if any(r["variant"] == v for r in rows)]
-    cols = sorted({(r["direction"], r["d"]) for r in rows})
+    cols = sorted({(r["direction"], r["d"]) for r in rows}, key=lambda c: (c[0] != "fwd", c[1]))
     fig, axes = plt.subplots(len(variants), len(cols), figsize=(4 * len(cols), 2.8 * len(variants)),
                              squeeze=False, sharex=True)
     for i, variant in enumerate(variants):
