@@ -32,7 +32,6 @@ def test_quick_is_a_small_subset_and_tylopy_is_always_timed():
     (["--direction", "sideways"], ["--direction", "sideways"]),
     (["--variants", "dilated"], ["dilated"]),
     (["--d", "96"], ["--d", "96"]),
-    (["--check-n", "100"], ["--check-n", "multiple of 128", "100"]),
 ])
 def test_bad_arguments_name_the_argument_and_the_value(argv, words, capsys):
     with pytest.raises(SystemExit):
@@ -232,7 +231,24 @@ def test_a_library_call_that_raises_is_reported_per_row(monkeypatch):
     assert "unexpected keyword argument" in check["error"]
 
 
-def test_a_working_library_is_timed_with_the_exact_flops():
+def test_the_check_runs_where_the_variant_differs_from_causal():
+    assert bench.check_n("sliding_window", [1024, 2048, 4096]) == 2048
+    assert bench.check_n("sliding_window", [1024]) == 1024 and bench.check_n("causal", [4096, 1024]) == 1024
+
+
+@pytest.mark.parametrize("variant", ["alibi", "sinks", "document_mask"])
+def test_reference_in_head_chunks_is_the_whole_reference(variant):
+    spec = cases.make_spec(variant, 64, 32 if variant == "document_mask" else 64, tokens=128, heads=5)
+    x = _inputs(spec)
+    whole = bench.reference_grads(spec, x)
+    chunked = bench.reference_grads(spec, x, chunk=2 * spec.seq * spec.seq)  # heads 0-1, 2-3, 4
+    assert all(w.shape == (1, 5, spec.seq, 64) for w in whole)
+    assert all(torch.allclose(w, c, atol=1e-6) for w, c in zip(whole, chunked))
+    assert torch.allclose(whole[0], cases.reference(spec, x)[:1], atol=1e-6)
+    assert bench.reference_grads(spec, x, backward=False)[1:] == (None, None, None)
+
+
+def test_a_working_library_is_timed_with_the_exact_flops(capsys):
     spec, x = _cpu_case()
 
     def sdpa(spec, x):
@@ -243,13 +259,13 @@ def test_a_working_library_is_timed_with_the_exact_flops():
     try:
         rows = bench.measure("sdpa_test", spec, x, ("fwd", "bwd"), bench=lambda fn: (fn(), 2.0)[1],
                              synchronize=lambda: None)
-        ref = bench.reference_grads(spec, x)
-        errs = bench.check_one("sdpa_test", spec, x, ref, ("fwd", "bwd"))
+        errs = bench.check(spec, x, ["sdpa_test"], ("fwd", "bwd"))[0]
     finally:
         del libs.BUILDERS["sdpa_test"]
     assert [r["ms"] for r in rows] == [2.0, 2.0]
     assert rows[0]["tflops"] == cases.flops(spec, "fwd") / 2.0 / 1e9
-    assert errs["fwd_err"] < 2e-2 and errs["bwd_err"] < 5e-2
+    assert errs["fwd_err"] < 2e-2 and errs["bwd_err"] < 5e-2 and errs["n"] == 64
+    assert "| check: sdpa_test | causal | 64 | 64 | fwd err" in capsys.readouterr().out
 
 
 def test_no_cuda_returns_2_with_a_message(monkeypatch, capsys):
@@ -291,8 +307,8 @@ def test_flex_forms_of_the_variants_match_the_fp32_reference(variant, monkeypatc
         qkv, dout, to_common = leaves(x, layout)
         return [t.detach() for t in qkv], dout, to_common
     monkeypatch.setattr(libs, "_leaves", without_grad)
-    spec = bench.check_spec(variant, 64, 256)
-    spec = cases.Spec(**dict(spec.__dict__, heads=2))
+    n = 64 if variant in cases.DOCUMENT_VARIANTS else 256
+    spec = cases.make_spec(variant, 64, n, tokens=256, heads=2)
     x = cases.make_inputs(spec, "cpu", seed=1)
     got = bench.check_one("flex", spec, x, (cases.reference(spec, x),), ("fwd",))
     assert got["fwd_err"] < 3e-2, got

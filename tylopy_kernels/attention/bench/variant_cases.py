@@ -229,9 +229,10 @@ def make_inputs(spec, device="cuda", seed=0):
     return x
 
 
-def reference(spec, x, q=None, k=None, v=None):
+def reference(spec, x, q=None, k=None, v=None, heads=slice(None)):
     """The variant in fp32 on (batch, heads, seq, D) inputs (x's, or the given ones, which may
-    require grad): softmax(mods(q k^T / sqrt(D)) masked [, sink]) v."""
+    require grad, and then hold the heads ``heads`` selects): softmax(mods(q k^T / sqrt(D))
+    masked [, sink]) v."""
     import torch
     q, k, v = (x[n].float() if t is None else t for n, t in (("q", q), ("k", k), ("v", v)))
     s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(spec.d))
@@ -239,10 +240,10 @@ def reference(spec, x, q=None, k=None, v=None):
     if spec.variant == "softcap":
         s = SOFTCAP * torch.tanh(s / SOFTCAP)
     if spec.variant == "alibi":
-        s = s - x["slopes"][:, None, None] * (i[:, None] - i[None, :]).abs().float()
+        s = s - x["slopes"][heads, None, None] * (i[:, None] - i[None, :]).abs().float()
     s = s.masked_fill(~dense_mask(spec, q.device), float("-inf"))
     if spec.variant == "sinks":
-        sink = x["sinks"].float()[None, :, None, None].expand(*s.shape[:-1], 1)
+        sink = x["sinks"][heads].float()[None, :, None, None].expand(*s.shape[:-1], 1)
         p = torch.softmax(torch.cat([s, sink], -1), -1)[..., :-1]
     else:
         p = torch.softmax(s, -1)

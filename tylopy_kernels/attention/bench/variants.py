@@ -8,10 +8,12 @@ document-causal (packed tokens, as varlen and as a mask_mod over B=1 with docume
 Shapes: batch x N = 16k tokens, N from 1k to 16k (for the document variants N is the mean
 document length), D = 64 with 32 heads and D = 128 with 16 heads, bf16.
 
-First every (library, variant, D) is checked at a small size (N = 2048, batch 1) against an fp32
-torch reference: forward output and, with the backward, dq, dk, dv; the largest absolute error is
-printed. Then each point is timed: a first call (compiles, JITs, plans), then the CUDA-event
-median after warm-up. TFLOP/s count only the visible work: 4 D FLOPs per visible (query, key)
+Each (library, variant, D) is first checked against an fp32 torch reference at the smallest N
+of the run (the smallest above 1024 for the window, where it differs from causal), on the first
+batch element: forward output and, with the backward, dq, dk, dv; the largest absolute error is
+printed. The check is at a timed shape, so it is also the first call that compiles, JITs or plans
+(torch.compile specializes per shape: a separate check size would cost a compile per variant).
+Then each point is timed: a first call, then the CUDA-event median after warm-up. TFLOP/s count only the visible work: 4 D FLOPs per visible (query, key)
 pair per head forward, 2.5 times that backward, with the pairs counted exactly (causal n(n+1)/2,
 not n^2/2). The backward is timed alone (autograd.grad on a kept graph).
 
@@ -32,7 +34,7 @@ from tylopy_kernels.attention.bench import variant_cases as cases
 from tylopy_kernels.attention.bench import variant_libs as libs
 
 WARMUP_MS, REP_MS = 20, 80
-CHECK_N = 2048
+REFERENCE_CHUNK = 2 ** 28  # fp32 score elements per chunk of heads in the reference (1 GiB)
 QUICK = {"d": (128,), "n": (4096,)}
 DIRECTIONS = {"fwd": ("fwd",), "bwd": ("bwd",), "both": ("fwd", "bwd")}
 
@@ -47,7 +49,6 @@ def parse_args(argv=None):
     ap.add_argument("--d", type=int, nargs="+", choices=cases.DIMS, default=None, help="head dims (64, 128)")
     ap.add_argument("--n", type=int, nargs="+", default=None, help="sequence lengths (default 1k..16k)")
     ap.add_argument("--quick", action="store_true", help=f"a small subset: D={QUICK['d']}, N={QUICK['n']}")
-    ap.add_argument("--check-n", type=int, default=CHECK_N, help="sequence length of the numerics check")
     ap.add_argument("--no-check", action="store_true", help="skip the numerics check")
     ap.add_argument("--output", help="JSON path (default results/attention_variants-<device>-<date>.json)")
     ap.add_argument("--plot", help="PNG path (default: the JSON path with .png)")
@@ -63,8 +64,6 @@ def parse_args(argv=None):
     bad = [n for n in args.n if n <= 0 or cases.TOKENS % n]
     if bad:
         ap.error(f"--n expects lengths that divide {cases.TOKENS} tokens, but got {bad}")
-    if args.check_n <= 0 or args.check_n % cases.BLOCK:
-        ap.error(f"--check-n expects a positive multiple of {cases.BLOCK}, but got {args.check_n}")
     if "tylopy" not in args.libs:
         args.libs = ["tylopy"] + list(args.libs)
     return args
@@ -76,17 +75,27 @@ def _error(e):
 
 # -- the numerics check ---------------------------------------------------------------------------
 
-def check_spec(variant, d, n=CHECK_N):
-    """A small shape of the variant: batch 1, ``n`` tokens (documents of n/4 tokens on average)."""
-    return cases.make_spec(variant, d, n // 4 if variant in cases.DOCUMENT_VARIANTS else n, tokens=n)
+def check_n(variant, ns):
+    """The N a variant is checked at: the smallest of the run, for the window the smallest longer
+    than the window (at N <= 1024 it is plain causal attention)."""
+    longer = [n for n in ns if n > cases.WINDOW + 1]
+    return min(longer) if variant == "sliding_window" and longer else min(ns)
 
 
-def reference_grads(spec, x):
-    """(out, dq, dk, dv) of the fp32 reference in the common layout."""
+def reference_grads(spec, x, backward=True, chunk=REFERENCE_CHUNK):
+    """(out, dq, dk, dv) of the fp32 reference on the first batch element, (1, heads, seq, D)
+    each, computed a chunk of heads at a time (dq, dk, dv None without ``backward``)."""
     import torch
-    leaves = [x[name].float().requires_grad_() for name in ("q", "k", "v")]
-    out = cases.reference(spec, x, *leaves)
-    return (out.detach(), *torch.autograd.grad(out, leaves, x["dout"].float()))
+    step = max(1, chunk // (spec.seq * spec.seq))
+    parts = []
+    for h0 in range(0, spec.heads, step):
+        heads = slice(h0, min(spec.heads, h0 + step))
+        leaves = [x[name][:1, heads].float().requires_grad_(backward) for name in ("q", "k", "v")]
+        with torch.set_grad_enabled(backward):
+            out = cases.reference(spec, x, *leaves, heads=heads)
+            grads = torch.autograd.grad(out, leaves, x["dout"][:1, heads].float()) if backward else (None,) * 3
+        parts.append((out.detach(), *grads))
+    return tuple(None if p[0] is None else torch.cat(p, 1) for p in zip(*parts))
 
 
 def check_one(library, spec, x, ref, directions):
@@ -104,34 +113,30 @@ def check_one(library, spec, x, ref, directions):
         if "fwd" in directions:
             with torch.no_grad():
                 out = run.to_common(run.forward())
-            got["fwd_err"] = (out.float() - ref[0]).abs().max().item()
+            got["fwd_err"] = (out[:1].float() - ref[0]).abs().max().item()
         if "bwd" in directions:
             grads = [run.to_common(g) for g in run.backward_fn()()]
-            got["bwd_err"] = max((g.float() - r).abs().max().item() for g, r in zip(grads, ref[1:]))
+            got["bwd_err"] = max((g[:1].float() - r).abs().max().item() for g, r in zip(grads, ref[1:]))
     except Exception as e:  # noqa: BLE001
         got["error"] = _error(e)
     return got
 
 
-def check(variants, dims, library_names, directions, n=CHECK_N, device="cuda"):
-    """One record per (library, variant, D): the largest absolute errors against fp32."""
-    import torch
+def check(spec, x, library_names, directions):
+    """One record per library: the largest absolute errors against fp32 on the first batch element."""
+    ref = reference_grads(spec, x, backward="bwd" in directions)
     records = []
-    print(f"\nnumerics (batch 1, N={n}, max |x - fp32 reference|; bwd = max over dq, dk, dv):")
-    print("| library | variant | D | fwd err | bwd err |\n|---|---|---|---|---|")
-    for variant in variants:
-        for d in dims:
-            spec = check_spec(variant, d, n)
-            x = cases.make_inputs(spec, device, seed=1)
-            ref = reference_grads(spec, x)
-            for library in library_names:
-                rec = dict(library=library, variant=variant, d=d, n=n, **check_one(library, spec, x, ref, directions))
-                records.append(rec)
-                print(f"| {library} | {variant} | {d} | {_cell(rec, 'fwd_err')} | {_cell(rec, 'bwd_err')} |",
-                      flush=True)
-            del x, ref
-            torch.cuda.empty_cache()
+    for library in library_names:
+        rec = dict(library=library, variant=spec.variant, d=spec.d, n=spec.n,
+                   **check_one(library, spec, x, ref, directions))
+        records.append(rec)
+        print(format_check(rec), flush=True)
     return records
+
+
+def format_check(rec):
+    return (f"| check: {rec['library']} | {rec['variant']} | {rec['d']} | {rec.get('n', '-')} | fwd err {_cell(rec, 'fwd_err')} "
+            f"| bwd err {_cell(rec, 'bwd_err')} |")
 
 
 def _cell(rec, key):
@@ -188,15 +193,19 @@ def measure(library, spec, x, directions, bench, synchronize=None):
     return rows
 
 
-def time_all(variants, dims, ns, library_names, directions, bench, device="cuda"):
+def time_all(variants, dims, ns, library_names, directions, bench, checked=True, device="cuda"):
+    """(rows, checks): every point timed, each (variant, D) checked first at its ``check_n``."""
     import torch
-    rows = []
+    rows, checks = [], []
     print("\n| library | variant | D | N | dir | ms | TFLOP/s |\n|---|---|---|---|---|---|---|", flush=True)
     for variant in variants:
         for d in dims:
-            for n in ns:
+            for n in sorted(ns, key=lambda n: n != check_n(variant, ns)):  # the checked N first
                 spec = cases.make_spec(variant, d, n)
                 x = cases.make_inputs(spec, device)
+                if checked and n == check_n(variant, ns):
+                    checks += check(spec, x, library_names, directions)
+                    torch.cuda.empty_cache()
                 for library in library_names:
                     for row in measure(library, spec, x, directions, bench):
                         rows.append(row)
@@ -204,7 +213,7 @@ def time_all(variants, dims, ns, library_names, directions, bench, device="cuda"
                     torch.cuda.empty_cache()
                 del x
                 torch.cuda.empty_cache()
-    return rows
+    return rows, checks
 
 
 def format_row(r):
@@ -341,6 +350,9 @@ def report(rows, checks, output, plot_path, extra=None, cuda=True):
     rows = with_ratios(rows)
     table = ratio_table(rows)
     lines = markdown(table)
+    if checks:
+        print("\nnumerics (max |x - fp32 reference| on the first batch element; bwd: max over dq, dk, dv):")
+        print("\n".join(format_check(c) for c in checks))
     print("\n" + "\n".join(lines))
     unsupported = sorted({(r["library"], r["variant"], r.get("error", "")[:120]) for r in rows if "error" in r})
     for lib, variant, err in unsupported:
@@ -388,8 +400,8 @@ def main(argv=None):
     fa_why = libs.fa3_import()[1]
     if "fa3_cute" in args.libs and fa_why:
         print(f"FA3-class kernel skipped: flash_attn.cute does not import ({fa_why})")
-    checks = [] if args.no_check else check(args.variants, args.d, args.libs, directions, args.check_n)
-    rows = time_all(args.variants, args.d, args.n, args.libs, directions, _timer(args.warmup_ms, args.rep_ms))
+    rows, checks = time_all(args.variants, args.d, args.n, args.libs, directions, _timer(args.warmup_ms, args.rep_ms),
+                            checked=not args.no_check)
     extra = {"fa3_cute": fa_why or "available", "direction": args.direction,
              "timing": {"warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms, "statistic": "median of CUDA-event times"},
              "variants": {v: cases.VARIANTS[v] for v in args.variants},
