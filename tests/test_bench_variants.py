@@ -227,8 +227,9 @@ def test_a_library_call_that_raises_is_reported_per_row(monkeypatch):
     rows = bench.measure("tylopy", spec, x, ("fwd", "bwd"), bench=lambda fn: 1.0, synchronize=lambda: None)
     assert all("unexpected keyword argument 'sinks'" in r["error"] for r in rows)
     assert "tylopy: not supported (TypeError: attention() got an unexpected keyword" in bench.format_row(rows[0])
-    check = bench.check_one("tylopy", spec, x, None, ("fwd",))
-    assert "unexpected keyword argument" in check["error"]
+    check = dict(bench.check_one("tylopy", spec, x, None, ("fwd", "bwd")), library="tylopy", variant="causal", d=64)
+    assert "unexpected keyword argument" in check["fwd_error"] and "bwd_error" in check
+    assert "fwd err not supported (TypeError: attention() got an unexpected" in bench.format_check(check)
 
 
 def test_the_check_runs_where_the_variant_differs_from_causal():

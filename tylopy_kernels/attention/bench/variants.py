@@ -99,8 +99,9 @@ def reference_grads(spec, x, backward=True, chunk=REFERENCE_CHUNK):
 
 
 def check_one(library, spec, x, ref, directions):
-    """{"fwd_err": ..., "bwd_err": ...} of one library against the reference (out, dq, dk, dv), or
-    {"unavailable": why} / {"error": what the library raised}."""
+    """{"fwd_err": ..., "bwd_err": ...} of one library against the reference (out, dq, dk, dv);
+    "fwd_error" / "bwd_error" hold what a direction's call raised, "error" what building the call
+    raised, "unavailable" why the library is not there."""
     import torch
     try:
         run = libs.build(library, spec, x)
@@ -109,16 +110,17 @@ def check_one(library, spec, x, ref, directions):
     except Exception as e:  # noqa: BLE001 - reported per row, never fatal
         return {"error": _error(e)}
     got = {}
-    try:
-        if "fwd" in directions:
-            with torch.no_grad():
-                out = run.to_common(run.forward())
-            got["fwd_err"] = (out[:1].float() - ref[0]).abs().max().item()
-        if "bwd" in directions:
-            grads = [run.to_common(g) for g in run.backward_fn()()]
-            got["bwd_err"] = max((g[:1].float() - r).abs().max().item() for g, r in zip(grads, ref[1:]))
-    except Exception as e:  # noqa: BLE001
-        got["error"] = _error(e)
+    for direction in directions:
+        try:
+            if direction == "fwd":
+                with torch.no_grad():
+                    out = run.to_common(run.forward())
+                got["fwd_err"] = (out[:1].float() - ref[0]).abs().max().item()
+            else:
+                grads = [run.to_common(g) for g in run.backward_fn()()]
+                got["bwd_err"] = max((g[:1].float() - r).abs().max().item() for g, r in zip(grads, ref[1:]))
+        except Exception as e:  # noqa: BLE001 - one direction may run where the other does not
+            got[f"{direction}_error"] = _error(e)
     return got
 
 
@@ -135,16 +137,17 @@ def check(spec, x, library_names, directions):
 
 
 def format_check(rec):
-    return (f"| check: {rec['library']} | {rec['variant']} | {rec['d']} | {rec.get('n', '-')} | fwd err {_cell(rec, 'fwd_err')} "
-            f"| bwd err {_cell(rec, 'bwd_err')} |")
+    return (f"| check: {rec['library']} | {rec['variant']} | {rec['d']} | {rec.get('n', '-')} "
+            f"| fwd err {_cell(rec, 'fwd')} | bwd err {_cell(rec, 'bwd')} |")
 
 
-def _cell(rec, key):
-    if key in rec:
-        return f"{rec[key]:.2e}"
+def _cell(rec, direction):
+    if f"{direction}_err" in rec:
+        return f"{rec[f'{direction}_err']:.2e}"
     if "unavailable" in rec:
         return "unavailable"
-    return f"not supported ({rec['error'][:80]})" if "error" in rec else "-"
+    why = rec.get(f"{direction}_error") or rec.get("error")
+    return f"not supported ({why[:100]})" if why else "-"
 
 
 # -- timing ---------------------------------------------------------------------------------------
