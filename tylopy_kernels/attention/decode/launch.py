@@ -208,7 +208,7 @@ def compiled_for(kernel, device, **constexprs):
     index = device.index if device.index is not None else torch.cuda.current_device()
     arch = _archs.get(index)
     if arch is None:
-        arch = _archs[index] = device_arch(torch.cuda.get_device_capability(index))
+        arch = _archs[index] = device_arch(torch.cuda.get_device_capability(index), "attention_decode", "q")
     key = (kernel.name, arch, tuple(sorted((k, repr(v)) for k, v in constexprs.items())))
     ck = _kernels.get(key)
     if ck is None:
@@ -356,8 +356,8 @@ _plans: dict = {}
 
 
 def _signature(t):
-    if t is None:
-        return None
+    if not isinstance(t, torch.Tensor):  # None, or a wrong argument the checks will name
+        return None if t is None else ("not a tensor", type(t).__name__)
     return (tuple(t.shape), t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
 
 
