@@ -41,7 +41,7 @@ def attention_decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqle
         return res if return_lse else (res, _no_lse(q))
     out, lse = launch.reference_decode(q, k_cache, v_cache, cache_seqlens, scale=scale, block_table=block_table,
                                        is_causal=is_causal, layout=layout)
-    return out.to(q.dtype), (lse.to(torch.float32) if return_lse else _no_lse(q))
+    return out.to(q.dtype).contiguous(), (lse.to(torch.float32).contiguous() if return_lse else _no_lse(q))
 
 
 def _no_lse(q):
@@ -66,9 +66,9 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, block_ta
     """Attention of q's few rows per head against each sequence's first ``cache_seqlens[b]``
     cached keys; ``out`` or ``(out, lse)``. ``launch.py``'s docstring has the layouts, the paged
     cache and the split-KV schedule."""
-    if not isinstance(cache_seqlens, torch.Tensor):
-        _fail(TypeError, "cache_seqlens", "a (batch,) torch.int32 tensor on q's device (one length for every "
-              "sequence: torch.full((batch,), n, dtype=torch.int32, device=q.device))", type(cache_seqlens).__name__)
+    if not isinstance(cache_seqlens, torch.Tensor):  # before any cache key reads its shape
+        from tylopy_kernels.attention.decode.launch import SEQLENS_EXPECTED
+        _fail(TypeError, "cache_seqlens", SEQLENS_EXPECTED, type(cache_seqlens).__name__)
     if isinstance(q, torch.Tensor) and _through_op(q):
         from tylopy_kernels.attention.decode.launch import check_decode_inputs
         scale = check_decode_inputs(q, k_cache, v_cache, cache_seqlens, scale, block_table, is_causal, num_splits,

@@ -57,6 +57,8 @@ SCHEDULE = {
 
 
 _fail = rejecter("attention_decode")
+SEQLENS_EXPECTED = ("a (batch,) torch.int32 tensor on q's device (one length for every sequence: "
+                    "torch.full((batch,), n, dtype=torch.int32, device=q.device))")
 
 
 @dataclasses.dataclass
@@ -132,6 +134,8 @@ def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, scale, block_table, 
         _fail(ValueError, "k_cache head_dim", f"q's head dim {D}", kD)
     if H_kv == 0 or H_q % H_kv:
         _fail(ValueError, "k_cache heads", f"a divisor of the {H_q} query heads", H_kv)
+    if not isinstance(cache_seqlens, torch.Tensor):
+        _fail(TypeError, "cache_seqlens", SEQLENS_EXPECTED, type(cache_seqlens).__name__)
     _check_tensor("cache_seqlens", cache_seqlens, 1)
     if cache_seqlens.dtype != torch.int32 or cache_seqlens.shape[0] != B:
         _fail(TypeError if cache_seqlens.dtype != torch.int32 else ValueError, "cache_seqlens",
