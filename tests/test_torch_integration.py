@@ -100,7 +100,7 @@ EXPORT = """
             torch.empty(8, 16, **m), torch.empty(16, 8, **m), torch.empty(1, 32, 2, 64, **m),
             torch.empty(1, 32, 2, 64, **m), torch.empty(1, dtype=torch.int32, device="meta"))
     program = torch.export.export(Model(), args)
-    targets = sorted({str(n.target) for n in program.graph.nodes if "tylopy" in str(n.target)})
+    targets = sorted(set(str(n.target) for n in program.graph.nodes if "tylopy" in str(n.target)))
     print("TARGETS", targets)
     torch.export.save(program, {path!r})
 """
