@@ -33,6 +33,7 @@ import torch
 import tylopy as ty
 
 from tylopy_kernels.attention.common import check_token_tensor, rejecter
+from tylopy_kernels.attention.conventions import autocast_inputs, is_nested, nested_attention
 
 HOPPER_HEAD_DIMS = (64, 128)
 BLOCK_M = 128
@@ -108,6 +109,10 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     through the ``tylopy::attention_fwd`` operator (``autograd.py``), whose backward runs
     tylopy's backward kernels; otherwise it launches the forward kernel directly.
     """
+    if is_nested(query, key, value):  # SDPA's nested jagged tensors: attention_varlen on the packed values
+        return nested_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse)
+    if getattr(query, "dtype", None) is torch.float32:  # fp32 under autocast runs in its dtype, as SDPA
+        query, key, value = autocast_inputs(query, key, value)
     if type(return_lse) is not bool:
         _fail(TypeError, "return_lse", "a bool", type(return_lse).__name__)
     sig = _signature(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
@@ -270,6 +275,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     q (total_q, H, D), k/v (total_k, H_kv, D), int32 prefix sums cu_seqlens_q/k; (out, lse) with
     ``return_lse``, lse of shape (H, total_q). Differentiable as ``attention``."""
     from tylopy_kernels.attention.varlen import check_varlen, forward_varlen
+    if getattr(q, "dtype", None) is torch.float32:  # fp32 under autocast runs in its dtype, as SDPA
+        q, k, v = autocast_inputs(q, k, v)
     scale = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
                          enable_gqa)
     if _through_op(q, k, v):

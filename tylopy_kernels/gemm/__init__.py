@@ -137,7 +137,18 @@ class _Call:
 
 
 def matmul(a, b, bias=None, out_dtype=None, *, epilogue=None, schedule=None):
-    """epilogue(a @ b + bias) with fp32 accumulation, as ``out_dtype`` (default a.dtype)."""
+    """epilogue(a @ b + bias) with fp32 accumulation, as ``out_dtype`` (default a.dtype).
+
+    Differentiable (without an epilogue) and traceable: when an input requires grad, under
+    ``torch.compile`` / ``torch.export`` and for meta or fake tensors the call goes through the
+    ``tylopy::matmul`` operator (``ops.py``); otherwise it launches the kernel directly."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and through_op(a, b, bias):
+        return matmul_through_op(a, b, bias, out_dtype, epilogue, schedule)
+    return launch_matmul(a, b, bias, out_dtype, epilogue=epilogue, schedule=schedule)
+
+
+def launch_matmul(a, b, bias=None, out_dtype=None, *, epilogue=None, schedule=None):
+    """``matmul`` on plain CUDA tensors: checks (skipped for a signature seen before) and the launch."""
     try:
         sig = _signature(a, b, bias, out_dtype, epilogue, schedule)
         call = _plans.get(sig)
@@ -175,3 +186,6 @@ def matmul(a, b, bias=None, out_dtype=None, *, epilogue=None, schedule=None):
     if not out.is_contiguous():
         out = out.contiguous()
     return out.view(out_shape)
+
+
+from tylopy_kernels.gemm.ops import matmul_through_op, through_op  # noqa: E402  (imports only torch)

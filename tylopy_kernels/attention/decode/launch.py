@@ -58,6 +58,8 @@ SCHEDULE = {
 
 
 _fail = rejecter("attention_decode")
+SEQLENS_EXPECTED = ("a (batch,) torch.int32 tensor on q's device (one length for every sequence: "
+                    "torch.full((batch,), n, dtype=torch.int32, device=q.device))")
 
 
 @dataclasses.dataclass
@@ -133,6 +135,8 @@ def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, scale, block_table, 
         _fail(ValueError, "k_cache head_dim", f"q's head dim {D}", kD)
     if H_kv == 0 or H_q % H_kv:
         _fail(ValueError, "k_cache heads", f"a divisor of the {H_q} query heads", H_kv)
+    if not isinstance(cache_seqlens, torch.Tensor):
+        _fail(TypeError, "cache_seqlens", SEQLENS_EXPECTED, type(cache_seqlens).__name__)
     _check_tensor("cache_seqlens", cache_seqlens, 1)
     if cache_seqlens.dtype != torch.int32 or cache_seqlens.shape[0] != B:
         _fail(TypeError if cache_seqlens.dtype != torch.int32 else ValueError, "cache_seqlens",
@@ -209,7 +213,7 @@ def compiled_for(kernel, device, **constexprs):
     index = device.index if device.index is not None else torch.cuda.current_device()
     arch = _archs.get(index)
     if arch is None:
-        arch = _archs[index] = device_arch(torch.cuda.get_device_capability(index))
+        arch = _archs[index] = device_arch(torch.cuda.get_device_capability(index), "attention_decode", "q")
     key = (kernel.name, arch, tuple(sorted((k, repr(v)) for k, v in constexprs.items())))
     ck = _kernels.get(key)
     if ck is None:
@@ -355,8 +359,8 @@ _plans = ty.PlanCache("attention_decode plans", capacity=256)
 
 
 def _signature(t):
-    if t is None:
-        return None
+    if not isinstance(t, torch.Tensor):  # None, or a wrong argument the checks will name
+        return None if t is None else ("not a tensor", type(t).__name__)
     return (tuple(t.shape), t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
 
 
