@@ -323,8 +323,12 @@ def _bf16_to_f32(L, x):
 def lower_convert(L: _Lowering, op: Op):
     x = L.v(op.operands[0])
     src, dst = _ty(op.operands[0]), op.attr("to")
-    if src.is_fp8 or dst.is_fp8:
+    if src == bf16 and dst.is_fp8:
+        x, src = _bf16_to_f32(L, x), f32
+    if dst.is_fp8 or (src.is_fp8 and dst.name in ("f16", "f32")):
         return L.set(op.result, convert_fp8(L, x, src, dst, _convert_scalar))
+    if src.is_fp8:  # to bf16 or f64: widen to f32 (exact), then as from f32
+        x, src = convert_fp8(L, x, src, f32, _convert_scalar), f32
     if src == bf16:
         x, src = _bf16_to_f32(L, x), f32
         if dst == f32:
