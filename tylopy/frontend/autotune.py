@@ -102,7 +102,7 @@ def device_name(arguments: dict) -> str:
 
 def cuda_median_ms(fn, warmup_ms: float = 20, rep_ms: float = 80) -> float:
     """Median milliseconds of ``fn()`` on the current stream, from CUDA events after warm-up."""
-    from tylopy.benchmarking import events_median_ms
+    from tylopy.runtime.timing import events_median_ms
     return events_median_ms(fn, warmup_ms, rep_ms)
 
 

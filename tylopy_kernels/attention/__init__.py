@@ -30,8 +30,6 @@ import math
 
 import torch
 
-import tylopy as ty
-
 from tylopy_kernels.attention.common import check_token_tensor, rejecter
 from tylopy_kernels.attention.conventions import autocast_inputs, is_nested, nested_attention
 
@@ -163,7 +161,7 @@ class _Known:
 # and their types) passed check_inputs before. Everything the checks read is in the signature, so
 # a hit skips only work that would repeat; with the launch kept too, it allocates the output and
 # launches (launch_hopper's plan reuse, see hopper_launch.Repeat).
-_checked = ty.PlanCache("attention signatures", capacity=256)
+_checked = None  # a PlanCache, made at the end of the module
 
 
 def _signature(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
@@ -303,3 +301,10 @@ def _tma_strides_ok(*tensors) -> bool:
             if t.shape[d] > 1 and (stride % 16 or (stride == 0 and d == 2)):
                 return False
     return True
+
+
+# Last: tylopy imports this module's entry points (tylopy/functions.py), so whichever package is
+# imported first, the names above exist before tylopy's __init__ asks for them.
+import tylopy as ty  # noqa: E402
+
+_checked = ty.PlanCache("attention signatures", capacity=256)

@@ -24,8 +24,6 @@ import functools
 
 import torch
 
-import tylopy as ty
-
 DTYPES = (torch.bfloat16, torch.float16)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SCHEDULE_KEYS = ("BLOCK_M", "BLOCK_N", "STAGES", "SCHEDULE", "GROUP_M", "STORE", "SPLIT_K")
@@ -108,7 +106,7 @@ def _capability(device_index):
 
 # Launch plans of calls seen before, by everything the checks and the plan depend on: a repeated
 # call skips the checks, the layout analysis and the autotuner's key (tens of microseconds).
-_plans = ty.PlanCache("matmul plans", capacity=1024)
+_plans = None  # a PlanCache, made at the end of the module
 
 
 def _signature(a, b, bias, out_dtype, epilogue, schedule):
@@ -189,3 +187,10 @@ def launch_matmul(a, b, bias=None, out_dtype=None, *, epilogue=None, schedule=No
 
 
 from tylopy_kernels.gemm.ops import matmul_through_op, through_op  # noqa: E402  (imports only torch)
+
+
+# Last: tylopy imports this module's entry points (tylopy/functions.py), so whichever package is
+# imported first, the names above exist before tylopy's __init__ asks for them.
+import tylopy as ty  # noqa: E402
+
+_plans = ty.PlanCache("matmul plans", capacity=1024)
