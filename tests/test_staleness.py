@@ -31,6 +31,7 @@ def forget_module():
 def scaled_kernel(setup: str, expression: str) -> str:
     return f"""\
 import os
+import numpy as np
 import tylopy as ty
 {setup}
 
