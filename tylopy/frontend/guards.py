@@ -234,7 +234,9 @@ def _same_content(value, snap, fp) -> bool:
                 return True
         except Exception:  # noqa: BLE001 - a value whose comparison fails: its fingerprint decides
             pass
-    return fp is not None and _fingerprint_or_none(value) == fp
+    # no fingerprint: a value a plain helper names that has none (the key counts it by its type), so
+    # the same object is all there is to check
+    return fp is None or _fingerprint_or_none(value) == fp
 
 
 class _VarsSnapshot(tuple):
