@@ -42,7 +42,7 @@ MAX_META_BYTES = cachefs.MAX_META_BYTES
 MAX_RECIPES = 16  # read-recipe sets kept per base key
 MAX_READS = 4096  # reads in one recipe
 READ_KINDS = ("global", "closure", "attr", "env", "unbound")
-EXPLAIN_SCAN = 512  # explain looks at the newest this many entries of the folder
+EXPLAIN_SCAN = 256  # explain looks at the newest this many entries of the folder
 
 
 def enabled() -> bool:
@@ -204,15 +204,21 @@ def _manifest(d: str, base: str) -> list:
     return out
 
 
-def _resolve_recipe(recipe, closure: dict):
-    """[(Read, current value, fingerprint)] for a recipe, or None when a read cannot be resolved."""
+def _resolve_recipe(recipe, closure: dict, memo: dict | None = None):
+    """[(Read, current value, fingerprint)] for a recipe, or None when a read cannot be resolved
+    (``memo``: reads resolved for earlier recipes of the same lookup, each fingerprinted once)."""
+    memo = {} if memo is None else memo
     out = []
-    try:
-        for r in recipe:
-            value = capture.resolve(r, closure)
-            out.append((r, value, capture.fingerprint(value, r.describe())))
-    except (capture.Unresolvable, capture.CaptureError):
-        return None
+    for r in recipe:
+        if r not in memo:
+            try:
+                value = capture.resolve(r, closure)
+                memo[r] = (r, value, capture.fingerprint(value, r.describe()))
+            except (capture.Unresolvable, capture.CaptureError):
+                memo[r] = None
+        if memo[r] is None:
+            return None
+        out.append(memo[r])
     return out
 
 
@@ -226,9 +232,9 @@ def lookup(base: str, kernel_fn):
     d = _usable_dir()
     if d is None:
         return None
-    closure = _closure_of(kernel_fn)
+    closure, memo = _closure_of(kernel_fn), {}
     for recipe in _manifest(d, base):
-        resolved = _resolve_recipe(recipe, closure)
+        resolved = _resolve_recipe(recipe, closure, memo)
         if resolved is None:
             continue
         key = _key_of(base, resolved)
