@@ -1,7 +1,7 @@
 """Device-side debugging for kernels: ``ty.printf`` and ``ty.device_assert``.
 
-Both compile to nothing unless the compile option ``debug`` is on (``TYLOPY_DEBUG=1`` in the
-environment when the kernel compiles, or ``CompileOptions(debug=True)``): a release build pays
+Both compile to nothing unless the compile option ``debug`` is on (``@ty.kernel(debug=True)`` or
+``kernel.with_debug(True)``, else ``TYLOPY_DEBUG=1`` in the environment when the kernel compiles): a release build pays
 nothing, not even for the values passed (LLVM removes what only a print would have used).
 
 * ``ty.printf(fmt, *values)``: C's printf through CUDA's ``vprintf``, once per thread that
