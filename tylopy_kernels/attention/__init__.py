@@ -107,7 +107,9 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     through the ``tylopy::attention_fwd`` operator (``autograd.py``), whose backward runs
     tylopy's backward kernels; otherwise it launches the forward kernel directly.
     """
-    if is_nested(query, key, value):  # SDPA's nested jagged tensors: attention_varlen on the packed values
+    T = torch.Tensor
+    if (type(query) is not T or type(key) is not T or type(value) is not T) and is_nested(query, key, value):
+        # SDPA's nested jagged tensors: attention_varlen on the packed values
         return nested_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse)
     if getattr(query, "dtype", None) is torch.float32:  # fp32 under autocast runs in its dtype, as SDPA
         query, key, value = autocast_inputs(query, key, value)
