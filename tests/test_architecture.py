@@ -35,7 +35,7 @@ ALLOWED = {
     "tylopy.frontend": {"tylopy.ir", "tylopy.semantics", "tylopy.codegen", "tylopy.runtime", "tylopy.emulate",
                         "tylopy.errors"},
     "tylopy.tile": {"tylopy.frontend", "tylopy.ir", "tylopy.semantics", "tylopy.errors"},
-    "tylopy.benchmarking": set(),
+    "tylopy.benchmarking": {"tylopy.runtime"},
     "tylopy._plugins": set(),
     "tylopy.testing": {"tylopy.runtime"},
     "tylopy.hopper": {"tylopy.frontend", "tylopy.tile"},

@@ -34,6 +34,7 @@ from .tile.mma_sync import MMA_SYNC_K8_A, MMA_SYNC_K8_B, mma
 from .frontend.atomics import *  # noqa: F401,F403  (ty.atomic_add, ty.red_add, ...)
 from .frontend.atomics import __all__ as _atomics_all
 from .frontend.debug import device_assert, printf
+from .frontend.fp8 import e4m3, e5m2, pack_fp8x2, pack_fp8x4, unpack_fp8x2, unpack_fp8x4
 from .frontend.elementwise import ceil, exp, floor, log, sigmoid, tanh, where
 from .frontend.warp import *  # noqa: F401,F403  (ty.vote_all, ty.ballot, ty.warp_reduce, ...)
 from .frontend.warp import __all__ as _warp_all
@@ -53,7 +54,8 @@ __all__ = ["kernel", "func", "Kernel", "CompiledKernel", "PreparedLaunch", "obse
            "cp_async_commit", "cp_async_wait",
            *_lang_all, *_atomics_all, *_warp_all, "printf", "device_assert",
            "exp", "log", "sigmoid", "tanh", "floor", "ceil", "where",
-           "attention", "attention_varlen", "attention_decode", "matmul", "distributed"]
+           "attention", "attention_varlen", "attention_decode", "matmul", "distributed",
+           "e4m3", "e5m2", "pack_fp8x2", "pack_fp8x4", "unpack_fp8x2", "unpack_fp8x4"]
 
 
 def __getattr__(name):
@@ -65,6 +67,7 @@ def __getattr__(name):
 _OTHER_NAMES = {
     "program_id": "the block index is ty.block_idx(axis)", "num_programs": "use ty.grid_dim(axis)",
     "float32": "the type is ty.f32", "float16": "the type is ty.f16", "bfloat16": "the type is ty.bf16",
+    "float8_e4m3fn": "the type is ty.e4m3", "float8_e5m2": "the type is ty.e5m2",
     "int32": "the type is ty.i32", "int64": "the type is ty.i64", "uint32": "the type is ty.u32",
     "zeros": "kernels hold scalars and fragments: ty.Fragment / atom.zeros(), or a Python list of values",
     "arange": "index with ty.thread_idx() and a loop: for i in range(ty.thread_idx(), n, threads)",

@@ -128,9 +128,7 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
             _fail(ValueError, "query", "a CUDA tensor", f"a tensor on {query.device}")
         if sig is not None:
             known = _Known(scale, _tma_strides_ok(query, key, value))
-            if len(_checked) >= 256:
-                _checked.pop(next(iter(_checked)))
-            _checked[sig] = known
+            _checked.put(sig, known)
     else:
         scale = known.scale
         again = known.repeats[return_lse]
@@ -165,7 +163,7 @@ class _Known:
 # and their types) passed check_inputs before. Everything the checks read is in the signature, so
 # a hit skips only work that would repeat; with the launch kept too, it allocates the output and
 # launches (launch_hopper's plan reuse, see hopper_launch.Repeat).
-_checked: dict = {}
+_checked = None  # a PlanCache, made at the end of the module
 
 
 def _signature(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
@@ -305,3 +303,10 @@ def _tma_strides_ok(*tensors) -> bool:
             if t.shape[d] > 1 and (stride % 16 or (stride == 0 and d == 2)):
                 return False
     return True
+
+
+# Last: tylopy imports this module's entry points (tylopy/functions.py), so whichever package is
+# imported first, the names above exist before tylopy's __init__ asks for them.
+import tylopy as ty  # noqa: E402
+
+_checked = ty.PlanCache("attention signatures", capacity=256)

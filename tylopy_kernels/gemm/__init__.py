@@ -106,8 +106,7 @@ def _capability(device_index):
 
 # Launch plans of calls seen before, by everything the checks and the plan depend on: a repeated
 # call skips the checks, the layout analysis and the autotuner's key (tens of microseconds).
-_plans: dict = {}
-MAX_PLANS = 1024
+_plans = None  # a PlanCache, made at the end of the module
 
 
 def _signature(a, b, bias, out_dtype, epilogue, schedule):
@@ -181,12 +180,17 @@ def launch_matmul(a, b, bias=None, out_dtype=None, *, epilogue=None, schedule=No
         plan(a3, b3, out, bias)
     # Remember the plan when a repeat needs no copies: the operands went to the kernel as they are.
     if sig is not None and k > 0 and a3.data_ptr() == a2.data_ptr() and b3 is b and (bias is None or sig[10][1] == (1,)):
-        if len(_plans) >= MAX_PLANS:
-            _plans.clear()
-        _plans[sig] = _Call(plan, m, k, out_shape, out_dtype, a.dim() != 2 or a2.data_ptr() != a.data_ptr())
+        _plans.put(sig, _Call(plan, m, k, out_shape, out_dtype, a.dim() != 2 or a2.data_ptr() != a.data_ptr()))
     if not out.is_contiguous():
         out = out.contiguous()
     return out.view(out_shape)
 
 
 from tylopy_kernels.gemm.ops import matmul_through_op, through_op  # noqa: E402  (imports only torch)
+
+
+# Last: tylopy imports this module's entry points (tylopy/functions.py), so whichever package is
+# imported first, the names above exist before tylopy's __init__ asks for them.
+import tylopy as ty  # noqa: E402
+
+_plans = ty.PlanCache("matmul plans", capacity=1024)

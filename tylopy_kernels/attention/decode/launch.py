@@ -40,6 +40,7 @@ import math
 import torch
 
 import tylopy as ty
+from tylopy.runtime import devices
 
 from tylopy_kernels.attention.decode import kernel as kd
 from tylopy_kernels.attention.common import rejecter
@@ -352,11 +353,9 @@ def plan_decode(q, k_cache, v_cache, cache_seqlens, out, lse, *, scale, block_ta
                       lse_part, counters)
 
 
-def _sm_count(device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-_plans: dict = {}
+_plans = ty.PlanCache("attention_decode plans", capacity=256)
 
 
 def _signature(t):
@@ -373,10 +372,7 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, block_ta
     key = (_signature(q), _signature(k_cache), _signature(v_cache), _signature(cache_seqlens),
            _signature(block_table), scale, is_causal, num_splits, return_lse, layout, merge,
            tuple(sorted(schedule.items())) if schedule else None)
-    try:
-        plan = _plans.get(key)
-    except TypeError:  # an unhashable argument: the checks name it
-        plan = None
+    plan = _plans.get(key)  # None too for an unhashable argument: the checks name it
     if plan is None:
         if not isinstance(q, torch.Tensor) or q.device.type != "cuda":
             check_decode_inputs(q, k_cache, v_cache, cache_seqlens, scale, block_table, is_causal, num_splits,
@@ -387,8 +383,8 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, block_ta
             s = 1.0 if s == 0 else -s  # the kernels keep the maximum of raw scores: the sign goes into q
         plan = make_plan(q, k_cache, v_cache, cache_seqlens, scale=s, block_table=block_table, is_causal=is_causal,
                          num_splits=num_splits, layout=layout, merge=merge, schedule=schedule,
-                         sm_count=_sm_count(q.device), return_lse=return_lse)
-        _plans[key] = plan
+                         sm_count=devices.sm_count(q.device), return_lse=return_lse)
+        _plans.put(key, plan)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((plan.B, plan.H_q, plan.n_q), dtype=torch.float32, device=q.device) if return_lse else None
     if out.numel() == 0:
