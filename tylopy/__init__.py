@@ -15,6 +15,7 @@ The namespace holds the kernel language (``tylopy.frontend.lang``), the tile lib
 (``ty.hopper``) and the errors. Functions built from kernels, such as ``ty.attention``, are
 found through the ``tylopy.functions`` entry points of installed packages (docs/design.md).
 """
+from . import _logging
 from . import hopper  # noqa: F401  (ty.hopper.tma_load, ty.hopper.mbarrier_wait, ...)
 from .errors import (ArchMismatchError, CaptureError, CompileError, CompileOptionError, DriverError, KernelSourceError,
                      LaunchTypeError, LaunchValueError, NoDriverError, OwnershipError, ResourceLimitError, TylopyError)
@@ -40,6 +41,8 @@ from .tile import (MMA_SYNC_A, MMA_SYNC_B, MMA_SYNC_C, QUAD, WARP, WARPGROUP, WG
                    softmax_lse, softmax_merge, softmax_normalize, softmax_update, tiled_mma_c, wgmma_acc)
 from ._plugins import function as _plugin_function
 from ._plugins import names as _plugin_names
+
+_logging.configure_from_environment()
 
 __all__ = ["kernel", "func", "Kernel", "CompiledKernel", "PreparedLaunch", "observe", "CompileEvent", "LaunchEvent", "PlanCache", "clear_caches",
            "CompileOptions", "TylopyError", "KernelSourceError",
