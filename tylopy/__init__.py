@@ -16,6 +16,7 @@ The namespace holds the kernel language (``tylopy.frontend.lang``), the tile lib
 found through the ``tylopy.functions`` entry points of installed packages (docs/design.md).
 """
 from . import _logging
+from ._logging import configure as configure_logging
 from . import hopper  # noqa: F401  (ty.hopper.tma_load, ty.hopper.mbarrier_wait, ...)
 from .errors import (ArchMismatchError, CaptureError, CompileError, CompileOptionError, DriverError, KernelSourceError,
                      LaunchTypeError, LaunchValueError, NoDriverError, OwnershipError, ResourceLimitError, TylopyError)
@@ -44,7 +45,7 @@ from ._plugins import names as _plugin_names
 
 _logging.configure_from_environment()
 
-__all__ = ["kernel", "func", "Kernel", "CompiledKernel", "PreparedLaunch", "observe", "CompileEvent", "LaunchEvent", "PlanCache", "clear_caches",
+__all__ = ["kernel", "func", "configure_logging", "Kernel", "CompiledKernel", "PreparedLaunch", "observe", "CompileEvent", "LaunchEvent", "PlanCache", "clear_caches",
            "CompileOptions", "TylopyError", "KernelSourceError",
            "CompileError", "CompileOptionError", "CaptureError", "DriverError", "NoDriverError", "LaunchTypeError",
            "ArchMismatchError",

@@ -57,10 +57,10 @@ _K0, _K1, _K2 = ENVIRONMENT
 
 def environment_snapshot() -> tuple:
     """The raw values of the option variables, compared on every launch (a changed one compiles
-    again). Read through ``os.environ`` like every other variable tylopy reads: about 1-4 us per
-    launch (three lookups, the unset ones through a KeyError inside ``os.environ.get``) against
-    0.1-0.2 us through CPython's private ``os.environ._data``, which a test or a library replacing
-    ``os.environ`` would silently bypass."""
+    again). Read through ``os.environ`` like every other variable tylopy reads: 1.4-6 us per launch
+    on a busy CI core (an unset variable costs a KeyError inside ``os.environ.get``), against
+    0.1-0.4 us through CPython's private mapping behind it, which a replaced ``os.environ`` would
+    silently bypass (docs/environment.md)."""
     get = os.environ.get
     return get(_K0), get(_K1), get(_K2)
 
