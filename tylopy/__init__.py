@@ -12,8 +12,10 @@
 
 The namespace holds the kernel language (``tylopy.frontend.lang``), the tile library
 (``tylopy.tile``: fragments, layouts, MMA atoms, online softmax), Hopper's instructions
-(``ty.hopper``) and the errors. Functions built from kernels, such as ``ty.attention``, are
-found through the ``tylopy.functions`` entry points of installed packages (docs/design.md).
+(``ty.hopper``) and the errors; and the functions built from tylopy's kernels:
+``ty.attention``, ``ty.attention_varlen``, ``ty.attention_decode``, ``ty.matmul`` (``tylopy.functions``)
+and ``ty.distributed.ring_attention`` (``tylopy.distributed``), whose torch operators this import
+registers (docs/pytorch.md).
 """
 from . import _logging
 from ._logging import configure as configure_logging
@@ -34,14 +36,13 @@ from .tile.mma_sync import MMA_SYNC_K8_A, MMA_SYNC_K8_B, mma
 from .frontend.atomics import *  # noqa: F401,F403  (ty.atomic_add, ty.red_add, ...)
 from .frontend.atomics import __all__ as _atomics_all
 from .frontend.debug import device_assert, printf
+from .frontend.fp8 import e4m3, e5m2, pack_fp8x2, pack_fp8x4, unpack_fp8x2, unpack_fp8x4
 from .frontend.elementwise import ceil, exp, floor, log, sigmoid, tanh, where
 from .frontend.warp import *  # noqa: F401,F403  (ty.vote_all, ty.ballot, ty.warp_reduce, ...)
 from .frontend.warp import __all__ as _warp_all
 from .tile import (MMA_SYNC_A, MMA_SYNC_B, MMA_SYNC_C, QUAD, WARP, WARPGROUP, WGMMA_A_RS, Fragment, Layout,
                    LocalOwnership, MmaSyncAtom, Ownership, SoftmaxState, SoftmaxUpdate, WgmmaAtom, pack_operand_a,
                    softmax_lse, softmax_merge, softmax_normalize, softmax_update, tiled_mma_c, wgmma_acc)
-from ._plugins import function as _plugin_function
-from ._plugins import names as _plugin_names
 
 _logging.configure_from_environment()
 
@@ -56,23 +57,21 @@ __all__ = ["kernel", "func", "configure_logging", "Kernel", "CompiledKernel", "P
            "autotune", "Config", "mma", "MMA_SYNC_K8_A", "MMA_SYNC_K8_B", "ldmatrix", "stmatrix", "cp_async",
            "cp_async_commit", "cp_async_wait",
            *_lang_all, *_atomics_all, *_warp_all, "printf", "device_assert",
-           "exp", "log", "sigmoid", "tanh", "floor", "ceil", "where"]
+           "exp", "log", "sigmoid", "tanh", "floor", "ceil", "where",
+           "attention", "attention_varlen", "attention_decode", "matmul", "distributed",
+           "e4m3", "e5m2", "pack_fp8x2", "pack_fp8x4", "unpack_fp8x2", "unpack_fp8x4"]
 
 
 def __getattr__(name):
-    # Functions built from kernels (ty.attention, ty.matmul, ...) live in packages above this one;
-    # they announce themselves through entry points, so tylopy never imports them by name.
-    value = _plugin_function(name)
-    if value is None:
-        hint = _OTHER_NAMES.get(name)
-        raise AttributeError(f"module 'tylopy' has no attribute {name!r}" + (f"; {hint}" if hint else ""))
-    return value
+    hint = _OTHER_NAMES.get(name)
+    raise AttributeError(f"module 'tylopy' has no attribute {name!r}" + (f"; {hint}" if hint else ""))
 
 
 # Names from other kernel languages (Triton, CUDA, numpy) a kernel author may try first.
 _OTHER_NAMES = {
     "program_id": "the block index is ty.block_idx(axis)", "num_programs": "use ty.grid_dim(axis)",
     "float32": "the type is ty.f32", "float16": "the type is ty.f16", "bfloat16": "the type is ty.bf16",
+    "float8_e4m3fn": "the type is ty.e4m3", "float8_e5m2": "the type is ty.e5m2",
     "int32": "the type is ty.i32", "int64": "the type is ty.i64", "uint32": "the type is ty.u32",
     "zeros": "kernels hold scalars and fragments: ty.Fragment / atom.zeros(), or a Python list of values",
     "arange": "index with ty.thread_idx() and a loop: for i in range(ty.thread_idx(), n, threads)",
@@ -84,5 +83,9 @@ _OTHER_NAMES = {
 }
 
 
-def __dir__():
-    return sorted(set(globals()) | set(_plugin_names()))
+# Last, once the namespace above is complete: the functions built from the kernels (tylopy_kernels),
+# which import this package for the kernel language. Loading them registers the tylopy:: torch
+# operators, so an exported program runs after `import tylopy` alone; no kernel is traced or
+# compiled here (tylopy/functions.py).
+from .functions import attention, attention_varlen, attention_decode, matmul  # noqa: E402
+from . import distributed  # noqa: E402

@@ -49,13 +49,21 @@ def fence_operand(kinds: str) -> tuple[str, str]:
     return "", f"{outs},{ins}"
 
 
-def wgmma(n: int, dtype: str, a_kind: str, trans_b: int, zero_init: bool = False, trans_a: int = 0) -> tuple[str, str]:
-    """m64n{n}k16 f32 += {dtype} x {dtype}; SS takes desc_a, RS four b32 registers of A.
+FP8 = ("e4m3", "e5m2")
 
-    Operands: outputs d0..d(n/2-1); unless zero_init, the same registers tied as inputs; then A,
-    desc_b and the scale-d predicate as a b32 (zero_init writes the literal 0 instead).
+
+def wgmma(n: int, dtype: str, a_kind: str, trans_b: int, zero_init: bool = False, trans_a: int = 0,
+          b_dtype: str | None = None, acc: str = "f32") -> tuple[str, str]:
+    """m64n{n}k16 {acc} += {dtype} x {dtype}, or m64n{n}k32 for fp8 {dtype} x {b_dtype}; SS takes
+    desc_a, RS four b32 registers of A.
+
+    Operands: outputs d0..d(n/2-1) (f32; n/4 b32 words of f16 pairs with acc "f16"); unless
+    zero_init, the same registers tied as inputs; then A, desc_b and the scale-d predicate as a
+    b32 (zero_init writes the literal 0 instead). 8-bit operands take no transpose immediates.
     """
-    nacc = n // 2
+    fp8 = dtype in FP8
+    b_dtype = b_dtype or dtype
+    nacc = n // 4 if acc == "f16" else n // 2
     d = ", ".join(f"${i}" for i in range(nacc))
     base = nacc if zero_init else 2 * nacc
     if a_kind == "ss":
@@ -64,16 +72,20 @@ def wgmma(n: int, dtype: str, a_kind: str, trans_b: int, zero_init: bool = False
         a = "{" + ", ".join(f"${base + i}" for i in range(4)) + "}"
         nb, a_cons = base + 4, "r,r,r,r"
     b = f"${nb}"
-    trans_a = f", {int(trans_a)}" if a_kind == "ss" else ""
+    if fp8:
+        trans = ""
+    else:
+        trans = (f", {int(trans_a)}" if a_kind == "ss" else "") + f", {trans_b}"
     if zero_init:
         head, scale = "", "0"
     else:
         head, scale = "\t.reg .pred p;\n\tsetp.ne.b32 p, $" + str(nb + 1) + ", 0;\n", "p"
-    text = ("{\n" + head + f"\twgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} "
-            f"{{{d}}}, {a}, {b}, {scale}, 1, 1{trans_a}, {trans_b};\n\t}}")
+    shape = f"m64n{n}k{32 if fp8 else 16}"
+    text = ("{\n" + head + f"\twgmma.mma_async.sync.aligned.{shape}.{acc}.{dtype}.{b_dtype} "
+            f"{{{d}}}, {a}, {b}, {scale}, 1, 1{trans};\n\t}}")
     ins = [] if zero_init else [str(i) for i in range(nacc)]
     tail = [a_cons, "l"] + ([] if zero_init else ["r"])
-    return text, ",".join(["=f"] * nacc + ins + tail)
+    return text, ",".join(["=" + ("r" if acc == "f16" else "f")] * nacc + ins + tail)
 
 
 def tma_load(rank: int) -> tuple[str, str]:

@@ -20,6 +20,7 @@ from .llvm_async import (asm_op, lower_elect_one, lower_fence_operand, lower_mba
 from .lower_async_copy import LOWER_ASYNC_COPY
 from .lower_matrix import LOWER_MATRIX
 from .lower_rounding import rounding_lowerings
+from .lower_fp8 import LOWER_FP8, convert_fp8
 from .llvm_types import llvm_type
 from .lower_atomics import LOWERINGS as ATOMIC_LOWERINGS
 from .lower_control import LOWERINGS as CONTROL_LOWERINGS
@@ -322,6 +323,12 @@ def _bf16_to_f32(L, x):
 def lower_convert(L: _Lowering, op: Op):
     x = L.v(op.operands[0])
     src, dst = _ty(op.operands[0]), op.attr("to")
+    if src == bf16 and dst.is_fp8:
+        x, src = _bf16_to_f32(L, x), f32
+    if dst.is_fp8 or (src.is_fp8 and dst.name in ("f16", "f32")):
+        return L.set(op.result, convert_fp8(L, x, src, dst, _convert_scalar))
+    if src.is_fp8:  # to bf16 or f64: widen to f32 (exact), then as from f32
+        x, src = convert_fp8(L, x, src, f32, _convert_scalar), f32
     if src == bf16:
         x, src = _bf16_to_f32(L, x), f32
         if dst == f32:
@@ -524,6 +531,7 @@ LOWER = {
     **WARP_LOWERINGS, **ATOMIC_LOWERINGS, **DEBUG_LOWERINGS, **CONTROL_LOWERINGS,
 }
 
+LOWER.update(LOWER_FP8)
 LOWER.update(rounding_lowerings(LOWER))  # add/sub/mul/div/fma/sqrt/convert with an explicit rounding
 
 

@@ -90,7 +90,9 @@ def lower_wgmma(L, op: Op):
     zero = op.attr("zero_init", False)
     vals = [L.v(x) for x in op.operands]
     args = vals if zero else vals[:-1] + [L.b.zext(vals[-1], I32)]
+    acc = op.attr("acc", "f32")
     text, cons = T.wgmma(n, op.attr("dtype"), op.attr("a_kind"), op.attr("trans_b"), zero,
-                         op.attr("trans_a", 0))
-    r = L.asm(text, cons, args, ret=ir.LiteralStructType([F32] * (n // 2)), convergent=True)
+                         op.attr("trans_a", 0), op.attr("b_dtype"), acc)
+    ret = [I32] * (n // 4) if acc == "f16" else [F32] * (n // 2)
+    r = L.asm(text, cons, args, ret=ir.LiteralStructType(ret), convergent=True)
     set_asm_results(L, op, r)

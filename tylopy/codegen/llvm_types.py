@@ -1,4 +1,5 @@
-"""How IR types look in LLVM (NVPTX): bf16 travels as i16 (llvmlite has no bfloat type)."""
+"""How IR types look in LLVM (NVPTX): bf16 travels as i16 (llvmlite has no bfloat
+type), e4m3/e5m2 as i8."""
 from __future__ import annotations
 
 import llvmlite.ir as ir
@@ -11,6 +12,7 @@ _SCALAR = {
     "i1": ir.IntType(1), "i8": ir.IntType(8), "u8": ir.IntType(8), "i16": ir.IntType(16), "u16": ir.IntType(16),
     "i32": ir.IntType(32), "u32": ir.IntType(32), "b32": ir.IntType(32), "i64": ir.IntType(64), "u64": ir.IntType(64),
     "f16": ir.HalfType(), "bf16": ir.IntType(16), "f32": ir.FloatType(), "f64": ir.DoubleType(),
+    "e4m3": ir.IntType(8), "e5m2": ir.IntType(8),  # fp8 travels as its bits, as bf16 does
 }
 
 TENSORMAP_ARG = ir.PointerType(ir.ArrayType(ir.IntType(8), 128))

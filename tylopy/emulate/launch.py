@@ -29,7 +29,8 @@ from .values import TENSORMAP_BASE, np_dtype, splat
 OPTIONS = ("ctas", "check_races", "max_iterations", "seed")
 _TORCH_NAMES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "i32": "int32",
                 "i64": "int64", "i16": "int16", "i8": "int8", "u8": "uint8", "i1": "bool", "b32": "int32",
-                "u32": "uint32", "u64": "uint64", "u16": "uint16"}
+                "u32": "uint32", "u64": "uint64", "u16": "uint16",
+                "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
 _programs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _log = logging.getLogger("tylopy.emulate")
 PROGRESS_SECONDS = 1.0  # a long emulation says how far it got (INFO) about this often

@@ -28,7 +28,8 @@ def _fn(op):
 
 @handler("add", "sub", "mul", "div", "fma", "sqrt", "convert")
 def make_rounded(prog, op):
-    if op.attr("rounding") is None:
+    fp8 = op.opcode == "convert" and (op.operands[0].type.is_fp8 or op.attr("to").is_fp8)
+    if op.attr("rounding") is None or fp8:  # fp8 converts round to nearest only
         return _PLAIN[op.opcode](prog, op)
     fn = _fn(op)
     args = [prog.slot(v) for v in op.operands]

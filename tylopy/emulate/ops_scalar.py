@@ -15,6 +15,7 @@ import numpy as np
 from ..ir.types import bf16, f32
 from .errors import ProtocolError, UnsupportedOpError, lanes_text, where
 from .compiled import handler
+from ..semantics.fp8 import pack_fp8, unpack_fp8
 from ..semantics.scalar import (CMP, UnsupportedScalarOp, bf16_to_f32, binary_fn, convert_fn, f16_to_f32,
                                 f32_to_bf16, f32_to_f16, fma_fn, unary_fn)
 from .values import LANES, WARP, np_dtype
@@ -206,4 +207,29 @@ def make_asm(prog, op):
     def run(w):
         raise UnsupportedOpError(f"cannot emulate inline PTX at {where(op)}: {first!r}; the emulator runs "
                                  "tylopy IR ops only (use the ty.* / ty.hopper functions instead of inline_ptx)")
+    return False, run
+
+
+@handler("pack_fp8")
+def make_pack_fp8(prog, op):
+    fmt = op.attr("dtype").name
+    srcs = [prog.slot(v) for v in op.operands]
+    r = prog.slot(op.result)
+
+    def run(w):
+        env = w.env
+        env[r] = pack_fp8([env[s] for s in srcs], fmt)
+    return False, run
+
+
+@handler("unpack_fp8")
+def make_unpack_fp8(prog, op):
+    fmt = op.attr("dtype").name
+    a = prog.slot(op.operands[0])
+    outs = [prog.slot(v) for v in op.results]
+
+    def run(w):
+        env = w.env
+        for r, v in zip(outs, unpack_fp8(env[a], len(outs), fmt)):
+            env[r] = v
     return False, run

@@ -22,6 +22,11 @@ then Swizzle<B,4,3> on the absolute byte address. imm-trans-b = 1 reads B MN-maj
 imm-trans-a = 1 (SS only) reads A MN-major; register A (RS) is always K-major. Each wgmma accumulates in f32
 the way the hardware does (``tensorcore.py``).
 
+8-bit operands (e4m3/e5m2, k32) occupy the same bytes as a k16 tile of 16-bit elements: byte 2j
+and 2j + 1 of "element" j are k 2j and 2j + 1 (both K-major, the only layout the ISA allows for
+them); the RS A register holds four codes, k 4t + h + 16(r >> 1). f16 accumulators are n/4 b32
+words, word j holding elements 2j (low half) and 2j + 1.
+
 Results are ``Pending`` in the warp's open commit group until a wgmma_wait passes them through
 (``program.pending_read_error`` for readers that do not wait).
 """
@@ -35,10 +40,12 @@ from .ops_mma import _G, _T, a_tile
 from .ops_scalar import check_converged
 from .compiled import handler
 from .sync import Wait
-from ..semantics.tensorcore import mma_f32
+from ..semantics.fp8 import fp8_to_f32
+from ..semantics.tensorcore import mma_f32, mma_fp8, round_toward_zero_f16
 from .values import Pending, half_to_f32
 
 SWIZZLE_MODES = {0: 0, 1: 128, 2: 64, 3: 32}
+FP8 = ("e4m3", "e5m2")
 
 
 def wgmma_d_index(n: int):
@@ -105,16 +112,47 @@ def read_operand(w, op, desc: int, rows: int, k_major: bool, dtype: str, what: s
     flat = addrs.ravel()
     bi = np.concatenate([flat, flat + 1])
     smem.check_async_read(bi, op, w, f"wgmma ({what})")
+    if dtype in FP8:
+        codes = np.stack([smem.buf[addrs], smem.buf[addrs + 1]], axis=-1).reshape(rows, 32)  # k 2j, 2j + 1
+        return fp8_to_f32(codes, dtype), bi
     bits = smem.buf.view(np.uint16)[flat >> 1]
     return half_to_f32(bits, dtype).reshape(addrs.shape), bi
+
+
+def a_tile_fp8(words, dtype: str) -> np.ndarray:
+    """The 16x32 A tile (f32) from the four A words (four codes each) of each lane."""
+    w = np.stack(words).astype(np.uint32)  # (4, 32)
+    r, h = np.arange(4)[:, None, None], np.arange(4)[None, None, :]
+    rows = np.broadcast_to(_G[None, :, None] + 8 * (r & 1), (4, 32, 4))
+    cols = 4 * _T[None, :, None] + h + 16 * (r >> 1)
+    codes = ((w[:, :, None] >> (8 * h).astype(np.uint32)) & 0xFF).astype(np.uint8)
+    a = np.empty((16, 32), dtype=np.float32)
+    a[rows.ravel(), cols.ravel()] = fp8_to_f32(codes.ravel(), dtype)
+    return a
+
+
+def _unpack_f16_acc(words) -> np.ndarray:
+    """n/4 words (each (32,)) of f16 pairs -> (n/2, 32) f32, element 2j from word j's low half."""
+    w = np.stack(words).astype(np.uint32)
+    lo = (w & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float32)
+    hi = (w >> 16).astype(np.uint16).view(np.float16).astype(np.float32)
+    return np.stack([lo, hi], axis=1).reshape(-1, w.shape[1])
+
+
+def _pack_f16_acc(vals: np.ndarray) -> np.ndarray:
+    """(n/2, 32) f16-exact f32 values -> (n/4, 32) uint32 words."""
+    h = vals.astype(np.float16).view(np.uint16).astype(np.uint32)
+    return h[0::2] | (h[1::2] << np.uint32(16))
 
 
 @handler("wgmma")
 def make_wgmma(prog, op):
     n, dtype, kind = op.attr("n"), op.attr("dtype"), op.attr("a_kind")
+    b_dtype, acc_f16 = op.attr("b_dtype") or dtype, op.attr("acc", "f32") == "f16"
     trans_b, zero = int(op.attr("trans_b")), bool(op.attr("zero_init", False))
     trans_a = int(op.attr("trans_a", 0) or 0)
-    nacc = n // 2
+    fp8 = dtype in FP8
+    nacc = n // 4 if acc_f16 else n // 2
     s = [prog.slot(v) for v in op.operands]
     acc = [] if zero else s[:nacc]
     rest = s[(0 if zero else nacc):]
@@ -126,19 +164,28 @@ def make_wgmma(prog, op):
 
     def compute(w, inst, desc_a, desc_b, scale):
         """The whole warpgroup's product, once all 4 warps have issued the instruction."""
-        b, b_bytes = read_operand(w, op, desc_b, n, not trans_b, dtype, "B")  # (N, 16)
+        b, b_bytes = read_operand(w, op, desc_b, n, not trans_b, b_dtype, "B")  # (N, K)
         reads = [b_bytes]
         if kind == "ss":
             a_all, a_bytes = read_operand(w, op, desc_a, 64, not trans_a, dtype, "A")
             reads.append(a_bytes)
         bt = np.ascontiguousarray(b.T)
         for q, (accs, words) in inst.inputs.items():
-            a = a_all[16 * q:16 * q + 16] if kind == "ss" else a_tile(words, dtype)
+            if kind == "ss":
+                a = a_all[16 * q:16 * q + 16]
+            else:
+                a = a_tile_fp8(words, dtype) if fp8 else a_tile(words, dtype)
             c = None
             if not zero and scale:
                 c = np.empty((16, n), dtype=np.float32)
-                c[d_rows, d_cols] = np.stack(accs)
-            inst.outputs[q] = mma_f32(a, bt, c, dtype)[d_rows, d_cols]
+                c[d_rows, d_cols] = _unpack_f16_acc(accs) if acc_f16 else np.stack(accs)
+            if fp8:
+                d = mma_fp8(a, bt, c, (dtype, b_dtype), "f16" if acc_f16 else "f32")[d_rows, d_cols]
+            else:
+                d = mma_f32(a, bt, c, dtype)[d_rows, d_cols]
+                if acc_f16:
+                    d = round_toward_zero_f16(d)
+            inst.outputs[q] = _pack_f16_acc(d) if acc_f16 else d
         inst.reads = np.concatenate(reads)
         cta = w.cta
         warps = list(range(4 * inst.wg, 4 * inst.wg + 4))

@@ -111,23 +111,8 @@ def device_name(arguments: dict) -> str:
 
 def cuda_median_ms(fn, warmup_ms: float = 20, rep_ms: float = 80) -> float:
     """Median milliseconds of ``fn()`` on the current stream, from CUDA events after warm-up."""
-    import torch
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    once = max(start.elapsed_time(end), 1e-3)
-    for _ in range(max(1, int(warmup_ms / once))):
-        fn()
-    times = []
-    for _ in range(max(5, int(rep_ms / once))):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+    from tylopy.runtime.timing import events_median_ms
+    return events_median_ms(fn, warmup_ms, rep_ms)
 
 
 def mode() -> str:

@@ -214,7 +214,7 @@ def cast(x, to: ScalarType, rounding: str | None = None) -> Value:
     """
     if not isinstance(to, ScalarType):
         current_builder().error(f"cast expects a scalar type such as ty.f32, but got {to!r}")
-    x = as_value(x, to)
+    x = as_value(x, f32 if to.is_fp8 and not isinstance(x, RuntimeValue) else to)  # no fp8 constants
     if x.type == to:
         if rounding is not None:
             current_builder().error(f"cast to {to} with rounding={rounding!r}: the value is already {to}, "
@@ -227,6 +227,9 @@ def cast(x, to: ScalarType, rounding: str | None = None) -> Value:
                                     f"sm_90 or newer (PTX cvt.rnd.bf16.{x.type.name}), but it targets "
                                     f"{current_builder().arch}",
                                     hint="cast to f32 first with the same rounding (exact for rz/rm/rp), then to bf16")
+    if to.is_fp8 or x.type.is_fp8:
+        from .fp8 import require_fp8_target
+        require_fp8_target(f"cast from {x.type} to {to}")
     return emit1("convert", (x,), to=to, **_rounding_attr("cast", rounding))
 
 
@@ -258,7 +261,7 @@ def load(p: Value, vec: int = 1, mask=None):
 
 
 def store(p: Value, value) -> None:
-    """Store one value, or a tuple of 2/4/8 as one vector access."""
+    """Store one value, or a tuple of 2/4/8 (16 of 8-bit elements) as one vector access."""
     vals = tuple(value) if isinstance(value, (tuple, list)) else (value,)
     pointee = p.type.pointee if isinstance(p.type, PointerType) else None
     emit("store", (p, *[as_value(v, pointee) for v in vals]))

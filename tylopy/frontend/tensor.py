@@ -176,7 +176,8 @@ _DTYPE_NAMES = {**SCALAR_TYPES, "float32": SCALAR_TYPES["f32"], "float16": SCALA
                 "bfloat16": SCALAR_TYPES["bf16"], "float64": SCALAR_TYPES["f64"], "int32": SCALAR_TYPES["i32"],
                 "int64": SCALAR_TYPES["i64"], "int16": SCALAR_TYPES["i16"], "int8": SCALAR_TYPES["i8"],
                 "uint8": SCALAR_TYPES["u8"], "uint16": SCALAR_TYPES["u16"], "uint32": SCALAR_TYPES["u32"],
-                "uint64": SCALAR_TYPES["u64"]}
+                "uint64": SCALAR_TYPES["u64"], "float8_e4m3fn": SCALAR_TYPES["e4m3"],
+                "float8_e5m2": SCALAR_TYPES["e5m2"]}
 
 
 def argument_dtype(kname: str, name: str, x):

@@ -20,6 +20,15 @@ class ScalarType(Type):
     bits: int
     kind: str  # 'int', 'uint', 'float', 'bool', 'bits'
 
+    @property
+    def is_fp8(self) -> bool:
+        return self.name in ("e4m3", "e5m2")
+
+    @property
+    def storage_only(self) -> bool:
+        """A float type that ops take only through conversions (bf16, e4m3, e5m2): no arithmetic."""
+        return self.name in ("bf16", "e4m3", "e5m2")
+
     def __post_init__(self):
         if self.kind not in ("int", "uint", "float", "bool", "bits"):
             raise ValueError(f"ScalarType kind expects int/uint/float/bool/bits, but got {self.kind!r}")
@@ -69,8 +78,13 @@ f16 = ScalarType("f16", 16, "float")
 bf16 = ScalarType("bf16", 16, "float")
 f32 = ScalarType("f32", 32, "float")
 f64 = ScalarType("f64", 64, "float")
+# The OCP 8-bit floats (sm_89+): storage and tensor-core operand types only; arithmetic on them
+# goes through ty.cast to f16/f32 (docs/fp8.md). e4m3 is "fn": no infinities, one NaN per sign.
+e4m3 = ScalarType("e4m3", 8, "float")
+e5m2 = ScalarType("e5m2", 8, "float")
+FP8_TYPES = (e4m3, e5m2)
 
-SCALAR_TYPES = {t.name: t for t in (i1, i8, i16, i32, i64, u8, u16, u32, u64, b32, f16, bf16, f32, f64)}
+SCALAR_TYPES = {t.name: t for t in (i1, i8, i16, i32, i64, u8, u16, u32, u64, b32, f16, bf16, f32, f64, e4m3, e5m2)}
 
 ADDRESS_SPACES = ("generic", "global", "shared", "param")
 
@@ -124,4 +138,4 @@ def int_range(t: ScalarType) -> tuple[int, int]:
 
 # The largest finite value of each float type: a constant beyond it does not fit.
 FLOAT_MAX = {"f16": 65504.0, "bf16": 3.3895313892515355e38, "f32": 3.4028234663852886e38,
-             "f64": 1.7976931348623157e308}
+             "f64": 1.7976931348623157e308, "e4m3": 448.0, "e5m2": 57344.0}

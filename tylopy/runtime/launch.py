@@ -32,7 +32,8 @@ def torch_dtype(t: ScalarType):
     table = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64,
              "i32": torch.int32, "i64": torch.int64, "i16": torch.int16, "i8": torch.int8, "u8": torch.uint8,
              "i1": torch.bool, "b32": torch.int32, "u32": getattr(torch, "uint32", torch.int32),
-             "u64": getattr(torch, "uint64", torch.int64), "u16": getattr(torch, "uint16", torch.int16)}
+             "u64": getattr(torch, "uint64", torch.int64), "u16": getattr(torch, "uint16", torch.int16),
+             "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
     return table[t.name]
 
 

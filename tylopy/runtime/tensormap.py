@@ -18,7 +18,8 @@ CACHE_ENTRIES = 256  # TensorMap.cached keeps this many maps (128 bytes of host 
 _cache: dict = {}
 _valid_geometries: set = set()  # (element size, dims, strides, box, swizzle, dtype) that passed validate()
 plancache.on_clear(lambda: _cache.clear())  # the maps hold device addresses: forget them with the plans
-DTYPE_CODES = {"u8": 0, "u16": 1, "u32": 2, "i32": 3, "u64": 4, "i64": 5, "f16": 6, "f32": 7, "f64": 8, "bf16": 9}
+DTYPE_CODES = {"u8": 0, "u16": 1, "u32": 2, "i32": 3, "u64": 4, "i64": 5, "f16": 6, "f32": 7, "f64": 8, "bf16": 9,
+               "e4m3": 0, "e5m2": 0}  # fp8: the driver's UINT8 (TMA copies bytes; sm_90 has no fp8 code)
 
 
 def validate(dtype_bytes: int, address: int, dims, strides_bytes, box, swizzle: int) -> None:

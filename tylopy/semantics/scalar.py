@@ -29,6 +29,7 @@ _NP = {
     "i1": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64,
     "u8": np.uint8, "u16": np.uint16, "u32": np.uint32, "u64": np.uint64, "b32": np.uint32,
     "f16": np.float16, "bf16": np.uint16, "f32": np.float32, "f64": np.float64,
+    "e4m3": np.uint8, "e5m2": np.uint8,  # raw bits (fp8.py)
 }
 _SIGNED = {8: np.int8, 16: np.int16, 32: np.int32, 64: np.int64}
 _UNSIGNED = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
@@ -218,7 +219,10 @@ def _scalar_convert(src, dst):
 
 
 def convert_fn(src, dst):
-    """The conversion the LLVM lowering emits (bf16 goes through f32, as cvt.rn.bf16.f32 does)."""
+    """The conversion the LLVM lowering emits (bf16 goes through f32, as cvt.rn.bf16.f32 does;
+    fp8 through f16/f32, as cvt.rn.f16x2.e4m3x2 and cvt.rn.satfinite.e4m3x2.f32 do)."""
+    if src.is_fp8 or dst.is_fp8:
+        return _fp8_convert(src, dst)
     if src == bf16:
         if dst == f32:
             return bf16_to_f32
@@ -232,6 +236,21 @@ def convert_fn(src, dst):
         first = _scalar_convert(src, f32)
         return lambda x: f32_to_bf16(first(x))
     return _scalar_convert(src, dst)
+
+
+def _fp8_convert(src, dst):
+    from . import fp8
+    if src == dst:
+        return lambda x: x
+    if src.is_fp8:
+        if dst.is_fp8:
+            return lambda x: fp8.f32_to_fp8(fp8.fp8_to_f32(x, src.name), dst.name)
+        if dst.name == "f16":
+            return lambda x: fp8.fp8_to_f16_bits(x, src.name).view(np.float16)
+        rest = convert_fn(f32, dst)
+        return lambda x: rest(fp8.fp8_to_f32(x, src.name))
+    first = convert_fn(src, f32)
+    return lambda x: fp8.f32_to_fp8(first(x), dst.name)
 
 
 # -- ops by opcode ---------------------------------------------------------------------------------------
@@ -248,8 +267,8 @@ class UnsupportedScalarOp(ValueError):
 
 def binary_fn(opcode: str, t: ScalarType):
     """The numpy function of a binary op on values of type ``t``."""
-    if t == bf16:
-        raise UnsupportedScalarOp(f"{opcode} on bf16 values: convert to f32 with ty.cast first")
+    if t.storage_only:
+        raise UnsupportedScalarOp(f"{opcode} on {t} values: convert to f32 with ty.cast first")
     if t.is_float:
         return _FLOAT_BIN[opcode]
     if t.is_bool:
@@ -273,8 +292,8 @@ UNARY_F32 = {"exp2": ex2_approx_ftz, "log2": lg2_approx_ftz, "rsqrt": rsqrt_appr
 
 def unary_fn(opcode: str, t: ScalarType):
     """The numpy function of a unary op on values of type ``t``."""
-    if t == bf16:
-        raise UnsupportedScalarOp(f"{opcode} on bf16 values: convert to f32 with ty.cast first")
+    if t.storage_only:
+        raise UnsupportedScalarOp(f"{opcode} on {t} values: convert to f32 with ty.cast first")
     if opcode in UNARY_F32:
         return UNARY_F32[opcode]
     if opcode == "neg":

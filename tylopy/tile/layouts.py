@@ -291,6 +291,25 @@ def _wgmma_a(w, lane, i):
 WGMMA_A_RS = Layout("wgmma m64k16 register A 16-bit", (64, 16), 128, 8, _wgmma_a)
 
 
+# 8-bit operands (fp8): the same byte positions as the 16-bit tables, four codes per register.
+# Element i = 4 r + h (register r, byte h): the k32 A tile of a warp's 16 rows, and the k32 B tile.
+def _k32_a(w, lane, i):
+    g, t = _gt(lane)
+    r, h = i >> 2, i & 3
+    return 16 * w + g + 8 * (r & 1), 4 * t + h + 16 * (r >> 1)
+
+
+def _k32_b(w, lane, i):
+    g, t = _gt(lane)
+    r, h = i >> 2, i & 3
+    return 4 * t + h + 16 * r, g
+
+
+WGMMA_A_RS_FP8 = Layout("wgmma m64k32 register A 8-bit", (64, 32), 128, 16, _k32_a)
+MMA_SYNC_A_K32 = Layout("mma.m16n8k32 A 8-bit", (16, 32), 32, 16, _k32_a)
+MMA_SYNC_B_K32 = Layout("mma.m16n8k32 B 8-bit", (32, 8), 32, 8, _k32_b)
+
+
 def local(nvalues: int, row_length: int | None = None) -> Layout:
     """One lane holding ``nvalues`` in rows of ``row_length`` (default: one row)."""
     rl = row_length or nvalues

@@ -17,9 +17,9 @@ from ..errors import KernelSourceError, LayoutError
 from ..frontend.builder import current_builder, user_location
 from ..frontend import lang
 from ..frontend.proxy import RuntimeValue, as_value, emit, emit1
-from ..ir.types import PointerType, ScalarType, b32, bf16, f16, f32, f64, i1, i32, i64, u16, u32, u64
+from ..ir.types import PointerType, ScalarType, b32, bf16, e4m3, e5m2, f16, f32, f64, i1, i32, i64, u16, u32, u64
 from .fragment import Fragment
-from .layouts import WARPGROUP, WGMMA_A_RS, Ownership, wgmma_acc
+from .layouts import WARPGROUP, WGMMA_A_RS, WGMMA_A_RS_FP8, Ownership, wgmma_acc
 
 RS_A_OWNERSHIP = Ownership("warpgroup", row_lanes=(1, 2), col_lanes=(4, 8, 16), col_warps=4)
 
@@ -28,29 +28,70 @@ SWIZZLE_MODE = {128: 1, 64: 2, 32: 3, 0: 0}
 
 @dataclass(frozen=True)
 class WgmmaAtom:
-    """wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} (sm_90a, one warpgroup)."""
+    """wgmma.mma_async.sync.aligned.m64n{n}k{k}.{acc_dtype}.{dtype}.{b_dtype} (sm_90a, one warpgroup).
+
+    16-bit inputs (bf16, f16) take k16; 8-bit inputs (e4m3, e5m2, mixed freely between A and B)
+    take k32 and read both operands K-major. ``acc_dtype`` f16 (f16 or fp8 inputs) accumulates in
+    n/4 b32 registers of packed f16 pairs instead of n/2 f32.
+    """
 
     n: int
     dtype: ScalarType = bf16
     a_source: str = "ss"  # "ss": A from shared memory; "rs": A from registers
+    b_dtype: ScalarType | None = None  # None: the same as dtype
+    acc_dtype: ScalarType = f32
 
     def __post_init__(self):
         if self.n % 8 or not 8 <= self.n <= 256:
             raise LayoutError(f"WgmmaAtom n expects a multiple of 8 in 8..256, but got {self.n}")
-        if self.dtype not in (bf16, f16):
-            raise LayoutError(f"WgmmaAtom dtype expects bf16 or f16, but got {self.dtype}")
+        if self.dtype not in (bf16, f16, e4m3, e5m2):
+            raise LayoutError(f"WgmmaAtom dtype expects bf16, f16, e4m3 or e5m2, but got {self.dtype}")
+        if self.b_dtype is None:
+            object.__setattr__(self, "b_dtype", self.dtype)
+        if self.dtype.is_fp8 != self.b_dtype.is_fp8 or (not self.dtype.is_fp8 and self.b_dtype != self.dtype):
+            want = "e4m3 or e5m2" if self.dtype.is_fp8 else str(self.dtype)
+            raise LayoutError(f"WgmmaAtom b_dtype expects {want} with dtype {self.dtype}, but got {self.b_dtype}")
+        if self.acc_dtype not in (f32, f16) or (self.acc_dtype == f16 and self.dtype == bf16):
+            raise LayoutError(f"WgmmaAtom acc_dtype expects f32 (or f16 for f16/e4m3/e5m2 inputs), but got "
+                              f"{self.acc_dtype} with dtype {self.dtype}")
         if self.a_source not in ("ss", "rs"):
             raise LayoutError(f"WgmmaAtom a_source expects 'ss' or 'rs', but got {self.a_source!r}")
 
     arch = "sm_90a"
 
     @property
+    def k(self) -> int:
+        return 32 if self.dtype.is_fp8 else 16
+
+    @property
     def acc_layout(self):
         return wgmma_acc(self.n)
 
+    @property
+    def acc_pack(self) -> int:
+        """Accumulator elements per register: 1 (f32) or 2 (packed f16 pairs)."""
+        return 2 if self.acc_dtype == f16 else 1
+
+    @property
+    def a_layout(self):
+        return WGMMA_A_RS_FP8 if self.dtype.is_fp8 else WGMMA_A_RS
+
+    @property
+    def a_pack(self) -> int:
+        return 4 if self.dtype.is_fp8 else 2
+
+    def a_fragment(self, words) -> Fragment:
+        """This thread's four b32 A registers (RS) as the atom's A fragment: two packed 16-bit values
+        (``ty.pack2``) or four fp8 codes (``ty.pack_fp8x4``) each, in ``a_layout``."""
+        ws = tuple(words)
+        if len(ws) != 4 or not all(isinstance(w, RuntimeValue) and w.type == b32 for w in ws):
+            raise LayoutError(f"{self} a_fragment expects four run-time b32 words, but got "
+                              f"{[getattr(w, 'type', w) for w in ws]}")
+        return Fragment(ws, RS_A_OWNERSHIP, self.a_layout, pack=self.a_pack, dtype=self.dtype)
+
     def __str__(self):
-        t = self.dtype.name
-        return f"wgmma.mma_async.sync.aligned.m64n{self.n}k16.f32.{t}.{t} ({self.a_source.upper()}, sm_90a)"
+        return (f"wgmma.mma_async.sync.aligned.m64n{self.n}k{self.k}.{self.acc_dtype.name}.{self.dtype.name}."
+                f"{self.b_dtype.name} ({self.a_source.upper()}, sm_90a)")
 
 
 def descriptor_bits(addr: int, lbo: int = 16, sbo: int = 1024, swizzle: int = 128) -> int:
@@ -88,19 +129,23 @@ def wgmma(atom: WgmmaAtom, acc: Fragment | None, a, desc_b, trans_b: int = 0, sc
     ``trans_b`` = 1 read that shared-memory operand MN-major (imm-trans; register A is always
     K-major, so RS takes no ``trans_a``). The result is pending in the currently open commit group.
     """
-    nacc = atom.n // 2
     operands = []
     if acc is not None:
-        if acc.layout != atom.acc_layout:
-            raise LayoutError(f"wgmma accumulator expects {atom.acc_layout}, but got {acc.layout}")
+        if acc.layout != atom.acc_layout or acc.pack != atom.acc_pack:
+            raise LayoutError(f"wgmma accumulator expects {atom.acc_layout} ({atom.acc_dtype}), but got {acc.layout}"
+                              f"{' with %d elements per register' % acc.pack if acc.pack != 1 else ''}")
         operands += list(acc._cols)  # a pending accumulator may feed the next wgmma of the same chain
     if trans_a not in (0, 1) or trans_b not in (0, 1):
         raise LayoutError(f"wgmma trans_a/trans_b expect 0 or 1, but got {trans_a!r}/{trans_b!r}")
+    if atom.dtype.is_fp8 and (trans_a or trans_b):
+        raise LayoutError(f"wgmma with {atom.dtype}/{atom.b_dtype} operands expects trans_a=0 and trans_b=0 (8-bit "
+                          f"operands are read K-major only), but got trans_a={trans_a}, trans_b={trans_b}")
     if atom.a_source == "rs" and trans_a:
         raise LayoutError("wgmma RS expects trans_a=0 (a register A operand is always K-major), but got 1")
     if atom.a_source == "rs":
-        if not isinstance(a, Fragment) or a.layout != WGMMA_A_RS or a.pack != 2:
-            raise LayoutError(f"wgmma RS expects a packed {WGMMA_A_RS} fragment as A, but got {a!r}")
+        if not isinstance(a, Fragment) or a.layout != atom.a_layout or a.pack != atom.a_pack:
+            raise LayoutError(f"wgmma RS expects a {atom.a_layout} fragment with {atom.a_pack} elements per register "
+                              f"as A, but got {a!r}")
         if a.dtype is not None and a.dtype != atom.dtype:
             raise LayoutError(f"wgmma {atom.dtype} expects A packed as {atom.dtype}, but it holds {a.dtype}")
         operands += list(a.values)
@@ -109,9 +154,16 @@ def wgmma(atom: WgmmaAtom, acc: Fragment | None, a, desc_b, trans_b: int = 0, sc
     operands.append(as_value(desc_b, u64))
     if acc is not None:
         operands.append(as_value(scale_d, i1))
+    extra = {"trans_a": 1} if trans_a else {}
+    if atom.b_dtype != atom.dtype:
+        extra["b_dtype"] = atom.b_dtype.name
+    if atom.acc_dtype != f32:
+        extra["acc"] = atom.acc_dtype.name
     out = emit("wgmma", operands, n=atom.n, dtype=atom.dtype.name, a_kind=atom.a_source, trans_b=int(trans_b),
-                   zero_init=acc is None, **({"trans_a": 1} if trans_a else {}))
+               zero_init=acc is None, **extra)
     group = _groups()["wgmma_committed"] + 1
+    if atom.acc_dtype == f16:
+        return Fragment(out, WARPGROUP, atom.acc_layout, pack=2, group=group, dtype=f16)
     return Fragment(out, WARPGROUP, atom.acc_layout, group=group)
 
 
@@ -218,7 +270,10 @@ def pack_operand_a(acc: Fragment, k: int, dtype: ScalarType = bf16) -> Fragment:
     if not isinstance(k, int) or not 0 <= k < n // 16:
         raise LayoutError(f"pack_operand_a k expects 0..{n // 16 - 1} for N={n}, but got {k!r}")
     if dtype not in (bf16, f16):
-        raise LayoutError(f"pack_operand_a dtype expects bf16 or f16, but got {dtype}")
+        raise LayoutError(f"pack_operand_a dtype expects bf16 or f16, but got {dtype}"
+                          + ("; the fp8 A operand's bytes sit in other lanes than the accumulator's columns (a "
+                             "shuffle away): build its words with ty.pack_fp8x4 and atom.a_fragment" if getattr(
+                                 dtype, "is_fp8", False) else ""))
     vals = acc.values[8 * k: 8 * k + 8]
     ops = acc.ops
     words = [ops.pack2(vals[2 * r], vals[2 * r + 1], dtype) for r in range(4)]

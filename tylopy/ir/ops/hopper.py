@@ -26,22 +26,41 @@ def _tma_load(ts, attrs):
     return ()
 
 
+FP8 = ("e4m3", "e5m2")
+
+
+def _wgmma_types(attrs) -> tuple:
+    """(k, accumulator register type, accumulator count) of a wgmma's attributes, checked."""
+    n, a, b = attrs["n"], attrs["dtype"], attrs.get("b_dtype", attrs["dtype"])
+    acc = attrs.get("acc", "f32")
+    expect(a in ("bf16", "f16") + FP8, f"wgmma dtype expects bf16, f16, e4m3 or e5m2, but got {a!r}")
+    expect(b == a or (a in FP8 and b in FP8), f"wgmma b_dtype expects {'e4m3 or e5m2' if a in FP8 else a} with "
+                                             f"dtype {a}, but got {b!r}")
+    expect(acc == "f32" or (acc == "f16" and a != "bf16"), f"wgmma acc expects f32 (or f16 for f16/fp8 inputs), "
+                                                           f"but got {acc!r} with dtype {a}")
+    if a in FP8:
+        expect(not attrs.get("trans_a") and not attrs.get("trans_b"),
+               "wgmma with 8-bit operands expects trans_a=0 and trans_b=0 (K-major only)")
+    return (32 if a in FP8 else 16), (b32 if acc == "f16" else f32), (n // 4 if acc == "f16" else n // 2)
+
+
 def _wgmma(ts, attrs):
-    """Operands: [n/2 f32 accumulators unless zero_init], A (desc u64 or 4 b32), desc_b u64, [scale_d i1]."""
+    """Operands: [accumulators unless zero_init], A (desc u64 or 4 b32), desc_b u64, [scale_d i1].
+
+    Accumulators: n/2 f32, or n/4 b32 (packed f16 pairs) with ``acc`` "f16"."""
     n = attrs["n"]
-    nacc = n // 2
     kind = attrs["a_kind"]
     expect(kind in ("ss", "rs"), f"wgmma a_kind expects 'ss' or 'rs', but got {kind!r}")
-    expect(attrs["dtype"] in ("bf16", "f16"), f"wgmma dtype expects bf16 or f16, but got {attrs['dtype']!r}")
     expect(n % 8 == 0 and 8 <= n <= 256, f"wgmma N expects a multiple of 8 in 8..256, but got {n}")
+    kk, acc_t, nacc = _wgmma_types(attrs)
     zero = attrs.get("zero_init", False)
     na = 4 if kind == "rs" else 1
     want = (0 if zero else nacc) + na + 1 + (0 if zero else 1)
-    expect(len(ts) == want, f"wgmma m64n{n}k16 ({kind}{', zero_init' if zero else ''}) expects {want} operands, "
+    expect(len(ts) == want, f"wgmma m64n{n}k{kk} ({kind}{', zero_init' if zero else ''}) expects {want} operands, "
                              f"but got {len(ts)}")
     k = 0
     if not zero:
-        expect(all(t == f32 for t in ts[:nacc]), "wgmma accumulators expect f32")
+        expect(all(t == acc_t for t in ts[:nacc]), f"wgmma accumulators expect {acc_t}")
         k = nacc
     if kind == "rs":
         expect(all(t == b32 for t in ts[k:k + 4]), "wgmma register A expects four b32 words")
@@ -50,7 +69,7 @@ def _wgmma(ts, attrs):
     expect(ts[k + na] == u64, f"wgmma desc_b expects u64, but got {ts[k + na]}")
     if not zero:
         expect(ts[-1] == i1, f"wgmma scale_d expects i1, but got {ts[-1]}")
-    return (f32,) * nacc
+    return (acc_t,) * nacc
 
 
 

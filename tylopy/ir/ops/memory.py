@@ -33,7 +33,7 @@ def _load(ts, attrs):
     expect(isinstance(p, PointerType), f"load expects a pointer, but got {p}")
     expect(p.space in ("global", "shared", "generic"), f"load expects global, shared or generic memory, but got {p.space}")
     vec = attrs.get("vec", 1)
-    expect(vec in (1, 2, 4, 8), f"load vec expects 1, 2, 4 or 8, but got {vec}")
+    expect(vec in (1, 2, 4, 8, 16), f"load vec expects 1, 2, 4, 8 or 16 (8-bit elements), but got {vec}")
     expect(p.pointee.bits * vec <= 128, f"load of {vec}x{p.pointee} exceeds 16 bytes")
     if len(ts) == 2:
         expect(ts[1] == i1, f"load mask expects i1, but got {ts[1]}")
@@ -47,7 +47,8 @@ def _store(ts, attrs):
     expect(p.space in ("global", "shared", "generic"), f"store expects global, shared or generic memory, but got {p.space}")
     for t in ts[1:]:
         expect(t == p.pointee, f"store to {p} expects {p.pointee} values, but got {t}")
-    expect(len(ts) - 1 in (1, 2, 4, 8), "store vector width must be 1, 2, 4 or 8")
+    expect(len(ts) - 1 in (1, 2, 4, 8, 16), "store vector width must be 1, 2, 4, 8 or 16 (8-bit elements)")
+    expect(p.pointee.bits * (len(ts) - 1) <= 128, f"store of {len(ts) - 1}x{p.pointee} exceeds 16 bytes")
     return ()
 
 

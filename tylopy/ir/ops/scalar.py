@@ -1,7 +1,7 @@
 """Type rules of scalar arithmetic, comparisons, selects and conversions."""
 from __future__ import annotations
 
-from ..types import FLOAT_MAX, ScalarType, b32, bf16, f16, f32, i1
+from ..types import FLOAT_MAX, FP8_TYPES, ScalarType, b32, bf16, f16, f32, i1, u16
 from .base import expect, same, scalar
 
 ROUNDINGS = ("rn", "rz", "rm", "rp")
@@ -24,8 +24,8 @@ def _binary(op):
             expect(t.is_int, f"{op} expects integer operands, but got {t}")
         else:
             expect(not t.is_bool and t.kind != "bits", f"{op} expects numeric operands, but got {t}")
-            expect(t != bf16, f"{op} on bf16 values is not supported: convert to f32 with ty.cast, compute, "
-                              "and convert back")
+            expect(not t.storage_only, f"{op} on {t} values is not supported: convert to f32 with ty.cast, "
+                                       "compute, and convert back")
             if op in ("add", "sub", "mul", "div"):
                 _rounding(op, t, attrs)
         expect(op in ("add", "sub", "mul", "div") or attrs.get("rounding") is None,
@@ -46,7 +46,7 @@ def _unary(op, float_only=False):
             expect(t.is_int or t.is_bool, f"not expects an integer or bool operand, but got {t}")
         else:
             expect(t.is_float or t.kind == "int", f"{op} expects a signed or float operand, but got {t}")
-            expect(t != bf16, f"{op} on bf16 values is not supported: convert to f32 with ty.cast first")
+            expect(not t.storage_only, f"{op} on {t} values is not supported: convert to f32 with ty.cast first")
         return (t,)
     return rule
 
@@ -55,6 +55,7 @@ def _const(ts, attrs):
     expect(not ts, "const takes no operands")
     t = attrs["type"]
     expect(isinstance(t, ScalarType), f"const expects a scalar type, but got {t}")
+    expect(not t.is_fp8, f"const of type {t} is not supported: make an f32 constant and ty.cast it to {t}")
     v = attrs.get("value")
     if t.is_float and isinstance(v, float) and abs(v) != float("inf") and v == v:
         expect(abs(v) <= FLOAT_MAX.get(t.name, float("inf")), f"const {v!r} does not fit {t}")
@@ -64,7 +65,7 @@ def _const(ts, attrs):
 def _cmp(ts, attrs):
     expect(len(ts) == 2, f"cmp expects 2 operands, but got {len(ts)}")
     t = scalar("cmp", same("compare", ts))
-    expect(t != bf16, "comparisons of bf16 values are not supported: convert to f32 with ty.cast first")
+    expect(not t.storage_only, f"comparisons of {t} values are not supported: convert to f32 with ty.cast first")
     expect(attrs["pred"] in ("lt", "le", "gt", "ge", "eq", "ne"), f"cmp pred {attrs['pred']!r}")
     return (i1,)
 
@@ -88,6 +89,8 @@ def _convert(ts, attrs):
     dst = attrs["to"]
     expect(isinstance(dst, ScalarType) and dst.kind != "bits", f"convert expects a numeric target type, but got {dst}")
     r = attrs.get("rounding")
+    if src.is_fp8 or dst.is_fp8:
+        _fp8_convert(src, dst, r)
     if r is not None:
         expect(r in ROUNDINGS, f"convert rounding expects one of {', '.join(ROUNDINGS)}, but got {r!r}")
         numeric = not src.is_bool and src.kind != "bits"
@@ -96,6 +99,36 @@ def _convert(ts, attrs):
                f"convert with an explicit rounding expects a float -> narrower float, int -> float or float -> int "
                f"conversion (PTX cvt.rnd), but got {src} -> {dst}, which is exact or has no rounding")
     return (dst,)
+
+
+def _fp8_convert(src, dst, rounding):
+    """fp8 converts to and from f16, bf16 and f32 (and f64 from it); rounding is always rn (satfinite)."""
+    ok = (f16, bf16, f32, *FP8_TYPES)
+    if src.is_fp8:
+        expect(dst in ok or dst.name == "f64", f"convert from {src} expects a float target (f16, bf16, f32, f64, "
+                                               f"e4m3, e5m2), but got {dst}; convert to f32 first")
+    else:
+        expect(src in ok, f"convert to {dst} expects an f16, bf16 or f32 value (cvt.rn.satfinite.{dst.name}x2.f32), "
+                          f"but got {src}" + ("; cast to f32 first (f64 -> f32 rounds, then f32 -> "
+                                              f"{dst} rounds again)" if src.name == "f64" else ""))
+    expect(rounding in (None, "rn"), f"convert to or from {dst if dst.is_fp8 else src} expects rounding 'rn' "
+                                     f"(the only mode of cvt to fp8), but got {rounding!r}")
+
+
+def _pack_fp8(ts, attrs):
+    n, dt = len(ts), attrs.get("dtype")
+    expect(dt in FP8_TYPES, f"pack_fp8 expects dtype e4m3 or e5m2, but got {dt}")
+    expect(n in (2, 4) and all(t == f32 for t in ts),
+           f"pack_fp8 expects 2 or 4 f32 values, but got {', '.join(map(str, ts)) or 'none'}")
+    return (u16 if n == 2 else b32,)
+
+
+def _unpack_fp8(ts, attrs):
+    dt = attrs.get("dtype")
+    expect(dt in FP8_TYPES, f"unpack_fp8 expects dtype e4m3 or e5m2, but got {dt}")
+    expect(len(ts) == 1 and ts[0] in (u16, b32),
+           f"unpack_fp8 expects one u16 (2 values) or b32 (4 values) word, but got {', '.join(map(str, ts))}")
+    return (f32,) * (2 if ts[0] == u16 else 4)
 
 
 def _bitcast(ts, attrs):
@@ -128,6 +161,6 @@ RULES = {
     "rcp": _unary("rcp", float_only=True), "sqrt": _unary("sqrt", float_only=True),
     "rsqrt": _unary("rsqrt", float_only=True),
     "fma": _fma, "cmp": _cmp, "select": _select, "convert": _convert, "bitcast": _bitcast,
-    "pack2": _pack2, "unpack2": _unpack2,
+    "pack2": _pack2, "unpack2": _unpack2, "pack_fp8": _pack_fp8, "unpack_fp8": _unpack_fp8,
 }
 SIDE_EFFECTS: frozenset = frozenset()
