@@ -17,6 +17,8 @@ The namespace holds the kernel language (``tylopy.frontend.lang``), the tile lib
 and ``ty.distributed.ring_attention`` (``tylopy.distributed``), whose torch operators this import
 registers (docs/pytorch.md).
 """
+from . import _logging
+from ._logging import configure as configure_logging
 from . import hopper  # noqa: F401  (ty.hopper.tma_load, ty.hopper.mbarrier_wait, ...)
 from .errors import (ArchMismatchError, CaptureError, CompileError, CompileOptionError, DriverError, KernelSourceError,
                      LaunchTypeError, LaunchValueError, NoDriverError, OwnershipError, ResourceLimitError, TylopyError)
@@ -42,7 +44,9 @@ from .tile import (MMA_SYNC_A, MMA_SYNC_B, MMA_SYNC_C, QUAD, WARP, WARPGROUP, WG
                    LocalOwnership, MmaSyncAtom, Ownership, SoftmaxState, SoftmaxUpdate, WgmmaAtom, pack_operand_a,
                    softmax_lse, softmax_merge, softmax_normalize, softmax_update, tiled_mma_c, wgmma_acc)
 
-__all__ = ["kernel", "func", "Kernel", "CompiledKernel", "PreparedLaunch", "observe", "CompileEvent", "LaunchEvent", "PlanCache", "clear_caches",
+_logging.configure_from_environment()
+
+__all__ = ["kernel", "func", "configure_logging", "Kernel", "CompiledKernel", "PreparedLaunch", "observe", "CompileEvent", "LaunchEvent", "PlanCache", "clear_caches",
            "CompileOptions", "TylopyError", "KernelSourceError",
            "CompileError", "CompileOptionError", "CaptureError", "DriverError", "NoDriverError", "LaunchTypeError",
            "ArchMismatchError",
