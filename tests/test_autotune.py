@@ -12,6 +12,7 @@ import textwrap
 import pytest
 
 import tylopy as ty
+from tylopy.frontend import cachefs
 from tylopy.frontend.autotune import AutotuneError
 
 CONFIGS = [ty.Config(BLOCK=64), ty.Config(BLOCK=128), ty.Config(BLOCK=256)]
@@ -41,6 +42,11 @@ class Recorder:
 def make(rec, name="tests.fake_launch", configs=CONFIGS, **kw):
     return ty.autotune(configs=configs, key=["n"], timer=rec.timer, name=name,
                        device=lambda args: "fake-gpu", **kw)(rec.launch)
+
+
+def read_record(path) -> dict:
+    with open(path, "rb") as f:
+        return json.loads(cachefs.unseal(os.path.basename(path), f.read()))
 
 
 def records(cache_dir):
@@ -144,8 +150,7 @@ def test_failing_candidates_are_skipped_with_a_note(cache_dir):
     rec = Recorder(fail={128})
     assert make(rec)("x", 10) == 256
     (path,) = records(cache_dir)
-    with open(path) as f:
-        record = json.load(f)
+    record = read_record(path)
     assert record["timings_ms"][1]["ms"] is None
     assert "300000 bytes" in record["timings_ms"][1]["skipped"]
     assert record["config"] == {"BLOCK": 256}
@@ -163,13 +168,22 @@ def test_every_candidate_failing_raises_with_the_notes(cache_dir):
 def test_corrupt_or_foreign_records_are_ignored_and_rewritten(cache_dir, garbage):
     make(Recorder())("x", 10)
     (path,) = records(cache_dir)
-    with open(path, "w") as f:
-        f.write(garbage)
+    with open(path, "wb") as f:
+        f.write(cachefs.seal(os.path.basename(path), garbage.encode()))  # signed: the schema check must catch it
     rec = Recorder()
     assert make(rec)("x", 10) == 128
     assert rec.timed == [64, 128, 256]
-    with open(path) as f:
-        assert json.load(f)["config"] == {"BLOCK": 128}
+    assert read_record(path)["config"] == {"BLOCK": 128}
+
+
+def test_unsigned_record_is_ignored(cache_dir):
+    make(Recorder())("x", 10)
+    (path,) = records(cache_dir)
+    planted = dict(read_record(path), best=0, config={"BLOCK": 64})
+    with open(path, "w") as f:
+        json.dump(planted, f)  # a valid record without this user's MAC
+    rec = Recorder()
+    assert make(rec)("x", 10) == 128 and rec.timed == [64, 128, 256]
 
 
 def test_writes_leave_no_temporary_files(cache_dir):

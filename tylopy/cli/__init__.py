@@ -4,6 +4,7 @@ and run the checks, benchmarks and emulations that packages built on tylopy regi
     tylopy dump tylopy_kernels/examples/vector_add.py         # PTX, then the ptxas report
     tylopy dump tylopy_kernels/attention/sm90/forward.py -D BLOCK_N=64 --llvm
     tylopy cache explain tylopy_kernels/examples/vector_add.py
+    tylopy cache prune --max-size 500M                 # least recently used entries out
     tylopy check attention --quick                     # a registered check (entry point tylopy.checks)
     tylopy bench attention                             # a registered benchmark (tylopy.benchmarks)
     tylopy emulate tylopy_kernels/examples/vector_add.py      # the file's emulate_example() on the CPU
@@ -118,7 +119,20 @@ _CACHE_FILE = re.compile(r"^[0-9a-f]{32}\.(json|ptx|cubin|reads\.json)$|^\.tmp-"
 
 
 def cmd_cache(args) -> int:
-    from ..frontend import cache
+    from ..frontend import cache, cachefs
+    if args.action != "prune" and args.max_size is not None:
+        raise CliError(f"--max-size is an option of 'cache prune', not of 'cache {args.action}'")
+    if args.action == "prune":
+        if args.max_size is None:
+            raise CliError("cache prune expects --max-size SIZE (e.g. 500M, 2G)")
+        try:
+            limit = cachefs.parse_size(args.max_size, "--max-size")
+            d = cache.cache_dir()
+        except (ValueError, cache.CacheUnavailable) as e:
+            raise CliError(str(e)) from None
+        removed, freed, left = cachefs.prune(d, limit)
+        print(f"removed {removed} entries ({freed} bytes) from {d}; {left} bytes left")
+        return 0
     if args.action in ("path", "clear"):
         try:
             d = cache.cache_dir()
@@ -128,7 +142,7 @@ def cmd_cache(args) -> int:
             print(d)
             return 0
         victims = [p for p in glob.glob(os.path.join(d, "*")) + glob.glob(os.path.join(d, ".tmp-*"))
-                   if _CACHE_FILE.match(os.path.basename(p)) and os.path.isfile(p)]
+                   if _CACHE_FILE.match(os.path.basename(p)) and (os.path.islink(p) or os.path.isfile(p))]
         for p in victims:
             try:
                 os.unlink(p)
@@ -245,11 +259,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     cache = sub.add_parser(
         "cache", help="show, clear or explain the on-disk cache of compiled kernels",
-        description="path: print the cache folder ($TYLOPY_CACHE_DIR or ~/.cache/tylopy). clear: delete its "
-                    "entries. explain FILE.py[:KERNEL]: say whether each kernel would hit the cache, and if "
+        description="path: print the cache folder ($TYLOPY_CACHE_DIR, else $XDG_CACHE_HOME/tylopy or "
+                    "~/.cache/tylopy). clear: delete its entries. prune --max-size SIZE: remove the least recently "
+                    "used entries until the folder holds at most SIZE (500M, 2G, bytes). explain FILE.py[:KERNEL]: say whether each kernel would hit the cache, and if "
                     "not, which part of the key (source, constexprs, options, a value the trace read, tool "
                     "versions) differs.")
-    cache.add_argument("action", choices=("path", "clear", "explain"))
+    cache.add_argument("action", choices=("path", "clear", "prune", "explain"))
+    cache.add_argument("--max-size", metavar="SIZE", help="for prune: the size to prune the folder to")
     cache.add_argument("target", nargs="?", metavar="FILE.py[:KERNEL]", help="for explain: the kernel file")
     _add_kernel_options(cache)
     cache.set_defaults(func=cmd_cache)

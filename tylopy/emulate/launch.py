@@ -182,15 +182,17 @@ def _ctas(kname, grid, ctas):
 
 
 def program_for(kernel, constexprs: dict) -> Program:
-    """The compiled emulator program of one specialization (cached per kernel object)."""
+    """The compiled emulator program of one specialization (cached per kernel object, and traced
+    again when a compile would trace again: an environment option or a value the trace read changed)."""
     if isinstance(kernel, KernelIR):
         return Program(kernel)
     key = tuple(sorted((k, repr(v)) for k, v in constexprs.items()))
     per = _programs.setdefault(kernel, {})
-    prog = per.get(key)
-    if prog is None:
-        prog = per[key] = Program(kernel.trace(**constexprs))
-    return prog
+    entry = per.get(key)
+    if entry is None or not entry[1]():
+        kir, is_current = kernel.traced(**constexprs)
+        entry = per[key] = (Program(kir), is_current)
+    return entry[0]
 
 
 def emulate_kernel(kernel, args, grid, **kwargs) -> EmulationReport:

@@ -7,9 +7,10 @@
 The first call for a key (the values named in ``key`` plus the device's name) calls ``launch``
 once per config and times it (CUDA-event medians); the winner's keyword arguments are used for
 this and every later call with that key. The choice is written to the compile cache folder
-(``tylopy.frontend.cache.cache_dir()``, under ``autotune/``), one JSON file per key, written to a
-temporary name and renamed, so a second process reads it instead of tuning again; a file that
-cannot be read or does not match the configs is ignored and rewritten.
+(``tylopy.frontend.cache.cache_dir()``, under ``autotune/``), one JSON file per key, signed like
+the cache's entries and written to a temporary name and renamed, so a second process reads it
+instead of tuning again; a file that cannot be read, is not signed with the user's key or does
+not match the configs is ignored and rewritten.
 
 The tuned function must be idempotent (every candidate runs it several times on the same
 arguments). A candidate that raises (fails to compile, needs more shared memory or registers
@@ -39,11 +40,11 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import types
 from typing import Any, Callable, Sequence
 
 from ..errors import TylopyError
+from . import cachefs
 
 FORMAT = 2  # 2: the key holds the source digest and the tool versions
 _log = logging.getLogger("tylopy.autotune")
@@ -238,19 +239,24 @@ class Autotuner:
         if not cache.enabled():
             return None
         try:
-            d = cache.cache_dir()
-        except cache.CacheUnavailable:
+            d = cachefs.trusted_dir()  # (a folder others may write is not read: see docs/cache.md)
+        except cachefs.CacheUnavailable:
+            return None
+        if d is None:
             return None
         safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in self.name)[-80:]
         return os.path.join(d, "autotune", safe, self._digest(key, configs) + ".json")
 
     # -- disk -----------------------------------------------------------------------------------
     def _load(self, path: str | None, key: list, configs: list[Config]) -> Config | None:
-        if path is None or not os.path.exists(path):
+        if path is None:
             return None
+        data = cachefs.read_bounded(path, cachefs.MAX_META_BYTES)
+        payload = None if data is None else cachefs.unseal(os.path.basename(path), data)
+        if payload is None:
+            return None  # absent, or not signed with this user's key: tune again and overwrite it
         try:
-            with open(path) as f:
-                record = json.load(f)
+            record = json.loads(payload.decode("utf-8"))
             best = record["best"]
             if (record.get("format") != FORMAT or record.get("key") != json.loads(_canonical(key))
                     or record.get("code") != json.loads(_canonical(self.code()))
@@ -269,11 +275,9 @@ class Autotuner:
                   "config": json.loads(_canonical(configs[best].kwargs)),
                   "configs": [json.loads(_canonical(c.kwargs)) for c in configs], "timings_ms": timings}
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-            with os.fdopen(fd, "w") as f:
-                json.dump(record, f, indent=1)
-            os.replace(tmp, path)
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            text = json.dumps(record, indent=1).encode()
+            cachefs.atomic_write(path, cachefs.seal(os.path.basename(path), text))
         except OSError as e:
             _say(f"{self.name}: could not store the choice in {path} ({e})", logging.WARNING)
 
