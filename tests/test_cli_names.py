@@ -14,7 +14,7 @@ def registry(monkeypatch):
     """Replace the installed entry points with a dict: {(group, name): object}."""
     table = {}
     monkeypatch.setattr(_plugins, "load", lambda group, name: table.get((group, name)))
-    monkeypatch.setattr(_plugins, "names", lambda group=_plugins.FUNCTIONS: sorted(n for g, n in table if g == group))
+    monkeypatch.setattr(_plugins, "names", lambda group: sorted(n for g, n in table if g == group))
     return table
 
 
