@@ -7,6 +7,8 @@ takes a ``TensorMapSpec`` (no driver needed) or a ``TensorMap`` (its ``.spec`` i
 """
 from __future__ import annotations
 
+import math
+import os
 import random
 import time
 import weakref
@@ -18,14 +20,17 @@ from ..errors import LaunchTypeError, LaunchValueError
 from ..ir.types import int_range
 from ..ir.values import KernelIR
 from ..ir.types import PointerType, ScalarType, TensorMapType
-from .errors import ProtocolError
+from .errors import EmulationError, ProtocolError
 from .machine import CTA
 from .memory import GlobalMemory
 from .ops_hopper import TensorMapInfo
 from .program import Program
 from .values import TENSORMAP_BASE, np_dtype, splat
 
-OPTIONS = ("ctas", "check_races", "max_iterations", "seed")
+OPTIONS = ("ctas", "check_races", "max_iterations", "max_steps", "seed")
+DEFAULT_MAX_STEPS = 1_000_000  # loop iterations per launch: a runaway of a small loop body stops in ~10 s
+MAX_STEPS_ENV = "TYLOPY_EMULATE_MAX_STEPS"
+_SAMPLED_GRID = 1 << 16  # up to this many CTAs a seeded order is a uniform shuffle; beyond, a lazy permutation
 _TORCH_NAMES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "i32": "int32",
                 "i64": "int64", "i16": "int16", "i8": "int8", "u8": "uint8", "i1": "bool", "b32": "int32",
                 "u32": "uint32", "u64": "uint64", "u16": "uint16"}
@@ -53,9 +58,13 @@ class EmulationReport:
 class Launch:
     """One emulated launch: global memory, bound parameters, tensor maps, caches and options."""
 
-    def __init__(self, prog: Program, args, grid, check_races=True, max_iterations=1_000_000, seed=None):
+    def __init__(self, prog: Program, args, grid, check_races=True, max_iterations=1_000_000, seed=None,
+                 max_steps=None):
         self.prog, self.grid = prog, grid
-        self.check_races, self.max_iterations = check_races, max_iterations
+        self.check_races = check_races
+        self.max_iterations = _positive(prog.kir.name, "max_iterations", max_iterations)
+        self.max_steps = max_steps_from(prog.kir.name, max_steps)
+        self.steps = 0  # loop iterations run so far, by every warp of every CTA of this launch
         self.rng = None if seed is None else random.Random(seed)
         self.cta_coords: list = []  # by the CTAs' serial numbers (their order of execution)
         self.gmem = GlobalMemory(check_races)
@@ -68,6 +77,15 @@ class Launch:
             names = ", ".join(p.name for p in kir.params)
             raise LaunchTypeError(f"{kir.name}: expects {len(kir.params)} arguments ({names}), but got {len(args)}")
         self.template = prog.template({p.name: self._bind(p, x) for p, x in zip(kir.params, args)})
+
+    def start_cta(self, coord, total: int):
+        """Charge one step for a CTA starting: a huge grid of straight-line CTAs also stops."""
+        self.steps += 1
+        if self.steps > self.max_steps:
+            raise EmulationError(
+                f"{self.prog.kir.name}: the emulated launch exhausted its step budget max_steps={self.max_steps} (loop "
+                f"iterations and CTA starts together) after starting {len(self.cta_coords) - 1} of the {total} CTAs "
+                f"to run (next: CTA {coord}); emulate a subset with ctas=[...], or raise max_steps= / {MAX_STEPS_ENV}")
 
     def debug_record(self) -> np.ndarray:
         if self._debug is None:
@@ -154,6 +172,68 @@ def _scalar(kname, name, t: ScalarType, x):
     return x
 
 
+def _positive(kname, name, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise LaunchValueError(f"{kname}: option {name!r} expects a positive int, but got {value!r}")
+    return int(value)
+
+
+def max_steps_from(kname, max_steps) -> int:
+    """The launch's step budget: ``max_steps``, else ``$TYLOPY_EMULATE_MAX_STEPS``, else the default."""
+    if max_steps is not None:
+        return _positive(kname, "max_steps", max_steps)
+    text = os.environ.get(MAX_STEPS_ENV, "").strip()
+    if not text:
+        return DEFAULT_MAX_STEPS
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise LaunchValueError(f"{kname}: environment variable {MAX_STEPS_ENV} expects a positive int, but got "
+                               f"{text!r}")
+    return value
+
+
+class GridOrder:
+    """The block indices of a whole grid in x-fastest order, made on demand (a huge grid is not a list).
+
+    With an ``rng``, a random order: a uniform shuffle up to ``_SAMPLED_GRID`` blocks, beyond that a
+    random affine permutation of the serial numbers (``a*i + b mod n``, ``a`` coprime to ``n``).
+    """
+
+    def __init__(self, grid, rng=None):
+        self.grid, self.n = grid, grid[0] * grid[1] * grid[2]
+        self.shuffled = None
+        self.affine = (1, 0)
+        if rng is not None and self.n > 1:
+            if self.n <= _SAMPLED_GRID:
+                self.shuffled = rng.sample(range(self.n), self.n)
+            else:
+                a = rng.randrange(1, self.n)
+                while math.gcd(a, self.n) != 1:
+                    a = rng.randrange(1, self.n)
+                self.affine = (a, rng.randrange(self.n))
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if not -self.n <= i < self.n:
+            raise IndexError(i)
+        i %= self.n
+        if self.shuffled is not None:
+            i = self.shuffled[i]
+        else:
+            a, b = self.affine
+            i = (a * i + b) % self.n
+        gx, gy, _ = self.grid
+        return i % gx, (i // gx) % gy, i // (gx * gy)
+
+    def __iter__(self):
+        return (self[i] for i in range(self.n))
+
+
 def _grid3(kname, grid) -> tuple[int, int, int]:
     if isinstance(grid, (int, np.integer)):
         grid = (int(grid),)
@@ -166,7 +246,7 @@ def _grid3(kname, grid) -> tuple[int, int, int]:
 
 def _ctas(kname, grid, ctas):
     if ctas is None:
-        return [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
+        return GridOrder(grid)
     out = []
     for c in ctas:
         c = (int(c),) if isinstance(c, (int, np.integer)) else tuple(int(v) for v in c)
@@ -194,8 +274,10 @@ def emulate_kernel(kernel, args, grid, **kwargs) -> EmulationReport:
 
     Keyword arguments that name the kernel's constexprs specialize it; the others are options:
     ``ctas`` (the block indices to run, default all), ``check_races`` (default True) and
-    ``max_iterations`` (per execution of a loop, default 10**6: a spin on a flag in global memory
-    that no other CTA will ever set would otherwise run forever) and ``seed`` (None: warps run
+    ``max_iterations`` (per execution of a loop, default 10**6), ``max_steps`` (the loop iterations
+    of the whole launch, all warps and CTAs together; default ``$TYLOPY_EMULATE_MAX_STEPS`` or 10**6,
+    so a loop that never ends, or spins on a flag no CTA sets, stops within seconds with an error
+    naming it) and ``seed`` (None: warps run
     round robin, CTAs in grid order, and asynchronous copies land at the latest point, the wait
     that covers them; an int: a random schedule of warps and CTAs, and copies landing at random
     points before their waits, reproducible from the seed). ``grid`` may be a function of the
@@ -217,10 +299,16 @@ def emulate_kernel(kernel, args, grid, **kwargs) -> EmulationReport:
     grid3 = _grid3(kname, grid)
     ctas = _ctas(kname, grid3, options.pop("ctas", None))
     launch = Launch(prog, tuple(args), grid3, **options)
-    order = list(ctas) if launch.rng is None else launch.rng.sample(list(ctas), len(ctas))
+    if launch.rng is None:
+        order = ctas
+    elif isinstance(ctas, GridOrder):
+        order = GridOrder(grid3, launch.rng)
+    else:
+        order = launch.rng.sample(list(ctas), len(ctas))
     with np.errstate(all="ignore"):  # inactive lanes compute on garbage; IEEE results are what we want
         for coord in order:
             launch.cta_coords.append(coord)
+            launch.start_cta(coord, len(ctas))
             CTA(launch, coord, len(launch.cta_coords) - 1).run()
     nwarps = -(-prog.kir.launch.max_threads // 32)
     return EmulationReport(kname, grid3, ctas, nwarps, time.perf_counter() - t0, launch.notes,
