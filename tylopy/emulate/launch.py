@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import LaunchTypeError, LaunchValueError
-from ..ir.types import int_range
+from ..ir.types import FLOAT_MAX, float_fits, int_range
 from ..ir.values import KernelIR
 from ..ir.types import PointerType, ScalarType, TensorMapType
 from .errors import EmulationError, ProtocolError
@@ -159,6 +159,9 @@ def _scalar(kname, name, t: ScalarType, x):
         if isinstance(x, bool) or not isinstance(x, (int, float)):
             raise LaunchTypeError(f"{kname}: argument {name!r} expects a Python float for {t}, but got "
                                   f"{type(x).__name__}")
+        if not float_fits(t, x):
+            raise LaunchValueError(f"{kname}: argument {name!r} expects a value of magnitude at most "
+                                   f"{FLOAT_MAX[t.name]:.8g} ({t}), inf or nan, but got {x!r}")
         return float(x)
     if t.is_bool:
         if not isinstance(x, bool):

@@ -23,6 +23,11 @@ Environment:
 * ``TYLOPY_AUTOTUNE_VERBOSE=1`` prints one line per candidate (time or why it was skipped), the
   winner, and where a stored choice came from.
 * ``TYLOPY_CACHE=0`` keeps choices in memory only.
+
+Under CUDA graph capture nothing is timed (events, synchronizations and the candidates' runs
+cannot be part of a graph): a choice already made (in memory or on disk) is used; otherwise the
+default config runs untuned, with an ``AutotuneWarning``, and nothing is remembered, so the next
+call outside a capture tunes. Call the tuned function once before capturing.
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ import json
 import os
 import sys
 import tempfile
+import warnings
 from typing import Any, Callable, Sequence
 
 from ..errors import TylopyError
@@ -60,6 +66,19 @@ class Config:
 
 class AutotuneError(TylopyError):
     """Every candidate failed, or the autotuner was set up wrongly."""
+
+
+class AutotuneWarning(UserWarning):
+    """A call ran with an untuned config (under CUDA graph capture)."""
+
+
+def capturing() -> bool:
+    """Whether torch's current CUDA stream is capturing a graph (False without CUDA)."""
+    try:
+        import torch
+        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    except (ImportError, RuntimeError):
+        return False
 
 
 def _canonical(x) -> str:
@@ -281,6 +300,13 @@ class Autotuner:
                     _say(f"{label}: {found} (stored in {path})")
                 self._memory[mkey] = found
                 return found
+        if capturing():
+            # Timing needs events and synchronizations a capture forbids, and every candidate's
+            # runs would be recorded into the graph: run the untuned default, and say so.
+            warnings.warn(f"autotune {label}: called under CUDA graph capture, where it cannot time candidates; "
+                          f"running the default {configs[0]} untuned (call it once before capturing to tune)",
+                          AutotuneWarning, stacklevel=3)
+            return configs[0]
         best, timings = self._bench(args, kwargs, configs, label)
         if verbose():
             _say(f"{label}: best {configs[best]} {timings[best]['ms']:.4f} ms"
@@ -315,4 +341,4 @@ def autotune(configs: Sequence, key: Sequence, *, prune: Callable | None = None,
     return wrap
 
 
-__all__ = ["autotune", "Config", "Autotuner", "AutotuneError"]
+__all__ = ["autotune", "Config", "Autotuner", "AutotuneError", "AutotuneWarning"]
