@@ -107,6 +107,24 @@ def test_ptr_refuses_a_strided_last_dimension_with_the_fix(fake, view):
     assert fake.launches == []
 
 
+def test_strided_marks_a_tensor_the_kernel_addresses_through_strides(fake):
+    mask = on_device(torch.randn(64, 1).expand(64, 64), 0)  # stride 0 along the last dimension
+    y, out = vectors()[:2]
+    with pytest.raises(LaunchValueError, match=r"or, if the kernel takes the strides as arguments, pass "
+                                               r"ty.strided\(x\)"):
+        vector_add[(1,)](mask, y, out, 64)
+    assert ty.strided(mask) is mask
+    vector_add[(1,)](mask, y, out, 64)
+    assert len(fake.launches) == 1
+
+
+def test_the_emulator_refuses_a_strided_last_dimension_alike():
+    x = torch.randn(64, 64).t()
+    y, out = torch.randn(64 * 64), torch.zeros(64 * 64)
+    with pytest.raises(LaunchValueError, match=r"argument 'x' expects a tensor whose last dimension is contiguous"):
+        vector_add.emulate(x, y, out, 64, grid=(1,))
+
+
 def test_ptr_accepts_views_with_a_contiguous_last_dimension(fake):
     rows = on_device(torch.randn(8, 128)[:, :64], 0)  # a row slice: strided rows, contiguous within one
     one = on_device(torch.randn(64, 3)[:, :1], 0)  # last dimension of size 1: its stride does not matter

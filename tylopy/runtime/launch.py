@@ -85,6 +85,28 @@ def load_plan(arch: str, capability: tuple[int, int]) -> str:
 
 # -- packers: check one launch argument and write it into its slot(s) ------------------------------------
 
+STRIDED_MARK = "_tylopy_strided"
+
+
+def strided(t):
+    """Mark tensor ``t`` as addressed by the kernel through strides passed alongside it, so a ``ty.ptr``
+    parameter accepts it whatever its strides (a stride-0 broadcast, a transposed view). Marks the
+    tensor object itself and returns it: mark a view made for the launch (``x.expand(...)``)."""
+    setattr(t, STRIDED_MARK, True)
+    return t
+
+
+def strided_last_dim_error(kernel: str, name: str, x):
+    """None when ``x`` may go to a ``ty.ptr`` parameter; else the error that says how to fix it."""
+    if not x.dim() or x.shape[-1] <= 1 or x.stride(-1) == 1 or getattr(x, STRIDED_MARK, False):
+        return None
+    return LaunchValueError(
+        f"{kernel}: argument {name!r} expects a tensor whose last dimension is contiguous (stride 1): a ty.ptr "
+        f"parameter gets only the address of the first element and reads the last dimension's elements as "
+        f"consecutive, but got shape {tuple(x.shape)} with strides {tuple(x.stride())}; pass {name}.contiguous(), "
+        f"declare the parameter ty.tensor(...) to receive the strides, or, if the kernel takes the strides as "
+        f"arguments, pass ty.strided({name})")
+
 def _device_of(kernel: str, name: str, x) -> int:
     dev = x.get_device()
     if dev < 0:
@@ -111,12 +133,9 @@ def _pointer_packer(kernel: str, name: str, t: PointerType, i: int):
                                   f"but got {type(x).__name__}")
         if x.dtype is not want and x.dtype not in also:
             raise LaunchTypeError(f"{kernel}: argument {name!r} expects dtype {want}, but got {x.dtype}")
-        if x.dim() and x.shape[-1] > 1 and x.stride(-1) != 1:
-            raise LaunchValueError(
-                f"{kernel}: argument {name!r} expects a tensor whose last dimension is contiguous (stride 1): a "
-                f"ty.ptr parameter gets only the address of the first element and reads the last dimension's "
-                f"elements as consecutive, but got shape {tuple(x.shape)} with strides {tuple(x.stride())}; pass "
-                f"{name}.contiguous(), or declare the parameter ty.tensor(...) to receive the strides")
+        error = strided_last_dim_error(kernel, name, x)
+        if error is not None:
+            raise error
         return _same_device(kernel, name, _device_of(kernel, name, x), device)
 
     def pack(x, slots, ptrs, device):
