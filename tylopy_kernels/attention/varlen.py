@@ -133,6 +133,8 @@ def device_cu_seqlens(q, cu, total: int):
         return cu
     if cu.device.type == "cpu":
         return cu.to(q.device, non_blocking=True)
+    if torch.compiler.is_compiling():  # a traced graph keeps the sums as given (no global side effects)
+        return cu
     safe = torch.cummax(cu.clamp(0, total), 0).values
     safe[0] = 0
     word = STATUS_WORDS.get(q.device)
