@@ -30,6 +30,11 @@ the configs, the tuned function's source (its file and the files of the kernels 
 holds; its compiled code when it has no file) and the tylopy, llvmlite and ptxas versions, so an
 edited kernel or an upgrade tunes again instead of reusing a stale choice.
 * ``TYLOPY_CACHE=0`` keeps choices in memory only.
+
+Under CUDA graph capture nothing is timed (events, synchronizations and the candidates' runs
+cannot be part of a graph): a choice already made (in memory or on disk) is used; otherwise the
+default config runs untuned, with an ``AutotuneWarning``, and nothing is remembered, so the next
+call outside a capture tunes. Call the tuned function once before capturing.
 """
 from __future__ import annotations
 
@@ -41,6 +46,7 @@ import logging
 import os
 import sys
 import types
+import warnings
 from typing import Any, Callable, Sequence
 
 from ..errors import TylopyError
@@ -70,6 +76,19 @@ class Config:
 
 class AutotuneError(TylopyError):
     """Every candidate failed, or the autotuner was set up wrongly."""
+
+
+class AutotuneWarning(UserWarning):
+    """A call ran with an untuned config (under CUDA graph capture)."""
+
+
+def capturing() -> bool:
+    """Whether torch's current CUDA stream is capturing a graph (False without CUDA)."""
+    try:
+        import torch
+        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    except (ImportError, RuntimeError):
+        return False
 
 
 def _canonical(x) -> str:
@@ -324,6 +343,13 @@ class Autotuner:
                 _say(f"{label}: {found} (stored in {path})")
                 self._memory[mkey] = found
                 return found
+        if capturing():
+            # Timing needs events and synchronizations a capture forbids, and every candidate's
+            # runs would be recorded into the graph: run the untuned default, and say so.
+            warnings.warn(f"autotune {label}: called under CUDA graph capture, where it cannot time candidates; "
+                          f"running the default {configs[0]} untuned (call it once before capturing to tune)",
+                          AutotuneWarning, stacklevel=3)
+            return configs[0]
         _say(f"{label}: timing {len(configs)} configs" + (" (TYLOPY_AUTOTUNE=force)" if how == "force" else ""))
         best, timings = self._bench(args, kwargs, configs, label)
         _say(f"{label}: best {configs[best]} {timings[best]['ms']:.4f} ms" + (f", stored in {path}" if path else ""))
@@ -357,4 +383,4 @@ def autotune(configs: Sequence, key: Sequence, *, prune: Callable | None = None,
     return wrap
 
 
-__all__ = ["autotune", "Config", "Autotuner", "AutotuneError"]
+__all__ = ["autotune", "Config", "Autotuner", "AutotuneError", "AutotuneWarning"]

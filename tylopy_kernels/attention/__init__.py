@@ -274,11 +274,13 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     """Packed variable-length batches, like ``flash_attn_varlen_func`` (``varlen.py`` says more):
     q (total_q, H, D), k/v (total_k, H_kv, D), int32 prefix sums cu_seqlens_q/k; (out, lse) with
     ``return_lse``, lse of shape (H, total_q). Differentiable as ``attention``."""
-    from tylopy_kernels.attention.varlen import check_varlen, forward_varlen
+    from tylopy_kernels.attention.varlen import check_varlen, device_cu_seqlens, forward_varlen
     if getattr(q, "dtype", None) is torch.float32:  # fp32 under autocast runs in its dtype, as SDPA
         q, k, v = autocast_inputs(q, k, v)
     scale = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
                          enable_gqa)
+    cu_seqlens_q, cu_seqlens_k = device_cu_seqlens(q, cu_seqlens_q, q.shape[0]), device_cu_seqlens(
+        q, cu_seqlens_k, k.shape[0])
     if _through_op(q, k, v):
         from tylopy_kernels.attention.autograd import varlen_op
         return varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
