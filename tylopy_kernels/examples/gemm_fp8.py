@@ -282,18 +282,18 @@ def scaled_mm(a, b, scale_a, scale_b, block_n: int = 256, promote: bool = False,
     return c
 
 
-def emulate_example(m: int = 150, n: int = 136, k: int = 272):
+def emulate_example(m: int = 150, n: int = 136, k: int = 272, grid=None):
     """A ragged e4m3 GEMM in the emulator (``tylopy emulate tylopy_kernels/examples/gemm_fp8.py``):
-    (result, float64 reference, tolerance)."""
+    (result, float64 reference, tolerance: 2**-7 of the largest sum of |products|)."""
     import torch
     gen = torch.Generator().manual_seed(0)
     a = (torch.randn(m, k, generator=gen) * 4).to(torch.float8_e4m3fn)
     b = (torch.randn(n, k, generator=gen) * 4).to(torch.float8_e4m3fn)
     sa, sb = torch.tensor([0.5]), torch.tensor([0.25])
-    c = scaled_mm(a, b, sa, sb, block_n=128, emulate=True)
+    c = scaled_mm(a, b, sa, sb, block_n=128, emulate=True, grid=grid[0] if isinstance(grid, tuple) else grid)
     want = 0.125 * (a.double() @ b.double().T)
-    tol = 2.0 ** -8 * 0.125 * (a.double().abs() @ b.double().abs().T) + 2.0 ** -8 * want.abs()
-    return c.double().numpy(), want.numpy(), tol.numpy()
+    tol = 2.0 ** -7 * 0.125 * float((a.double().abs() @ b.double().abs().T).max())
+    return c.double().numpy(), want.numpy(), tol
 
 
 def main(argv=None):
