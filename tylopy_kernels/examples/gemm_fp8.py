@@ -27,6 +27,7 @@ Host side: ``scaled_mm(a, b, scale_a, scale_b)`` (CUDA tensors; ``emulate=True``
 tensors in the emulator) and ``main()``, a benchmark against ``torch._scaled_mm``:
 
     python -m tylopy_kernels.examples.gemm_fp8 --sizes 4096 8192
+    tylopy bench gemm_fp8 --sizes 4096 8192        (once the package's entry points are installed)
 """
 import tylopy as ty
 from tylopy import hopper
@@ -326,7 +327,8 @@ def main(argv=None):
         ref = torch._scaled_mm(a, b.t(), sa, sb, out_dtype=torch.bfloat16)
         rel = float((ours.float() - ref.float()).abs().max() / ref.float().abs().max())
         print("  ".join(row) + f"  max|diff|/max|C| = {rel:.2e}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
