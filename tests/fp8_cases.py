@@ -63,14 +63,14 @@ def interesting_values(fmt: str, seed: int = 0) -> np.ndarray:
 
 
 def buffers(fmt: str, device: str = "cpu") -> dict:
-    """The kernel's arguments, outputs NaN-/0xFF-filled so a missed store shows."""
+    """The kernel's arguments, outputs NaN-/0xFF-filled so a missed store shows (u16 outputs as int16)."""
     vals = torch.from_numpy(interesting_values(fmt))
     return {"codes": torch.arange(256, dtype=torch.uint8), "values": vals,
-            "wide": torch.full((256,), float("nan")), "halves": torch.full((256,), 0xFFFF, dtype=torch.uint16),
-            "brains": torch.full((256,), 0xFFFF, dtype=torch.uint16), "other": torch.full((256,), 0xFF, dtype=torch.uint8),
+            "wide": torch.full((256,), float("nan")), "halves": torch.full((256,), -1, dtype=torch.int16),
+            "brains": torch.full((256,), -1, dtype=torch.int16), "other": torch.full((256,), 0xFF, dtype=torch.uint8),
             "rounded": torch.full((N_VALUES,), 0xFF, dtype=torch.uint8),
             "from_half": torch.full((N_VALUES,), 0xFF, dtype=torch.uint8),
-            "packed2": torch.full((512,), 0xFFFF, dtype=torch.uint16), "packed4": torch.full((256,), -1, dtype=torch.int32),
+            "packed2": torch.full((512,), -1, dtype=torch.int16), "packed4": torch.full((256,), -1, dtype=torch.int32),
             "unpacked": torch.full((6 * 256,), float("nan"))}
 
 
@@ -78,6 +78,8 @@ def run(fmt: str, device: str = "cpu") -> dict:
     """Launch (device "cuda") or emulate (device "cpu") ``convert_all``; the outputs as numpy."""
     b = buffers(fmt)
     args = {k: v.to(device) for k, v in b.items()}
+    for k in ("halves", "brains", "packed2"):  # u16 outputs: int16 storage (CUDA has few uint16 kernels)
+        args[k] = args[k].view(torch.uint16)
     order = ["codes", "values", "wide", "halves", "brains", "other", "rounded", "from_half", "packed2", "packed4",
              "unpacked"]
     call = [args[k] for k in order]
@@ -87,7 +89,7 @@ def run(fmt: str, device: str = "cpu") -> dict:
     else:
         convert_all[(1,)](*call, FMT=DTYPE[fmt], OTHER=DTYPE[other])
         torch.cuda.synchronize()
-    out = {k: c.cpu() for k, c in zip(order, call)}
+    out = {k: (c.view(torch.int16) if c.dtype == torch.uint16 else c).cpu() for k, c in zip(order, call)}
     res = {k: out[k].numpy() for k in ("wide", "other", "rounded", "from_half", "unpacked")}
     for k in ("halves", "brains", "packed2"):
         res[k] = out[k].view(torch.int16).numpy().view(np.uint16)
@@ -126,4 +128,4 @@ def mma_fp8_inputs(a_fmt: str, b_fmt: str, seed: int = 0):
 
 
 def words_of(t):
-    return t.contiguous().view(torch.uint8).view(torch.int32).view(torch.uint32).reshape(-1)
+    return t.contiguous().view(torch.uint8).view(torch.int32).reshape(-1)  # b32 words: int32 storage
