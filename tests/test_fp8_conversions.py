@@ -218,3 +218,11 @@ def test_mma_sync_fp8_atoms_check_shape_types_and_target():
         ty.MmaSyncAtom(ty.e5m2, "m16n8k32", b_dtype=ty.f16)
     with pytest.raises(KernelSourceError, match="sm_89 or newer"):
         F.mma_fp8_kernel(ty.e4m3, ty.e4m3, arch="sm_80").compile()
+
+
+def test_an_fp8_scalar_parameter_is_refused_at_launch():
+    @ty.kernel(threads=32, arch="sm_90a")
+    def takes_code(x: ty.e4m3, out: ty.ptr(ty.f32)):
+        out[ty.thread_idx()] = ty.cast(x, ty.f32)
+    with pytest.raises(LaunchTypeError, match="scalar parameter 'x' of type e4m3 cannot be passed"):
+        takes_code.emulate(1.5, torch.zeros(32), grid=(1,))
