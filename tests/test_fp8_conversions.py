@@ -149,7 +149,7 @@ def misuse(x: ty.ptr(ty.e4m3), y: ty.ptr(ty.f32), d: ty.ptr(ty.f64), n: ty.ptr(t
 def test_fp8_misuse_is_an_error_at_the_user_line(case, arch, words):
     with pytest.raises(KernelSourceError, match=words) as e:
         misuse.with_arch(arch).compile(CASE=case)
-    assert f"# <- case {case}" in str(e.value) or f"case {case}" in str(e.value) or "test_fp8_conversions" in str(e.value)
+    assert f"# <- case {case}" in str(e.value)  # the message shows the kernel line that asked
 
 
 def test_packed_conversions_check_their_arguments():
