@@ -9,7 +9,8 @@
   skip because ptxas is missing. A green run then means the tests ran.
 * ``TYLOPY_CACHE_DIR`` points at a temporary folder made for this session, so tests never
   read or write ``~/.cache/tylopy``; tests that need an empty cache use the ``cache_dir``
-  fixture.
+  fixture. ``XDG_CONFIG_HOME`` is a temporary folder too, so the cache's per-user key made for the
+  tests is not the user's.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import tempfile
 import pytest
 
 _SESSION_CACHE: str | None = None
+_SESSION_CONFIG: str | None = None
 
 
 @functools.lru_cache(maxsize=None)
@@ -66,11 +68,13 @@ requires_sm90 = pytest.mark.skipif(_sm90_skip_reason() is not None, reason=_sm90
 
 
 def pytest_configure(config):
-    global _SESSION_CACHE
+    global _SESSION_CACHE, _SESSION_CONFIG
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")
     config.addinivalue_line("markers", "sm90: needs a Hopper (sm_90) GPU")
     _SESSION_CACHE = tempfile.mkdtemp(prefix="tylopy-test-cache-")
     os.environ["TYLOPY_CACHE_DIR"] = _SESSION_CACHE  # set before any test module compiles a kernel
+    _SESSION_CONFIG = tempfile.mkdtemp(prefix="tylopy-test-config-")
+    os.environ["XDG_CONFIG_HOME"] = _SESSION_CONFIG  # (the cache key lives there)
 
 
 _REQUIRED = {  # environment switch -> the words of the skip reasons it turns into failures
@@ -109,8 +113,9 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_unconfigure(config):
-    if _SESSION_CACHE:
-        shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
+    for folder in (_SESSION_CACHE, _SESSION_CONFIG):
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

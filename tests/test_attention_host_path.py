@@ -8,6 +8,8 @@ import ctypes
 import pytest
 import torch
 
+import tylopy as ty
+
 from tylopy.runtime import tensormap as tm_mod
 from tylopy.testing import fake_driver
 from tylopy_kernels import attention as A
@@ -35,9 +37,9 @@ def hopper_host(monkeypatch):
     monkeypatch.setattr(tm_mod.TensorMap, "tiled", staticmethod(
         lambda t, dims, strides, box, dtype, swizzle=128, hold=True: RecordedMap(t, dims, strides, box, dtype)))
     monkeypatch.setattr(tm_mod, "_cache", {})
-    monkeypatch.setattr(HL, "_repeats", {})
-    monkeypatch.setattr(HL, "_sm_count", lambda dev: 132)
-    monkeypatch.setattr(HL, "_l2_bytes", lambda dev: 50 << 20)
+    monkeypatch.setattr(HL, "_repeats", ty.PlanCache("test launches", capacity=64))
+    monkeypatch.setattr(HL, "sm_count", lambda dev: 132)
+    monkeypatch.setattr(HL, "l2_bytes", lambda dev: 50 << 20)
     monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)  # CPU tensors pass as cuda:0
     launches = []
     real = d.cuLaunchKernel
@@ -182,9 +184,9 @@ def test_signature_cache_keeps_every_rejection(monkeypatch):
     """A signature that passed the checks once must not let a different call skip them."""
     q, k, v = qkv()
     monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
-    monkeypatch.setattr(A, "_checked", {})
+    monkeypatch.setattr(A, "_checked", ty.PlanCache("test signatures"))
     sig = A._signature(q, k, v, None, 0.0, True, None, False)
-    A._checked[sig] = A._Known(0.125, True)  # as if a causal call had passed
+    A._checked.put(sig, A._Known(0.125, True))  # as if a causal call had passed
     with pytest.raises(TypeError, match="is_causal expects a bool, but got int"):
         A.attention(q, k, v, is_causal=1)
     with pytest.raises(TypeError, match="scale expects a float or None, but got bool"):
@@ -201,12 +203,12 @@ def test_the_entry_point_launches_the_kept_plan_and_leaves_autograd_to_the_opera
     """``attention`` with a signature seen before goes straight to the kept plan: the same launch as
     the full path; an input that requires grad still goes through the autograd operator."""
     from tylopy_kernels.attention import autograd
-    monkeypatch.setattr(A, "_checked", {})
+    monkeypatch.setattr(A, "_checked", ty.PlanCache("test signatures"))
     monkeypatch.setattr(A, "_capability", lambda index: (9, 0))
     q, k, v = qkv()
-    A._checked[A._signature(q, k, v, None, 0.0, False, None, False)] = A._Known(0.125, True)  # as if checked
+    A._checked.put(A._signature(q, k, v, None, 0.0, False, None, False), A._Known(0.125, True))  # as if checked
     out_first = A.attention(q, k, v)
-    kept = next(iter(A._checked.values())).repeats[False]
+    kept = next(iter(A._checked._entries.values())).repeats[False]
     assert kept is not None and len(HL._repeats) == 1
     monkeypatch.setattr(HL, "launch_hopper", lambda *a, **kw: pytest.fail("the full path ran"))
     out_again = A.attention(q, k, v)

@@ -12,6 +12,7 @@ import textwrap
 import pytest
 
 import tylopy as ty
+from tylopy.frontend import cachefs
 from tylopy.frontend.autotune import AutotuneError
 
 CONFIGS = [ty.Config(BLOCK=64), ty.Config(BLOCK=128), ty.Config(BLOCK=256)]
@@ -41,6 +42,11 @@ class Recorder:
 def make(rec, name="tests.fake_launch", configs=CONFIGS, **kw):
     return ty.autotune(configs=configs, key=["n"], timer=rec.timer, name=name,
                        device=lambda args: "fake-gpu", **kw)(rec.launch)
+
+
+def read_record(path) -> dict:
+    with open(path, "rb") as f:
+        return json.loads(cachefs.unseal(os.path.basename(path), f.read()))
 
 
 def records(cache_dir):
@@ -144,8 +150,7 @@ def test_failing_candidates_are_skipped_with_a_note(cache_dir):
     rec = Recorder(fail={128})
     assert make(rec)("x", 10) == 256
     (path,) = records(cache_dir)
-    with open(path) as f:
-        record = json.load(f)
+    record = read_record(path)
     assert record["timings_ms"][1]["ms"] is None
     assert "300000 bytes" in record["timings_ms"][1]["skipped"]
     assert record["config"] == {"BLOCK": 256}
@@ -163,13 +168,22 @@ def test_every_candidate_failing_raises_with_the_notes(cache_dir):
 def test_corrupt_or_foreign_records_are_ignored_and_rewritten(cache_dir, garbage):
     make(Recorder())("x", 10)
     (path,) = records(cache_dir)
-    with open(path, "w") as f:
-        f.write(garbage)
+    with open(path, "wb") as f:
+        f.write(cachefs.seal(os.path.basename(path), garbage.encode()))  # signed: the schema check must catch it
     rec = Recorder()
     assert make(rec)("x", 10) == 128
     assert rec.timed == [64, 128, 256]
-    with open(path) as f:
-        assert json.load(f)["config"] == {"BLOCK": 128}
+    assert read_record(path)["config"] == {"BLOCK": 128}
+
+
+def test_unsigned_record_is_ignored(cache_dir):
+    make(Recorder())("x", 10)
+    (path,) = records(cache_dir)
+    planted = dict(read_record(path), best=0, config={"BLOCK": 64})
+    with open(path, "w") as f:
+        json.dump(planted, f)  # a valid record without this user's MAC
+    rec = Recorder()
+    assert make(rec)("x", 10) == 128 and rec.timed == [64, 128, 256]
 
 
 def test_writes_leave_no_temporary_files(cache_dir):
@@ -263,3 +277,53 @@ class torch_like:
 
     def stride(self):
         return (3, 1)
+
+
+# -- what a stored choice belongs to ------------------------------------------------------------------
+
+def test_an_upgrade_tunes_again(cache_dir, monkeypatch):
+    from tylopy.frontend import autotune as at
+    assert make(Recorder())("x", 10) == 128
+    rec = Recorder()
+    assert make(rec)("x", 10) == 128 and rec.timed == []  # read back
+    for tool in ("tylopy", "ptxas", "llvmlite"):
+        versions = dict(at.tool_versions(), **{tool: "99.0"})
+        monkeypatch.setattr(at, "tool_versions", lambda v=versions: v)
+        rec = Recorder()
+        make(rec)("x", 10)
+        assert rec.timed == [64, 128, 256], f"a new {tool} reused the old choice"
+    with open(records(cache_dir)[-1]) as f:
+        assert json.load(f)["code"]["versions"]["llvmlite"] == "99.0"
+
+
+def test_an_edited_kernel_file_tunes_again(cache_dir, tmp_path, monkeypatch):
+    """The digest covers the launcher's file and the files of the kernels its module holds."""
+    from tylopy.frontend.autotune import source_digest
+    (tmp_path / "tuned_kernels.py").write_text(textwrap.dedent("""\
+        import tylopy as ty
+
+        @ty.kernel(threads=32)
+        def fill(out: ty.ptr(ty.f32)):
+            out[ty.thread_idx()] = 1.0
+    """))
+    (tmp_path / "tuned_launch.py").write_text(textwrap.dedent("""\
+        from tuned_kernels import fill
+
+        def launch(out, BLOCK=0):
+            return BLOCK
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import tuned_launch
+    before = source_digest(tuned_launch.launch)
+    assert source_digest(tuned_launch.launch) == before
+    kernel_file = tmp_path / "tuned_kernels.py"
+    kernel_file.write_text(kernel_file.read_text().replace("1.0", "2.0"))
+    assert source_digest(tuned_launch.launch) != before
+
+
+def test_a_function_without_a_file_counts_by_its_code():
+    from tylopy.frontend.autotune import source_digest
+    one, two = {}, {}
+    exec("def f(x, BLOCK=0):\n    return x + 1\n", one)
+    exec("def f(x, BLOCK=0):\n    return x + 2\n", two)
+    assert source_digest(one["f"]) != source_digest(two["f"])

@@ -275,7 +275,7 @@ def registry(monkeypatch):
     from tylopy import _plugins
     table = {}
     monkeypatch.setattr(_plugins, "load", lambda group, name: table.get((group, name)))
-    monkeypatch.setattr(_plugins, "names", lambda group=_plugins.FUNCTIONS: sorted(n for g, n in table if g == group))
+    monkeypatch.setattr(_plugins, "names", lambda group: sorted(n for g, n in table if g == group))
     return table
 
 

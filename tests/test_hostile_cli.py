@@ -9,7 +9,7 @@ import pytest
 import tylopy as ty
 from tylopy import cli
 from tylopy.errors import CompileOptionError, TylopyError
-from tylopy.frontend import cache
+from tylopy.frontend import cache, cachefs
 from tylopy_kernels.examples import vector_add as vector_add_module
 from tylopy_kernels.examples.vector_add import vector_add
 
@@ -80,8 +80,8 @@ def test_cache_dir_that_cannot_be_written(capsys, cache_dir, monkeypatch):
     user would see with chmod; simulated, since tests may run as root)."""
     def refuse(path, data):
         raise PermissionError(13, "Permission denied", path)
-    monkeypatch.setattr(cache, "_atomic_write", refuse)
-    monkeypatch.setattr(cache, "_warned", set())
+    monkeypatch.setattr(cachefs, "atomic_write", refuse)
+    monkeypatch.setattr(cachefs, "_warned", set())
     with pytest.warns(RuntimeWarning, match="cannot write the compile cache"):
         assert fresh(vector_add).compile().ptx
     rc, out, err = run_cli(capsys, "dump", VECTOR_ADD, "--no-report")
@@ -97,7 +97,7 @@ def _entry(cache_dir) -> tuple[str, str]:
 def test_corrupt_cache_json_is_rebuilt(poison, capsys, cache_dir):
     key, ptx = _entry(cache_dir)
     meta_path = cache_dir / f"{key}.json"
-    meta = json.loads(meta_path.read_text())
+    meta = json.loads(cachefs.unseal(meta_path.name, meta_path.read_bytes()))
     if poison == "deep":
         text = "[" * 200_000 + "]" * 200_000
     elif poison == "infinity":
@@ -111,9 +111,10 @@ def test_corrupt_cache_json_is_rebuilt(poison, capsys, cache_dir):
     else:
         meta["dynamic_shared_bytes"] = 10**30
         text = json.dumps(meta)
-    meta_path.write_text(text)
+    meta_path.write_bytes(cachefs.seal(meta_path.name, text.encode()))  # signed: the schema check must catch it
     manifests = list(cache_dir.glob("*.reads.json"))
-    manifests[0].write_text("[" * 200_000 + "]" * 200_000 if poison == "deep" else "Infinity")
+    poisoned = "[" * 200_000 + "]" * 200_000 if poison == "deep" else "Infinity"
+    manifests[0].write_bytes(cachefs.seal(manifests[0].name, poisoned.encode()))
     rc, out, err = run_cli(capsys, "cache", "explain", VECTOR_ADD)
     assert rc == 0 and "Traceback" not in err and "vector_add: miss" in out
     rebuilt = fresh(vector_add).compile()

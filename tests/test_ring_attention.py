@@ -215,7 +215,7 @@ def _gloo_worker(rank, world, port, q, k, v, dout, results):
 
 @pytest.mark.slow
 def test_torch_distributed_ring_over_gloo():
-    """The TorchRing exchanges (batch_isend_irecv between neighbours) in two real processes, causal
+    """The TorchRing exchanges (functional all_to_all_single shifts between neighbours) in two real processes, causal
     (zig-zag shards) and not."""
     mp = torch.multiprocessing.get_context("spawn")
     world, port = 2, 29500 + (os.getpid() % 2000)

@@ -42,3 +42,11 @@ def test_the_default_kernel_loop():
     row = S.report(cx)
     # D=64, 128 keys a tile: QK^T is 4 HGMMA (k = 64 / 16), PV 8 (k = 128 / 16); 64 scores a thread
     assert row["HGMMA"] == 12 and row["MUFU"] >= 64 and row["loop"] < row["kernel"]
+    # the row sums go in before the PV wait (EARLY_SUMS), so ptxas interleaves the exponents with
+    # other work instead of issuing them as one run of 64 (docs/performance.md, the account)
+    assert row["MUFU run"] <= 8, row
+
+
+def test_longest_run():
+    assert S.longest_run(["MUFU.EX2", "FFMA", "MUFU.EX2", "MUFU.EX2", "FADD"], "MUFU.EX2") == 2
+    assert S.longest_run([], "MUFU.EX2") == 0

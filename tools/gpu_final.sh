@@ -98,6 +98,10 @@ if [[ " $* " == *" bench "* ]]; then
   want gemm && TYLOPY_AUTOTUNE_VERBOSE=1 step gemm-again 50 tylopy bench gemm --shapes square --output "$LOG/gemm-again.json"
   want decode && step decode ${DECODE_SECONDS:-45} tylopy bench attention_decode --output "$LOG/decode.json"
   want training && step training ${TRAIN_SECONDS:-80} tylopy bench attention_training --output "$LOG/training.json"
+  # the variants bench only when STEPS names it (torch.compile's flex specializations take minutes)
+  [[ " ${STEPS:-} " == *" attention-variants "* ]] && step attention-variants ${VARIANTS_BENCH_SECONDS:-540} \
+    tylopy bench attention_variants ${VARIANTS_BENCH_ARGS:---quick} --output "$LOG/attention-variants.json" \
+    --plot "$LOG/attention-variants.png"
   if want ring && [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then  # ring attention over two GPUs (NVLink multicast off)
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 step ring ${RING_SECONDS:-100} \
       python3 -m torch.distributed.run --standalone --nproc_per_node 2 -m tylopy_kernels.attention.bench.ring \
@@ -105,7 +109,7 @@ if [[ " $* " == *" bench "* ]]; then
   fi
   tar czf "$OUT/final-bench.tgz" -C "$OUT" logs
   echo "=== bench"
-  for f in attention backward gemm decode training; do
+  for f in attention backward gemm decode training attention-variants; do
     [ -f "$LOG/$f.log" ] && { echo "--- $f"; grep -E "^\||^variant|geometric" "$LOG/$f.log" | tail -${TABLE_LINES:-40}; }
   done
   for f in "$LOG"/account-d*.md; do [ -f "$f" ] && { echo "--- $(basename "$f")"; cat "$f"; }; done

@@ -12,9 +12,13 @@
 
 The namespace holds the kernel language (``tylopy.frontend.lang``), the tile library
 (``tylopy.tile``: fragments, layouts, MMA atoms, online softmax), Hopper's instructions
-(``ty.hopper``) and the errors. Functions built from kernels, such as ``ty.attention``, are
-found through the ``tylopy.functions`` entry points of installed packages (docs/design.md).
+(``ty.hopper``) and the errors; and the functions built from tylopy's kernels:
+``ty.attention``, ``ty.attention_varlen``, ``ty.attention_decode``, ``ty.matmul`` (``tylopy.functions``)
+and ``ty.distributed.ring_attention`` (``tylopy.distributed``), whose torch operators this import
+registers (docs/pytorch.md).
 """
+from . import _logging
+from ._logging import configure as configure_logging
 from . import hopper  # noqa: F401  (ty.hopper.tma_load, ty.hopper.mbarrier_wait, ...)
 from .errors import (ArchMismatchError, CaptureError, CompileError, CompileOptionError, DriverError, KernelSourceError,
                      LaunchTypeError, LaunchValueError, NoDriverError, OwnershipError, ResourceLimitError, TylopyError)
@@ -40,10 +44,10 @@ from .tile import MMA_SYNC_A_K32, MMA_SYNC_B_K32, WGMMA_A_RS_FP8
 from .tile import (MMA_SYNC_A, MMA_SYNC_B, MMA_SYNC_C, QUAD, WARP, WARPGROUP, WGMMA_A_RS, Fragment, Layout,
                    LocalOwnership, MmaSyncAtom, Ownership, SoftmaxState, SoftmaxUpdate, WgmmaAtom, pack_operand_a,
                    softmax_lse, softmax_merge, softmax_normalize, softmax_update, tiled_mma_c, wgmma_acc)
-from ._plugins import function as _plugin_function
-from ._plugins import names as _plugin_names
 
-__all__ = ["kernel", "func", "Kernel", "CompiledKernel", "PreparedLaunch", "observe", "CompileEvent", "LaunchEvent", "PlanCache", "clear_caches",
+_logging.configure_from_environment()
+
+__all__ = ["kernel", "func", "configure_logging", "Kernel", "CompiledKernel", "PreparedLaunch", "observe", "CompileEvent", "LaunchEvent", "PlanCache", "clear_caches",
            "CompileOptions", "TylopyError", "KernelSourceError",
            "CompileError", "CompileOptionError", "CaptureError", "DriverError", "NoDriverError", "LaunchTypeError",
            "ArchMismatchError",
@@ -55,17 +59,14 @@ __all__ = ["kernel", "func", "Kernel", "CompiledKernel", "PreparedLaunch", "obse
            "cp_async_commit", "cp_async_wait",
            *_lang_all, *_atomics_all, *_warp_all, "printf", "device_assert",
            "exp", "log", "sigmoid", "tanh", "floor", "ceil", "where",
-           "e4m3", "e5m2", "MMA_SYNC_A_K32", "MMA_SYNC_B_K32", "WGMMA_A_RS_FP8", "pack_fp8x2", "pack_fp8x4", "unpack_fp8x2", "unpack_fp8x4"]
+           "attention", "attention_varlen", "attention_decode", "matmul", "distributed",
+           "e4m3", "e5m2", "MMA_SYNC_A_K32", "MMA_SYNC_B_K32", "WGMMA_A_RS_FP8", "pack_fp8x2", "pack_fp8x4",
+           "unpack_fp8x2", "unpack_fp8x4"]
 
 
 def __getattr__(name):
-    # Functions built from kernels (ty.attention, ty.matmul, ...) live in packages above this one;
-    # they announce themselves through entry points, so tylopy never imports them by name.
-    value = _plugin_function(name)
-    if value is None:
-        hint = _OTHER_NAMES.get(name)
-        raise AttributeError(f"module 'tylopy' has no attribute {name!r}" + (f"; {hint}" if hint else ""))
-    return value
+    hint = _OTHER_NAMES.get(name)
+    raise AttributeError(f"module 'tylopy' has no attribute {name!r}" + (f"; {hint}" if hint else ""))
 
 
 # Names from other kernel languages (Triton, CUDA, numpy) a kernel author may try first.
@@ -84,5 +85,9 @@ _OTHER_NAMES = {
 }
 
 
-def __dir__():
-    return sorted(set(globals()) | set(_plugin_names()))
+# Last, once the namespace above is complete: the functions built from the kernels (tylopy_kernels),
+# which import this package for the kernel language. Loading them registers the tylopy:: torch
+# operators, so an exported program runs after `import tylopy` alone; no kernel is traced or
+# compiled here (tylopy/functions.py).
+from .functions import attention, attention_varlen, attention_decode, matmul  # noqa: E402
+from . import distributed  # noqa: E402

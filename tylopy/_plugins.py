@@ -1,21 +1,20 @@
-"""What packages built on tylopy add to it: functions (``ty.attention``), checks and benchmarks.
+"""What packages built on tylopy add to its command line: checks and benchmarks.
 
 A package declares them as entry points::
 
-    [project.entry-points."tylopy.functions"]     # ty.<name>
-    attention = "tylopy_kernels.attention:attention"
     [project.entry-points."tylopy.checks"]        # tylopy check <name>: main(argv) -> exit status
     [project.entry-points."tylopy.benchmarks"]    # tylopy bench <name>: main(argv) -> exit status
 
-tylopy loads an entry on first use. It names no package above it, so the import graph keeps
-one direction: kernels import tylopy, never the reverse.
+tylopy loads an entry on first use (``tylopy check``/``tylopy bench`` name the installed ones
+when asked for a missing one). The functions themselves (``ty.attention``, ...) are plain
+modules (``tylopy/functions.py``), found without installed metadata.
 """
 from __future__ import annotations
 
 import functools
 from importlib import metadata
 
-FUNCTIONS, CHECKS, BENCHMARKS = "tylopy.functions", "tylopy.checks", "tylopy.benchmarks"
+CHECKS, BENCHMARKS = "tylopy.checks", "tylopy.benchmarks"
 
 
 @functools.lru_cache(maxsize=None)
@@ -27,7 +26,7 @@ def _entry_points(group: str) -> dict:
     return {ep.name: ep for ep in eps}
 
 
-def names(group: str = FUNCTIONS) -> list[str]:
+def names(group: str) -> list[str]:
     return sorted(_entry_points(group))
 
 
@@ -44,7 +43,3 @@ def load(group: str, name: str):
         return None
     value = _loaded[key] = ep.load()
     return value
-
-
-def function(name: str):
-    return load(FUNCTIONS, name)

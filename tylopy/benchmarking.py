@@ -2,34 +2,16 @@
 Triton is installed, the same method by hand otherwise)."""
 from __future__ import annotations
 
+from tylopy.runtime.timing import events_median_ms
+
 
 def median_ms(fn, warmup_ms: float = 100, rep_ms: float = 400) -> float:
     """Median milliseconds of ``fn()`` on the current stream."""
     try:
         from triton.testing import do_bench
     except ImportError:
-        return _events_median(fn, warmup_ms, rep_ms)
+        return events_median_ms(fn, warmup_ms, rep_ms)
     return do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
-
-
-def _events_median(fn, warmup_ms, rep_ms):
-    import torch
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    once = max(start.elapsed_time(end), 1e-3)
-    for _ in range(max(1, int(warmup_ms / once))):
-        fn()
-    times = []
-    for _ in range(max(5, int(rep_ms / once))):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def write_results(name: str, data: dict, output: str | None = None) -> str:

@@ -4,6 +4,7 @@ and run the checks, benchmarks and emulations that packages built on tylopy regi
     tylopy dump tylopy_kernels/examples/vector_add.py         # PTX, then the ptxas report
     tylopy dump tylopy_kernels/attention/sm90/forward.py -D BLOCK_N=64 --llvm
     tylopy cache explain tylopy_kernels/examples/vector_add.py
+    tylopy cache prune --max-size 500M                 # least recently used entries out
     tylopy check attention --quick                     # a registered check (entry point tylopy.checks)
     tylopy bench attention                             # a registered benchmark (tylopy.benchmarks)
     tylopy emulate tylopy_kernels/examples/vector_add.py      # the file's emulate_example() on the CPU
@@ -118,7 +119,20 @@ _CACHE_FILE = re.compile(r"^[0-9a-f]{32}\.(json|ptx|cubin|reads\.json)$|^\.tmp-"
 
 
 def cmd_cache(args) -> int:
-    from ..frontend import cache
+    from ..frontend import cache, cachefs
+    if args.action != "prune" and args.max_size is not None:
+        raise CliError(f"--max-size is an option of 'cache prune', not of 'cache {args.action}'")
+    if args.action == "prune":
+        if args.max_size is None:
+            raise CliError("cache prune expects --max-size SIZE (e.g. 500M, 2G)")
+        try:
+            limit = cachefs.parse_size(args.max_size, "--max-size")
+            d = cache.cache_dir()
+        except (ValueError, cache.CacheUnavailable) as e:
+            raise CliError(str(e)) from None
+        removed, freed, left = cachefs.prune(d, limit)
+        print(f"removed {removed} entries ({freed} bytes) from {d}; {left} bytes left")
+        return 0
     if args.action in ("path", "clear"):
         try:
             d = cache.cache_dir()
@@ -128,7 +142,7 @@ def cmd_cache(args) -> int:
             print(d)
             return 0
         victims = [p for p in glob.glob(os.path.join(d, "*")) + glob.glob(os.path.join(d, ".tmp-*"))
-                   if _CACHE_FILE.match(os.path.basename(p)) and os.path.isfile(p)]
+                   if _CACHE_FILE.match(os.path.basename(p)) and (os.path.islink(p) or os.path.isfile(p))]
         for p in victims:
             try:
                 os.unlink(p)
@@ -158,12 +172,28 @@ def _registered(group: str, what: str, name: str):
     return main
 
 
-def cmd_check(args) -> int:
-    return _status(_registered(_plugins.CHECKS, "check", args.name)(list(args.rest)))
+_GROUPS = {"check": (_plugins.CHECKS, "check"), "bench": (_plugins.BENCHMARKS, "benchmark")}
 
 
-def cmd_bench(args) -> int:
-    return _status(_registered(_plugins.BENCHMARKS, "benchmark", args.name)(list(args.rest)))
+def _available(command: str) -> str:
+    group, what = _GROUPS[command]
+    names = _plugins.names(group)
+    if not names:
+        return f"no {what}s are installed (packages register them as entry points in the group {group!r})"
+    return f"available {what}s: " + ", ".join(names)
+
+
+def _run_registered(args) -> int:
+    group, what = _GROUPS[args.command]
+    if args.name is None:  # `tylopy bench`: say what there is to run
+        print(_available(args.command))
+        print(f"run one with 'tylopy {args.command} NAME [ARGS...]'; 'tylopy {args.command} NAME --help' shows its "
+              "options")
+        return 0
+    return _status(_registered(group, what, args.name)(list(args.rest)))
+
+
+cmd_check = cmd_bench = _run_registered
 
 
 def cmd_emulate(args) -> int:
@@ -229,24 +259,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     cache = sub.add_parser(
         "cache", help="show, clear or explain the on-disk cache of compiled kernels",
-        description="path: print the cache folder ($TYLOPY_CACHE_DIR or ~/.cache/tylopy). clear: delete its "
-                    "entries. explain FILE.py[:KERNEL]: say whether each kernel would hit the cache, and if "
+        description="path: print the cache folder ($TYLOPY_CACHE_DIR, else $XDG_CACHE_HOME/tylopy or "
+                    "~/.cache/tylopy). clear: delete its entries. prune --max-size SIZE: remove the least recently "
+                    "used entries until the folder holds at most SIZE (500M, 2G, bytes). explain FILE.py[:KERNEL]: say whether each kernel would hit the cache, and if "
                     "not, which part of the key (source, constexprs, options, a value the trace read, tool "
                     "versions) differs.")
-    cache.add_argument("action", choices=("path", "clear", "explain"))
+    cache.add_argument("action", choices=("path", "clear", "prune", "explain"))
+    cache.add_argument("--max-size", metavar="SIZE", help="for prune: the size to prune the folder to")
     cache.add_argument("target", nargs="?", metavar="FILE.py[:KERNEL]", help="for explain: the kernel file")
     _add_kernel_options(cache)
     cache.set_defaults(func=cmd_cache)
 
-    for name, helptext, fn in (
-            ("check", "run a registered numerical check of a kernel against its references (e.g. 'attention')",
-             cmd_check),
-            ("bench", "run a registered benchmark (e.g. 'attention', 'softmax')", cmd_bench)):
+    for name, helptext in (
+            ("check", "run a registered numerical check of a kernel against its references (e.g. 'attention')"),
+            ("bench", "run a registered benchmark (e.g. 'attention', 'softmax')")):
         p = sub.add_parser(name, help=helptext, description=f"{helptext[0].upper()}{helptext[1:]}; every argument "
-                           "after the name is passed through.")
-        p.add_argument("name", metavar="NAME")
+                           "after the name is passed through. Without a name: list the names.",
+                           epilog=_available(name) + ".")
+        p.add_argument("name", metavar="NAME", nargs="?", default=None,
+                       help="what to run; leave it out to list what is installed")
         p.add_argument("rest", nargs=argparse.REMAINDER, metavar="ARGS", help="passed through unchanged")
-        p.set_defaults(func=fn)
+        p.set_defaults(func=_run_registered)
     emu = sub.add_parser("emulate", help="run a kernel on the CPU, lane by lane, with the protocol checks",
                          description="Run FILE.py's emulate_example() on the CPU emulator ('tylopy emulate --help' "
                                      "lists its options).", add_help=False)

@@ -7,6 +7,7 @@ takes a ``TensorMapSpec`` (no driver needed) or a ``TensorMap`` (its ``.spec`` i
 """
 from __future__ import annotations
 
+import logging
 import random
 import time
 import weakref
@@ -31,6 +32,8 @@ _TORCH_NAMES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "
                 "u32": "uint32", "u64": "uint64", "u16": "uint16",
                 "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
 _programs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_log = logging.getLogger("tylopy.emulate")
+PROGRESS_SECONDS = 1.0  # a long emulation says how far it got (INFO) about this often
 
 
 @dataclass
@@ -181,15 +184,17 @@ def _ctas(kname, grid, ctas):
 
 
 def program_for(kernel, constexprs: dict) -> Program:
-    """The compiled emulator program of one specialization (cached per kernel object)."""
+    """The compiled emulator program of one specialization (cached per kernel object, and traced
+    again when a compile would trace again: an environment option or a value the trace read changed)."""
     if isinstance(kernel, KernelIR):
         return Program(kernel)
     key = tuple(sorted((k, repr(v)) for k, v in constexprs.items()))
     per = _programs.setdefault(kernel, {})
-    prog = per.get(key)
-    if prog is None:
-        prog = per[key] = Program(kernel.trace(**constexprs))
-    return prog
+    entry = per.get(key)
+    if entry is None or not entry[1]():
+        kir, is_current = kernel.traced(**constexprs)
+        entry = per[key] = (Program(kir), is_current)
+    return entry[0]
 
 
 def emulate_kernel(kernel, args, grid, **kwargs) -> EmulationReport:
@@ -221,10 +226,25 @@ def emulate_kernel(kernel, args, grid, **kwargs) -> EmulationReport:
     ctas = _ctas(kname, grid3, options.pop("ctas", None))
     launch = Launch(prog, tuple(args), grid3, **options)
     order = list(ctas) if launch.rng is None else launch.rng.sample(list(ctas), len(ctas))
+    nwarps = -(-prog.kir.launch.max_threads // 32)
+    _log.info("emulating %s: %d block(s) of grid %s, %d warps each", kname, len(order), grid3, nwarps)
+    _run_ctas(launch, order, kname)
+    report = EmulationReport(kname, grid3, ctas, nwarps, time.perf_counter() - t0, launch.notes,
+                             getattr(launch, "prints", []))
+    _log.info("%s", report)
+    return report
+
+
+def _run_ctas(launch: Launch, order: list, kname: str) -> None:
+    start = said = time.perf_counter()
     with np.errstate(all="ignore"):  # inactive lanes compute on garbage; IEEE results are what we want
         for coord in order:
             launch.cta_coords.append(coord)
             CTA(launch, coord, len(launch.cta_coords) - 1).run()
-    nwarps = -(-prog.kir.launch.max_threads // 32)
-    return EmulationReport(kname, grid3, ctas, nwarps, time.perf_counter() - t0, launch.notes,
-                           getattr(launch, "prints", []))
+            now = time.perf_counter()
+            if now - said >= PROGRESS_SECONDS and _log.isEnabledFor(logging.INFO):
+                said = now
+                _log.info("emulating %s: %d/%d blocks done, %.1f s", kname, len(launch.cta_coords), len(order),
+                          now - start)
+            elif _log.isEnabledFor(logging.DEBUG):
+                _log.debug("emulating %s: block %s done (%d/%d)", kname, coord, len(launch.cta_coords), len(order))

@@ -3,21 +3,24 @@
 A specialization's key has two parts:
 
 * the **base key**, a SHA-256 over named components known before tracing: the kernel's name,
-  signature and source (the content of its module's file), the constexpr values, the launch
-  bounds, the compile options (arch, debug switches, noalias policy), tylopy's own source
-  hash, and the llvmlite, LLVM and ptxas versions;
-* the **reads**: every value the trace read from outside the kernel (``capture.py``) as a
-  recipe to find it again plus its fingerprint.
+  signature, compiled code and the digest of the source text it is traced from, the constexpr
+  values, the launch bounds, the compile options (arch, debug switches, noalias policy), tylopy's
+  own source hash, and the llvmlite, LLVM and ptxas versions;
+* the **reads**: every value the trace read from outside the kernel (``capture.py``: globals,
+  globals found unbound, closure variables, attributes, environment variables) as a recipe to
+  find it again plus its fingerprint.
 
 The full key hashes both. Each base key has a manifest listing the read recipes of the
 entries stored under it; a lookup resolves each recipe set against the current process,
 fingerprints the values it finds and looks for the entry under the resulting full key. A
 changed value gives a different key, never a stale kernel. Entries are written to a
-temporary name and renamed (atomic on POSIX), metadata last; an entry whose hashes do not
-match its metadata, or whose files cannot be parsed, is treated as absent and rebuilt. A cache
-path that is a file, or a folder that cannot be created, is an error (``CacheUnavailable``,
-naming ``TYLOPY_CACHE_DIR`` and ``TYLOPY_CACHE=0``); a folder that can be read but not written
-serves what it has and warns once that new entries are not stored.
+temporary name and renamed (atomic on POSIX), metadata last. Metadata and manifests are signed
+(``cachefs.py``: HMAC under a per-user key, folder trust checks, bounded non-blocking reads);
+an unsigned or corrupt file, a schema violation, or a hash mismatch is treated as absent and
+rebuilt. A cache path that is a file, or a folder that cannot be created, is an error
+(``CacheUnavailable``, naming ``TYLOPY_CACHE_DIR`` and ``TYLOPY_CACHE=0``); a folder that can be
+read but not written serves what it has and warns once that new entries are not stored.
+docs/cache.md is the user's view.
 """
 from __future__ import annotations
 
@@ -26,39 +29,20 @@ import glob
 import hashlib
 import json
 import os
-import tempfile
-import warnings
 from dataclasses import dataclass
 
 from ..codegen.ptxas import PtxasReport, ptxas_version
-from ..errors import TylopyError
 from ..ir.values import WaitSite
-from . import capture
+from . import capture, cachefs
+from .cachefs import CacheUnavailable, cache_dir  # noqa: F401 - part of this module's interface
 
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FORMAT = 2
-MAX_META_BYTES = 1 << 22  # a metadata file larger than this is not ours
-
-
-class CacheUnavailable(TylopyError, OSError):
-    """The cache folder cannot be used (a file is in the way, it cannot be created)."""
-
-
-_warned: set = set()
-
-
-def cache_dir() -> str:
-    """$TYLOPY_CACHE_DIR or ~/.cache/tylopy, created if needed; ``CacheUnavailable`` if that fails."""
-    d = os.environ.get("TYLOPY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "tylopy")
-    try:
-        os.makedirs(d, exist_ok=True)
-    except OSError as e:
-        raise CacheUnavailable(f"the compile cache folder {d} cannot be created ({e.strerror or e}); "
-                               "set TYLOPY_CACHE_DIR to a writable folder, or TYLOPY_CACHE=0") from None
-    if not os.path.isdir(d):
-        raise CacheUnavailable(f"the compile cache path {d} is not a folder; set TYLOPY_CACHE_DIR to a writable "
-                               "folder, or TYLOPY_CACHE=0")
-    return d
+FORMAT = 3
+MAX_META_BYTES = cachefs.MAX_META_BYTES
+MAX_RECIPES = 16  # read-recipe sets kept per base key
+MAX_READS = 4096  # reads in one recipe
+READ_KINDS = ("global", "closure", "attr", "env", "unbound")
+EXPLAIN_SCAN = 512  # explain looks at the newest this many entries of the folder
 
 
 def enabled() -> bool:
@@ -90,7 +74,7 @@ def base_key(kernel, constexprs: dict, options) -> tuple[str, dict]:
         "format": FORMAT,
         "kernel": kernel.name,
         "signature": [f"{n}: {k!r}" for n, k, _ in kernel.signature],
-        "source": f"{kernel.fn.__qualname__} {capture.code_digest(kernel.fn.__code__)}",
+        "source": f"{kernel.fn.__qualname__} {capture.code_digest(kernel.fn.__code__)} {kernel.source_digest()}",
         "constexprs": {k: capture.fingerprint(v, f"constexpr {k}", kernel.name) for k, v in sorted(constexprs.items())},
         "launch_bounds": [bounds.max_threads, bounds.min_blocks_per_sm, bounds.max_registers],
         "options": options.key(),
@@ -127,61 +111,95 @@ def _sha(b: bytes) -> str:
     return hashlib.sha256(b).hexdigest()
 
 
-def _read_json(path: str):
-    """Parse one of our JSON files; None when absent, too large or not valid (including NaN/Infinity)."""
+def _read_sealed(path: str):
+    """(status, parsed JSON): status "absent", "untrusted" (no valid MAC under this user's key:
+    planted, another user's, or damaged) or "ok"; a sealed file that does not parse is "untrusted" too."""
+    data = cachefs.read_bounded(path, MAX_META_BYTES)
+    if data is None:
+        return ("absent" if not os.path.lexists(path) else "untrusted"), None
+    payload = cachefs.unseal(os.path.basename(path), data)
+    if payload is None:
+        return "untrusted", None
     try:
-        if os.path.getsize(path) > MAX_META_BYTES:
-            return None
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        return json.loads(text, parse_constant=_reject_constant)
-    except (OSError, ValueError, RecursionError, UnicodeDecodeError):
-        return None
+        return "ok", json.loads(payload.decode("utf-8"), parse_constant=_reject_constant)
+    except (ValueError, RecursionError, UnicodeDecodeError):
+        return "untrusted", None
 
 
 def _reject_constant(name):
     raise ValueError(f"non-finite number {name} in a cache file")
 
 
-def load(key: str) -> Entry | None:
+_REPORT_TYPES = {"available": bool, "arch": str, "registers": (int, type(None)), "spill_stores": int,
+                 "spill_loads": int, "stack_frame": int, "shared_bytes": int, "barriers": int, "warnings": list,
+                 "note": str, "log": str}
+
+
+def _entry_of(meta, d: str, key: str) -> Entry | None:
+    """The entry a verified metadata file describes, when its schema and its files' hashes hold."""
+    _, ptx_p, cubin_p = _paths(d, key)
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        return None
+    rep, smem, sites = meta.get("report"), meta.get("dynamic_shared_bytes"), meta.get("wait_sites", [])
+    if not (isinstance(rep, dict) and set(rep) <= set(_REPORT_TYPES)
+            and all(isinstance(v, _REPORT_TYPES[k]) for k, v in rep.items())
+            and all(isinstance(w, str) for w in rep.get("warnings", ()))):
+        return None
+    if isinstance(smem, bool) or not isinstance(smem, int) or not 0 <= smem <= 1 << 20:
+        return None
+    if not (isinstance(sites, list) and all(isinstance(s, list) and len(s) == 2 and all(isinstance(x, str) for x in s)
+                                            for s in sites)):
+        return None
+    ptx = cachefs.read_bounded(ptx_p, cachefs.MAX_BLOB_BYTES)
+    if ptx is None or _sha(ptx) != meta.get("ptx_sha256"):
+        return None
+    cubin = None
+    if meta.get("cubin_sha256"):
+        cubin = cachefs.read_bounded(cubin_p, cachefs.MAX_BLOB_BYTES)
+        if cubin is None or _sha(cubin) != meta["cubin_sha256"]:
+            return None
+    try:
+        report = PtxasReport(**{k: (tuple(v) if k == "warnings" else v) for k, v in rep.items()})
+        text = ptx.decode()
+    except (TypeError, UnicodeDecodeError):
+        return None
+    return Entry(text, cubin, report, smem, tuple(WaitSite(a, b) for a, b in sites))
+
+
+def _usable_dir() -> str | None:
+    """The cache folder when the disk cache is on and the folder and key can be trusted."""
     if not enabled():
         return None
-    d = cache_dir()
-    meta_p, ptx_p, cubin_p = _paths(d, key)
-    meta = _read_json(meta_p)
-    if not isinstance(meta, dict):
+    return cachefs.trusted_dir()
+
+
+def load(key: str) -> Entry | None:
+    d = _usable_dir()
+    if d is None:
         return None
-    try:
-        with open(ptx_p, "rb") as f:
-            ptx = f.read()
-        if _sha(ptx) != meta["ptx_sha256"]:
-            return None
-        cubin = None
-        if meta.get("cubin_sha256"):
-            with open(cubin_p, "rb") as f:
-                cubin = f.read()
-            if _sha(cubin) != meta["cubin_sha256"]:
-                return None
-        rep = meta["report"]
-        report = PtxasReport(**{k: (tuple(v) if k == "warnings" else v) for k, v in rep.items()})
-        sites = tuple(WaitSite(str(a), str(b)) for a, b in meta.get("wait_sites", []))
-        smem = meta["dynamic_shared_bytes"]
-        if isinstance(smem, bool) or not isinstance(smem, int) or not 0 <= smem <= 1 << 20:
-            return None
-        return Entry(ptx.decode(), cubin, report, smem, sites)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None  # absent or corrupt: rebuild
+    meta_p = _paths(d, key)[0]
+    status, meta = _read_sealed(meta_p)
+    if status != "ok":
+        return None
+    entry = _entry_of(meta, d, key)
+    if entry is not None:
+        cachefs.touch(meta_p)
+    return entry
+
+
+def _valid_read(r) -> bool:
+    return (isinstance(r, list) and len(r) == 3 and all(isinstance(x, str) and len(x) <= 1024 for x in r)
+            and r[0] in READ_KINDS)
 
 
 def _manifest(d: str, base: str) -> list:
     """The read-recipe sets stored under ``base`` (each a list of [kind, owner, name])."""
-    data = _read_json(_manifest_path(d, base))
-    if not isinstance(data, list):
+    status, data = _read_sealed(_manifest_path(d, base))
+    if status != "ok" or not isinstance(data, list):
         return []
     out = []
-    for recipe in data:
-        if isinstance(recipe, list) and all(isinstance(r, list) and len(r) == 3 and all(isinstance(x, str) for x in r)
-                                            for r in recipe):
+    for recipe in data[:MAX_RECIPES]:
+        if isinstance(recipe, list) and len(recipe) <= MAX_READS and all(_valid_read(r) for r in recipe):
             out.append([capture.Read(*r) for r in recipe])
     return out
 
@@ -205,9 +223,9 @@ def _key_of(base: str, resolved) -> str:
 def lookup(base: str, kernel_fn):
     """(full key, entry, [(Read, value, fingerprint)]) of the entry whose recorded reads have the
     same values now, or None."""
-    if not enabled():
+    d = _usable_dir()
+    if d is None:
         return None
-    d = cache_dir()
     closure = _closure_of(kernel_fn)
     for recipe in _manifest(d, base):
         resolved = _resolve_recipe(recipe, closure)
@@ -220,49 +238,44 @@ def lookup(base: str, kernel_fn):
     return None
 
 
-def _atomic_write(path: str, data: bytes):
-    d = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def store(key: str, base: str, components: dict, reads: list, ck) -> None:
-    if not enabled():
+    d = _usable_dir()
+    if d is None:
         return
-    d = cache_dir()
     meta_p, ptx_p, cubin_p = _paths(d, key)
     ptx = ck.ptx.encode()
     rep = ck.report
     meta = {
-        "components": components, "base_key": base, "reads": reads, "ptx_sha256": _sha(ptx),
+        "format": FORMAT, "components": components, "base_key": base, "reads": reads, "ptx_sha256": _sha(ptx),
         "cubin_sha256": _sha(ck.cubin) if ck.cubin else None,
         "dynamic_shared_bytes": ck.dynamic_shared_bytes,
         "wait_sites": [[s.label, s.where] for s in ck.wait_sites],
-        "report": {k: getattr(rep, k) for k in ("available", "arch", "registers", "spill_stores", "spill_loads",
-                                                "stack_frame", "shared_bytes", "barriers", "warnings", "note", "log")},
+        "report": {k: (list(v) if k == "warnings" else v) for k in _REPORT_TYPES for v in [getattr(rep, k)]},
     }
     recipe = [r[:3] for r in reads]
+    meta_bytes = json.dumps(meta, sort_keys=True, indent=1).encode()
+    if len(meta_bytes) > MAX_META_BYTES - 1024 or len(recipe) > MAX_READS:
+        cachefs.warn_once(f"tylopy: kernel {ck.name!r} is not stored in the compile cache: its metadata (the values "
+                          f"its trace read) is larger than {MAX_META_BYTES} bytes", stacklevel=4)
+        return
     try:
-        _atomic_write(ptx_p, ptx)
+        cachefs.atomic_write(ptx_p, ptx)
         if ck.cubin:
-            _atomic_write(cubin_p, ck.cubin)
-        _atomic_write(meta_p, json.dumps(meta, sort_keys=True, indent=1).encode())  # last: marks the entry complete
+            cachefs.atomic_write(cubin_p, ck.cubin)
+        cachefs.atomic_write(meta_p, cachefs.seal(os.path.basename(meta_p), meta_bytes))  # last: marks it complete
         recipes = [[r.as_json() for r in rs] for rs in _manifest(d, base)]
         if recipe not in recipes:
-            recipes = [recipe] + recipes[:15]
-            _atomic_write(_manifest_path(d, base), json.dumps(recipes).encode())
-    except OSError as e:
-        if str(e) not in _warned:  # a read-only or full cache folder must not break compilation
-            _warned.add(str(e))
-            warnings.warn(f"tylopy: cannot write the compile cache in {d} ({e}); compiling without it",
-                          RuntimeWarning, stacklevel=3)
+            recipes = [recipe] + recipes[:MAX_RECIPES - 1]
+            manifest = json.dumps(recipes).encode()
+            while len(manifest) > MAX_META_BYTES - 1024 and len(recipes) > 1:
+                recipes.pop()
+                manifest = json.dumps(recipes).encode()
+            path = _manifest_path(d, base)
+            cachefs.atomic_write(path, cachefs.seal(os.path.basename(path), manifest))
+    except OSError as e:  # a read-only or full cache folder must not break compilation
+        cachefs.warn_once(f"tylopy: cannot write the compile cache in {d} ({e}); compiling without it", stacklevel=4)
+        return
+    cachefs.enforce_cap(d)
 
 
 def explain(kernel, constexprs: dict, options) -> str:
@@ -270,29 +283,37 @@ def explain(kernel, constexprs: dict, options) -> str:
     base, comps = base_key(kernel, constexprs, options)
     if not enabled():
         return "miss: the disk cache is off (TYLOPY_CACHE=0)"
-    d = cache_dir()
+    d = cachefs.cache_dir()
+    if _usable_dir() is None:
+        problem = cachefs.dir_problem(d) if not cachefs.shared() else None
+        why = f"the folder {d} is not trusted ({problem})" if problem else f"the cache key {cachefs.key_path()} " \
+                                                                           "cannot be used"
+        return f"miss: the disk cache is off: {why}"
     found = lookup(base, kernel.fn)
     if found is not None:
         return f"hit: {found[0]}"
+    if _read_sealed(_manifest_path(d, base))[0] == "untrusted":
+        return (f"miss: the read list {base}.reads.json is untrusted (its MAC does not match this user's cache key: "
+                "planted, another user's, or corrupt); it is ignored and will be rewritten")
     closure = _closure_of(kernel.fn)
     for recipe in _manifest(d, base):
         resolved = _resolve_recipe(recipe, closure)
         if resolved is None:
             continue
         key = _key_of(base, resolved)
-        if any(os.path.exists(p) for p in _paths(d, key)):
+        if any(os.path.lexists(p) for p in _paths(d, key)):
+            if _read_sealed(_paths(d, key)[0])[0] == "untrusted":
+                return (f"miss: entry {key} is untrusted or corrupt (its MAC does not match this user's cache key: "
+                        "planted, another user's, or damaged); it will not be loaded, and will be rebuilt")
             return f"miss: entry {key} exists but is corrupt (unreadable or a hash mismatch); it will be rebuilt"
     metas = []
-    for p in glob.glob(os.path.join(d, "*.json")):
-        if p.endswith(".reads.json"):
-            continue
-        meta = _read_json(p)
-        if isinstance(meta, dict) and isinstance(meta.get("components"), dict) and \
+    for mtime, p in _newest_metadata(d):
+        status, meta = _read_sealed(p)
+        if status == "ok" and isinstance(meta, dict) and isinstance(meta.get("components"), dict) and \
                 meta["components"].get("kernel") == kernel.name:
-            metas.append((os.path.getmtime(p), meta))
+            metas.append((mtime, meta))
     if not metas:
         return f"miss: no entry for kernel {kernel.name!r} in {d}"
-    metas.sort(key=lambda x: x[0], reverse=True)
     same_base = [m for _, m in metas if m.get("base_key") == base]
     if same_base:
         return "miss: " + _reads_diff(same_base[0].get("reads") or [], kernel.fn)
@@ -303,10 +324,24 @@ def explain(kernel, constexprs: dict, options) -> str:
             continue
         if isinstance(comps[k], dict) and isinstance(other.get(k), dict):
             sub = [s for s in sorted(set(comps[k]) | set(other[k])) if comps[k].get(s) != other[k].get(s)]
-            details.append(f"{k} ({', '.join(sub)})")
+            details.append(f"{k} ({', '.join(map(str, sub))})")
         else:
-            details.append(f"{k}: {other.get(k)!r} -> {comps[k]!r}")
+            details.append(f"{k}: {_short(repr(other.get(k)))} -> {_short(repr(comps[k]))}")
     return f"miss: differs from the newest entry of {kernel.name!r} in " + "; ".join(details)
+
+
+def _newest_metadata(d: str) -> list:
+    """[(mtime, path)] of the newest ``EXPLAIN_SCAN`` entry metadata files, newest first."""
+    found = []
+    for p in glob.glob(os.path.join(d, "*.json")):
+        if p.endswith(".reads.json"):
+            continue
+        try:
+            found.append((os.lstat(p).st_mtime, p))
+        except OSError:
+            pass
+    found.sort(reverse=True)
+    return found[:EXPLAIN_SCAN]
 
 
 def _closure_of(fn) -> dict:
@@ -317,7 +352,7 @@ def _closure_of(fn) -> dict:
 def _reads_diff(reads: list, kernel_fn) -> str:
     closure = _closure_of(kernel_fn)
     for item in reads:
-        if not (isinstance(item, list) and len(item) == 4):
+        if not (isinstance(item, list) and len(item) == 4 and _valid_read(item[:3])):
             continue
         r = capture.Read(*item[:3])
         try:
@@ -325,7 +360,7 @@ def _reads_diff(reads: list, kernel_fn) -> str:
         except (capture.Unresolvable, capture.CaptureError):
             return f"the value the trace read from {r.describe()} is not there any more"
         if now != item[3]:
-            return f"the value the trace read from {r.describe()} changed: {_short(item[3])} -> {_short(now)}"
+            return f"the value the trace read from {r.describe()} changed: {_short(str(item[3]))} -> {_short(now)}"
     return "the entry's files are missing or corrupt; it will be rebuilt"
 
 
@@ -334,16 +369,19 @@ def _short(text: str, n: int = 60) -> str:
 
 
 def maybe_dump(ck) -> None:
-    """With TYLOPY_DUMP_DIR set, write every compiled kernel's PTX, LLVM IR and report there."""
+    """With TYLOPY_DUMP_DIR set, write every compiled kernel's PTX, LLVM IR and report there (each file
+    written to a new private name and renamed: a symlink planted at a predictable name is replaced,
+    never followed)."""
     d = os.environ.get("TYLOPY_DUMP_DIR")
     if not d:
         return
-    os.makedirs(d, exist_ok=True)
-    stem = os.path.join(d, f"{ck.name}-{ck.cache_key[:12]}")
-    with open(stem + ".ptx", "w") as f:
-        f.write(ck.ptx)
-    with open(stem + ".report.txt", "w") as f:
-        f.write(str(ck.report) + "\n")
-    if ck._llvm_ir is not None:
-        with open(stem + ".ll", "w") as f:
-            f.write(ck._llvm_ir)
+    stem = f"{ck.name}-{ck.cache_key[:12]}"
+    try:
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        cachefs.dump_file(d, stem + ".ptx", ck.ptx)
+        cachefs.dump_file(d, stem + ".report.txt", str(ck.report) + "\n")
+        if ck._llvm_ir is not None:
+            cachefs.dump_file(d, stem + ".ll", ck._llvm_ir)
+    except OSError as e:
+        cachefs.warn_once(f"tylopy: TYLOPY_DUMP_DIR={d}: cannot write {stem}.* there ({e.strerror or e})",
+                          stacklevel=4)

@@ -42,7 +42,9 @@ _STDLIB = os.path.realpath(sysconfig.get_paths()["stdlib"])
 @dataclass(frozen=True)
 class Read:
     """One value a trace read: ``kind`` is "global" (``owner`` a module name), "closure" (of the
-    kernel function; ``owner`` is "") or "attr" (``name`` a dotted path from a module global)."""
+    kernel function; ``owner`` is ""), "attr" (``name`` a dotted path from a module global) or
+    "env" (an environment variable; its value, or None when unset) or "unbound" (a module global
+    the trace looked for and did not find, so Python used the builtin: ``UNBOUND`` while it stays so)."""
 
     kind: str
     owner: str
@@ -51,10 +53,29 @@ class Read:
     def describe(self) -> str:
         if self.kind == "closure":
             return f"closure variable {self.name!r}"
+        if self.kind == "env":
+            return f"environment variable {self.name}"
+        if self.kind == "unbound":
+            return f"{self.owner}.{self.name} (unbound, so the builtin)"
         return f"{self.owner}.{self.name}"
 
     def as_json(self) -> list:
         return [self.kind, self.owner, self.name]
+
+
+class _Unbound:
+    """The value of a module global that is not bound (the name means the builtin)."""
+
+    __slots__ = ()
+
+    def __tylopy_fingerprint__(self):
+        return "unbound"
+
+    def __repr__(self):
+        return "<unbound>"
+
+
+UNBOUND = _Unbound()
 
 
 class Unresolvable(LookupError):
@@ -67,9 +88,13 @@ def resolve(read: Read, closure: dict):
         if read.name not in closure:
             raise Unresolvable(read.name)
         return closure[read.name]
+    if read.kind == "env":
+        return os.environ.get(read.name)
     module = sys.modules.get(read.owner)
     if module is None:
         raise Unresolvable(read.owner)
+    if read.kind == "unbound":
+        return vars(module).get(read.name, UNBOUND)
     head, *rest = read.name.split(".")
     try:
         value = vars(module)[head]
@@ -90,6 +115,7 @@ class Recorder:
         self._token = None
 
     def __enter__(self):
+        _record_environment()
         self._token = _active.set(self)
         return self
 
@@ -114,6 +140,34 @@ def _record(read: Read, value):
     return value
 
 
+class _RecordingEnviron(type(os.environ)):
+    """``os.environ`` with its reads recorded while a trace is active in this context (``get``,
+    ``in`` and ``[]`` all read through ``__getitem__``): a kernel whose trace reads an environment
+    variable is keyed by its value, like any other value read from outside."""
+
+    def __getitem__(self, key):
+        try:
+            value = super().__getitem__(key)
+        except KeyError:
+            _note_env(key, None)
+            raise
+        _note_env(key, value)
+        return value
+
+
+def _note_env(key, value):
+    rec = _active.get()
+    if rec is not None and isinstance(key, str):
+        rec.note(Read("env", "", key), value)
+
+
+def _record_environment() -> None:
+    """Install the recording ``os.environ`` class (once; outside a trace it only reads)."""
+    env = os.environ
+    if type(env) is not _RecordingEnviron and type(env) is _RecordingEnviron.__mro__[1]:
+        env.__class__ = _RecordingEnviron
+
+
 def note_closure(name: str, value):
     """Record a closure variable of the kernel being traced (and wrap a namespace value)."""
     return _record(Read("closure", "", name), value)
@@ -123,17 +177,20 @@ class RecordingGlobals(dict):
     """An empty globals mapping for rewritten kernel code: every lookup is read from the real
     module globals (live, so rebinding a global is seen) and recorded by the active trace."""
 
-    def __init__(self, module_globals: dict):
+    def __init__(self, module_globals: dict, builtin_names: dict | None = None):
         super().__init__()
         self._globals = module_globals
         self._module = module_globals.get("__name__", "?")
-        if "__builtins__" in module_globals:
+        if builtin_names is not None:
+            self["__builtins__"] = builtin_names
+        elif "__builtins__" in module_globals:
             self["__builtins__"] = module_globals["__builtins__"]
 
     def __missing__(self, name):
         g = self._globals
-        if name not in g:
-            raise KeyError(name)  # then Python looks in the builtins
+        if name not in g:  # then Python looks in the builtins; a global bound later must be seen
+            _record(Read("unbound", self._module, name), UNBOUND)
+            raise KeyError(name)
         return _record(Read("global", self._module, name), g[name])
 
 
@@ -243,17 +300,38 @@ def global_names(code) -> list[str]:
 _SIMPLE = (type(None), bool, int, float, complex, str, bytes)
 
 
-def fingerprint(value, path: str, kernel: str = "", _seen: frozenset = frozenset(), _depth: int = 0) -> str:
+class TooDeep(CaptureError):
+    """A value nested deeper than fingerprints follow (refused even where other values count by type)."""
+
+
+MAX_DEPTH = 32  # nesting a fingerprint follows; deeper values are refused (never keyed by a prefix)
+LONG_FINGERPRINT = 512  # a longer fingerprint (a long list, a large dict) is kept as its SHA-256
+
+
+def fingerprint(value, path: str, kernel: str = "", _seen: tuple = (), _depth: int = 0) -> str:
     """A string that changes when ``value`` changes, computed from the value, never its identity.
 
-    Raises ``CaptureError`` naming ``path`` for a value tylopy cannot fingerprint.
+    Raises ``CaptureError`` naming ``path`` for a value tylopy cannot fingerprint, or one nested
+    deeper than ``MAX_DEPTH``.
     """
+    text = _fingerprint(value, path, kernel, _seen, _depth)
+    if len(text) > LONG_FINGERPRINT:
+        return f"{type(unwrap(value)).__name__} sha256:{hashlib.sha256(text.encode()).hexdigest()[:32]}"
+    return text
+
+
+def _fingerprint(value, path: str, kernel: str, _seen: tuple, _depth: int) -> str:
     value = unwrap(value)
     if isinstance(value, _SIMPLE):
         return f"{type(value).__name__}:{value!r}"
-    if _depth > 32 or id(value) in _seen:
-        return f"<cycle {type(value).__qualname__}>"
-    seen = _seen | {id(value)}
+    if id(value) in _seen:  # a cycle: say which enclosing value it returns to
+        return f"<cycle to level {_seen.index(id(value))}>"
+    if _depth >= MAX_DEPTH:
+        raise TooDeep(
+            f"kernel {kernel!r} reads {path} while tracing, a value nested more than {MAX_DEPTH} levels deep; "
+            "tylopy keys kernels by the content of the values a trace reads and does not follow it that far",
+            None, hint="pass the part the kernel needs as a ty.constexpr or a flatter global")
+    seen = _seen + (id(value),)
 
     def fp(x, sub):
         return fingerprint(x, sub, kernel, seen, _depth + 1)
@@ -272,7 +350,10 @@ def fingerprint(value, path: str, kernel: str = "", _seen: frozenset = frozenset
         return module_fingerprint(value)
     target = getattr(value, "fn", None)
     if isinstance(target, types.FunctionType) and type(value).__module__.startswith("tylopy"):
-        value = target  # @ty.func / @ty.kernel: the function they wrap
+        # @ty.func / @ty.kernel: the function they wrap, and the source text they are traced from
+        digest = getattr(value, "source_digest", None)
+        inner = fingerprint(target, path, kernel, _seen, _depth)
+        return f"{inner} text {digest()}" if callable(digest) else inner
     if isinstance(value, (staticmethod, classmethod)):
         return f"{type(value).__name__}({fp(value.__func__, path)})"
     if isinstance(value, property):
@@ -299,6 +380,8 @@ def fingerprint(value, path: str, kernel: str = "", _seen: frozenset = frozenset
         return f"enum {type(value).__qualname__}.{value.name}"
     if type(value).__module__ == "numpy" or type(value).__module__.startswith("numpy."):
         import numpy as np
+        if isinstance(value, np.ndarray) and value.dtype.hasobject:  # (its bytes would be addresses)
+            return f"ndarray {value.dtype} {value.shape} {fp(value.tolist(), path)}"
         if isinstance(value, np.ndarray):
             return f"ndarray {value.dtype} {value.shape} {hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()[:16]}"
         if isinstance(value, np.generic):
@@ -350,6 +433,8 @@ def _function_inputs(fn, path: str, fp) -> str:
 def _lenient(fp, value, path: str) -> str:
     try:
         return fp(value, path)
+    except TooDeep:
+        raise
     except CaptureError:
         return f"<{type(value).__module__}.{type(value).__qualname__}>"
 

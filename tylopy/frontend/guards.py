@@ -10,11 +10,12 @@ import enum
 import functools
 import keyword
 import operator
+import os
 import sys
 import types
 
 from ..errors import CaptureError
-from .capture import _SIMPLE, _is_user_module, _library_function, fingerprint, global_names, unwrap
+from .capture import _SIMPLE, UNBOUND, _is_user_module, _library_function, fingerprint, global_names, unwrap
 
 _MISSING = object()
 
@@ -48,7 +49,10 @@ class Guards:
                     return False
             for get, witness, snap, fp in self._mutable:
                 v = get()
-                if v is not witness or not _same_content(v, snap, fp):
+                if snap is _EQUAL:
+                    if v != witness:
+                        return False
+                elif v is not witness or not _same_content(v, snap, fp):
                     return False
         except Exception:  # noqa: BLE001 - a name or attribute that went away
             return False
@@ -63,6 +67,13 @@ class Guards:
                 cell = closure_cells.get(read.name)
                 if cell is not None:
                     checks.add(_cell_getter(cell), None, None, value, fp)
+            elif read.kind == "unbound":  # still not bound (a global of that name now shadows the builtin)
+                module = sys.modules.get(read.owner)
+                if module is not None:
+                    checks.mutable.append((functools.partial(vars(module).get, read.name, UNBOUND), UNBOUND,
+                                           _IDENTITY, None))
+            elif read.kind == "env":  # (a new str each read: compared by value)
+                checks.mutable.append((functools.partial(os.environ.get, read.name), value, _EQUAL, None))
             elif read.kind == "global":
                 module = sys.modules.get(read.owner)
                 if module is not None:
@@ -118,6 +129,8 @@ def _compiled_check(batches, mutable):
             read = f"m{i}()"
         if snap is _IDENTITY:
             terms.append(f"{read} is w{i}")
+        elif snap is _EQUAL:
+            terms.append(f"{read} == w{i}")
         else:
             env[f"n{i}"], env[f"f{i}"] = snap, fp
             terms.append(f"same_value({read}, w{i}, n{i}, f{i})")
@@ -138,14 +151,14 @@ class _GuardBuilder:
         self.seen: set = set()
         self.keys: set = set()
 
-    def add(self, getter, d, name, value, fp=None, deep=True):
-        """One check. ``deep`` is False for the globals a helper names (not read by the trace itself): a
-        large container or array there is checked by identity only, so launches stay cheap."""
+    def add(self, getter, d, name, value, fp=None):
+        """One check: the same object, and for a mutable one the same content (a long list or an array
+        a helper names too: checked by content, as the disk key hashes it)."""
         if d is not None:
             if (id(d), name) in self.keys:
                 return
             self.keys.add((id(d), name))
-        if _immutable(value) or (not deep and _large(value)):
+        if _immutable(value):
             if d is not None:
                 self.by_dict.setdefault(id(d), (d, {}))[1][name] = value
             else:
@@ -169,17 +182,28 @@ class _GuardBuilder:
             return
         if isinstance(value, types.FunctionType) and _library_function(value) is None:
             self.seen.add(id(value))
+            fn = value
+            for attr in ("__defaults__", "__kwdefaults__"):  # a default mutated in place is a new input
+                if getattr(fn, attr):
+                    self.add(functools.partial(getattr, fn, attr), None, None, getattr(fn, attr))
+            for cell in fn.__closure__ or ():
+                try:
+                    contents = cell.cell_contents
+                except ValueError:
+                    continue
+                self.add(_cell_getter(cell), None, None, contents)
+                self.follow(contents, depth + 1)
             g = value.__globals__
             for name in global_names(value.__code__):
                 if name in g:
-                    self.add(None, g, name, g[name], deep=False)
+                    self.add(None, g, name, g[name])
                     self.follow(g[name], depth + 1)
         elif isinstance(value, type) and _is_user_module(sys.modules.get(value.__module__) or types):
             self.seen.add(id(value))
             members = vars(value)
             for name, v in list(members.items()):
                 if not (name.startswith("__") and name.endswith("__")):
-                    self.add(None, members, name, v, deep=False)
+                    self.add(None, members, name, v)
                     self.follow(v, depth + 1)
 
     def finish(self) -> Guards:
@@ -193,6 +217,7 @@ class _GuardBuilder:
 
 
 _IDENTITY = object()  # snapshot marker: the identity test is the whole check
+_EQUAL = object()  # snapshot marker: the value read now must equal the one seen (environment variables)
 
 
 def _same_content(value, snap, fp) -> bool:
@@ -209,14 +234,9 @@ def _same_content(value, snap, fp) -> bool:
                 return True
         except Exception:  # noqa: BLE001 - a value whose comparison fails: its fingerprint decides
             pass
-    return fp is not None and _fingerprint_or_none(value) == fp
-
-
-def _large(value) -> bool:
-    try:
-        return len(value) > 64 or type(value).__module__ == "numpy"
-    except TypeError:
-        return type(value).__module__ == "numpy"
+    # no fingerprint: a value a plain helper names that has none (the key counts it by its type), so
+    # the same object is all there is to check
+    return fp is None or _fingerprint_or_none(value) == fp
 
 
 class _VarsSnapshot(tuple):

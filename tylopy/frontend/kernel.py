@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import functools
 import inspect
 import os
@@ -27,15 +28,17 @@ from ..codegen.targets import SUPPORTED_ARCHS
 from ..errors import (CompileError, IRVerificationError, KernelSourceError, LaunchTypeError, LayoutError,
                       ResourceLimitError, TylopyError)
 from ..ir.printer import format_ir
-from ..ir.types import PointerType, ScalarType, TensorMapType, Type
+from ..ir.types import PointerType, ScalarType, Type
 from ..ir.values import KernelIR, LaunchBounds, Param
 from ..ir.verify import verify
 from ..runtime import hooks, plancache
 from . import capture, guards, tracing
+from .annotations import param_kind as _param_kind
 from .builder import Builder, user_location
 from .diagnostics import (constexpr_note, def_loc, innermost_user_frame, locate, lowering_error, param_loc, relocated,
                           trace_error, verification_error, with_ptx_source_line)
 from .lang import NoAliasPointer, _Constexpr
+from .launching import _BoundLaunch
 from .options import CompileOptions, environment_snapshot, from_environment
 from .proxy import RuntimeValue
 from .rewrite import rewrite_function, source_of
@@ -49,41 +52,6 @@ MAX_FUNC_DEPTH = 64
 MAX_SPECIALIZATIONS_PER_KEY = 8  # in-memory entries per base key (one per set of read values)
 
 
-def _evaluate_annotation(fn: Callable, name: str, text: str) -> Any:
-    """A string annotation (``from __future__ import annotations``, or quoted) evaluated where the
-    kernel was defined: its module's globals, the names it closes over and, since a name used only in
-    an annotation is not closed over, the locals of the enclosing function while it is decorating
-    (found on the stack as the frame whose code holds the kernel's code)."""
-    scope = dict(fn.__globals__)
-    frame = inspect.currentframe()
-    while frame is not None:
-        if fn.__code__ in frame.f_code.co_consts:
-            scope.update(frame.f_locals)
-            break
-        frame = frame.f_back
-    del frame
-    for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
-        try:
-            scope[var] = cell.cell_contents
-        except ValueError:  # an empty cell: the name is not bound yet
-            pass
-    try:
-        return eval(text, scope)  # noqa: S307 - the kernel author's own annotation text
-    except Exception as e:  # noqa: BLE001 - reported at the parameter
-        raise KernelSourceError(f"kernel parameter {name!r}: its annotation {text!r} could not be evaluated "
-                                f"({type(e).__name__}: {e})", param_loc(fn, name)) from None
-
-
-def _param_kind(fn: Callable, name: str, ann) -> Any:
-    if isinstance(ann, str):
-        ann = _evaluate_annotation(fn, name, ann)
-    if isinstance(ann, (_Constexpr, ScalarType, PointerType, TensorMapType, NoAliasPointer, TensorSpec)):
-        return ann
-    raise KernelSourceError(
-        f"kernel parameter {name!r} expects an annotation such as ty.ptr(ty.f32), ty.tensor(ty.f32, 2), ty.i32, "
-        f"ty.f32, ty.tensormap or ty.constexpr, but got {ann!r}", param_loc(fn, name))
-
-
 class func:
     """A helper traced inline into the kernel that calls it; its if/for/while may use run-time values."""
 
@@ -94,6 +62,16 @@ class func:
         functools.update_wrapper(self, fn)
         self._traceable = None
         self._depth = 0
+
+    def source_digest(self) -> str:
+        """The digest of the source text this helper is traced from (read from its file when it is
+        first traced or keyed; part of the key of every kernel that calls it)."""
+        if self._traceable is None:
+            try:
+                self._traceable = rewrite_function(self.fn)
+            except KernelSourceError:
+                return "no source"  # (calling it says why)
+        return self._traceable.source_digest
 
     def __call__(self, *args, **kwargs):
         if self._traceable is None:
@@ -194,6 +172,7 @@ class Kernel:
         self.min_blocks_per_sm = min_blocks_per_sm
         self.max_registers = max_registers
         self.noalias = bool(noalias)
+        self._debug = None  # the compile option debug when set (with_debug), else TYLOPY_DEBUG decides
         source_of(fn)  # no source, no tracing: say so at the decorator, not at the first launch
         self.signature = []
         for p in inspect.signature(fn).parameters.values():
@@ -225,12 +204,33 @@ class Kernel:
     def __repr__(self):
         return f"<tylopy kernel {self.name} ({self.arch}) from {self.source_file}>"
 
+    def _rewritten(self):
+        """The kernel rewritten for tracing, from its file's text when first needed (kept: the key and
+        every trace of this object use that same text)."""
+        if self._traceable is None:
+            self._traceable = rewrite_function(self.fn, record_closure=True)
+        return self._traceable
+
+    def source_digest(self) -> str:
+        """The digest of the source text this kernel is traced from (part of its cache key)."""
+        return self._rewritten().source_digest
+
     def with_arch(self, arch: str) -> "Kernel":
         """The same kernel compiled for another target (``sm_80``, ``sm_90a``, ...); a new object."""
         if arch not in SUPPORTED_ARCHS:
             raise ValueError(f"arch expects one of {', '.join(SUPPORTED_ARCHS)}, but got {arch!r}")
         return Kernel(self.fn, self.threads, arch, self.min_blocks_per_sm, self.max_registers, self.name,
-                      self.noalias, _register=False)
+                      self.noalias, _register=False).with_debug(self._debug)
+
+    def with_debug(self, debug: bool | None = True) -> "Kernel":
+        """This kernel with the compile option ``debug`` (device asserts and prints) set: True or False
+        whatever ``TYLOPY_DEBUG`` says, None to follow it. Returns ``self``."""
+        if debug is not None and not isinstance(debug, bool):
+            raise KernelSourceError(f"kernel {self.name!r}: debug expects True, False or None, but got {debug!r}",
+                                    def_loc(self.fn))
+        self._debug = debug
+        self.clear_cache()
+        return self
 
     def clear_cache(self) -> None:
         """Forget the specializations compiled in this process (the disk cache stays)."""
@@ -281,7 +281,8 @@ class Kernel:
 
     def options(self) -> CompileOptions:
         """The compile options of a compile started now (the environment is read here)."""
-        return from_environment(self.arch, "all" if self.noalias else "declared")
+        options = from_environment(self.arch, "all" if self.noalias else "declared")
+        return options if self._debug is None else dataclasses.replace(options, debug=self._debug)
 
     def _constexprs(self, given: dict) -> dict:
         out = {}
@@ -341,8 +342,7 @@ class Kernel:
         """The verified IR of one specialization."""
         cx = self._constexprs(constexprs)
         options = options or self.options()
-        if self._traceable is None:
-            self._traceable = rewrite_function(self.fn, record_closure=True)
+        traceable = self._rewritten()
         bounds = self._launch_bounds(cx)
         bld = Builder(options.arch, options)
         params, args = [], []
@@ -360,7 +360,7 @@ class Kernel:
             args.append(RuntimeValue(v))
         with bld, (recorder or contextlib.nullcontext()):  # (only a compile records what the trace reads)
             try:
-                out = self._traceable.make(tracing)(*args)
+                out = traceable.make(tracing)(*args)
             except KernelSourceError as e:
                 if e.loc is not None:
                     raise
@@ -389,6 +389,15 @@ class Kernel:
         except IRVerificationError as e:
             raise verification_error(e) from None
         return kir
+
+    def traced(self, **constexprs) -> tuple[KernelIR, Callable[[], bool]]:
+        """(the verified IR of one specialization, a test that it is still what a trace would give):
+        the rule ``compile`` follows (same environment options, same values read), for the emulator."""
+        env, recorder = environment_snapshot(), capture.Recorder(self.name)
+        kir = self.trace(None, recorder, **constexprs)
+        cells = dict(zip(self.fn.__code__.co_freevars, self.fn.__closure__ or ()))
+        checks = guards.Guards.build([(r, recorder.values[r], fp) for r, fp in recorder.reads.items()], cells)
+        return kir, lambda: env == environment_snapshot() and checks.valid()
 
     @staticmethod
     def _tensor_param(bld, name: str, spec: TensorSpec, options, params: list) -> TensorArg:
@@ -476,9 +485,7 @@ class Kernel:
         entries.insert(0, ck)
         del entries[MAX_SPECIALIZATIONS_PER_KEY:]
         cache.maybe_dump(ck)
-        if hooks._observers:
-            hooks.emit(hooks.CompileEvent(self.name, ck.constexprs, "disk" if ck.from_cache else "build",
-                                          ck.compile_seconds))
+        hooks.compiled(self.name, ck)  # the observers and the log
         return ck
 
     def _build(self, kir: KernelIR, cx: dict, options: CompileOptions, key: str) -> CompiledKernel:
@@ -548,43 +555,19 @@ def _stable_repr(v) -> str:
     return text
 
 
-class _BoundLaunch:
-    __slots__ = ("kernel", "grid")
-
-    def __init__(self, kernel: Kernel, grid):
-        self.kernel, self.grid = kernel, grid
-
-    def __call__(self, *args, stream=None, **constexprs):
-        ck, grid, args = self._specialize(args, constexprs)
-        return ck.launcher().launch(grid, args, stream)
-
-    def prepare(self, *args, **constexprs):
-        """The launch ``kernel[grid](*args, **constexprs)`` would make, with its arguments checked and
-        packed once: ``.set(name, value)`` changes one, ``.launch()`` sends it (``PreparedLaunch``).
-        It keeps the specialization compiled now, whatever globals change later."""
-        ck, grid, args = self._specialize(args, constexprs)
-        return ck.launcher().prepare(grid, args)
-
-    def _specialize(self, args, constexprs):
-        """(the specialization these arguments launch, the grid, the runtime arguments)."""
-        k = self.kernel
-        if constexprs and not k._runtime_names.isdisjoint(constexprs):
-            args, constexprs = k.bind_keywords(args, constexprs)
-        ck = k._compile_for_arguments(args, constexprs) if k._open_tensors else k.compile(**constexprs)
-        return ck, self.grid(constexprs) if callable(self.grid) else self.grid, args
-
-
 def kernel(fn=None, *, threads=128, arch: str = DEFAULT_ARCH, min_blocks_per_sm=None, max_registers=None, name=None,
-           noalias: bool = False):
+           noalias: bool = False, debug: bool | None = None):
     """Decorate a function as a tylopy kernel.
 
     ``threads`` is the block size (an int, or a function of the constexprs); ``arch`` the
     target (``sm_90a`` for Hopper-only instructions, ``sm_80`` for portable kernels);
     ``noalias=True`` promises that no two pointer arguments of a launch overlap (LLVM
     ``noalias`` on every pointer parameter; per parameter: ``ty.ptr(ty.f32, noalias=True)``).
+    ``debug=True``/``False`` compiles ``ty.device_assert``/``ty.printf`` in or out whatever
+    ``TYLOPY_DEBUG`` says (None: as it says).
     """
     def wrap(f):
-        return Kernel(f, threads, arch, min_blocks_per_sm, max_registers, name, noalias)
+        return Kernel(f, threads, arch, min_blocks_per_sm, max_registers, name, noalias).with_debug(debug)
     return wrap(fn) if fn is not None else wrap
 
 

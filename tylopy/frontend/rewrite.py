@@ -22,9 +22,12 @@ under the expression that raised it.
 from __future__ import annotations
 
 import ast
+import builtins
+import hashlib
 import inspect
 import itertools
 import linecache
+import os
 import textwrap
 
 from ..errors import KernelSourceError, SourceLoc
@@ -33,6 +36,8 @@ from . import capture, jumps
 _counter = itertools.count()
 RT = "__ty"  # the name under which the rewritten code sees tylopy.tracing
 TRACED_PREFIX = "__ty_fn_"  # the rewritten function is __ty_fn_<n>_<original name>
+LOCALS = "__ty_locals"  # Python's locals() under a reserved name (a user's `locals` must not break the rewrite)
+TRACED_BUILTINS = ("range", "min", "max")  # tylopy's versions stand in for these builtins in kernel code
 
 
 def _generated(name: str) -> bool:
@@ -154,7 +159,7 @@ def _tuple(names, ctx) -> ast.Tuple:
 
 
 def _lookups(names) -> ast.Tuple:
-    locals_call = ast.Call(func=ast.Name(id="locals", ctx=ast.Load()), args=[], keywords=[])
+    locals_call = ast.Call(func=ast.Name(id=LOCALS, ctx=ast.Load()), args=[], keywords=[])
     return ast.Tuple(elts=[ast.Call(func=_rt("lookup"), args=[locals_call, ast.Constant(n)], keywords=[])
                            for n in names], ctx=ast.Load())
 
@@ -183,15 +188,6 @@ def _names_tuple(names) -> ast.Tuple:
 class _Rewriter(ast.NodeTransformer):
     def _fresh(self, kind: str) -> str:
         return f"__ty_{kind}_{next(_counter)}"
-
-    def visit_Call(self, node: ast.Call):
-        """``range(...)`` anywhere in kernel code is tylopy's (a run-time bound then says where it
-        cannot go, e.g. a comprehension), and so are ``min(a, b, ...)`` and ``max(...)`` (element-
-        wise on run-time values), unless the module defines its own."""
-        self.generic_visit(node)
-        if isinstance(node.func, ast.Name) and node.func.id in self.builtins_traced:
-            node.func = jumps.at(_rt(node.func.id), node.func)
-        return node
 
     def _call_stmt(self, names, call) -> ast.stmt:
         if names:
@@ -271,8 +267,10 @@ def source_of(fn) -> tuple[str, str]:
             "source of the function it is given, so the wrapper's behaviour would be lost", loc,
             hint="put @ty.kernel / @ty.func directly above the def (other decorators may go above it)")
     try:
-        lines, _ = inspect.getsourcelines(fn)
         filename = inspect.getsourcefile(fn) or inspect.getfile(fn)
+        if filename and os.path.isfile(filename):
+            linecache.cache.pop(filename, None)  # the file as it is now (an edit may keep size and mtime)
+        lines, _ = inspect.getsourcelines(fn)
     except (OSError, TypeError):
         where = getattr(getattr(fn, "__code__", None), "co_filename", "?")
         raise KernelSourceError(
@@ -331,10 +329,11 @@ class Traceable:
     through ``RecordingGlobals`` (so the trace records what it read).
     """
 
-    def __init__(self, fn, factory, record_closure: bool):
+    def __init__(self, fn, factory, record_closure: bool, source_digest: str = ""):
         self.fn = fn
         self.factory = factory
         self.record_closure = record_closure
+        self.source_digest = source_digest  # of the text this was rewritten from (part of the cache key)
 
     def make(self, runtime_module):
         fn = self.fn
@@ -362,14 +361,14 @@ def _matches(fdef: ast.FunctionDef, fn) -> bool:
             and len(a.kwonlyargs) == code.co_kwonlyargcount)
 
 
-def _parsed_source(fn) -> tuple[ast.FunctionDef, str]:
-    """The function's ``def`` as the file has it now; if the cached file text no longer matches
-    the loaded code, the file is read again, and a real mismatch is an error that says so."""
+def _parsed_source(fn) -> tuple[ast.FunctionDef, str, str]:
+    """(the function's ``def`` as its file has it now, the file name, the digest of that text); a
+    ``def`` that no longer matches the loaded code (name, parameters) is an error that says so."""
     for attempt in range(2):
         src, filename = source_of(fn)
         fdef = _parse(fn, src, filename)
         if _matches(fdef, fn):
-            return fdef, filename
+            return fdef, filename, hashlib.sha256(src.encode()).hexdigest()[:16]
         linecache.checkcache(filename)
     raise KernelSourceError(
         f"the source of {fn.__qualname__!r} in {filename} does not match the code Python loaded (the file changed "
@@ -378,16 +377,13 @@ def _parsed_source(fn) -> tuple[ast.FunctionDef, str]:
 
 def rewrite_function(fn, record_closure: bool = False) -> Traceable:
     """Rewrite ``fn``'s source so that its control flow can be traced (see ``Traceable``)."""
-    fdef, filename = _parsed_source(fn)
+    fdef, filename, digest = _parsed_source(fn)
     fdef.decorator_list = []
     fdef.returns = None
     for a in fdef.args.args + fdef.args.kwonlyargs + fdef.args.posonlyargs:
         a.annotation = None
     jumps.lower_function(fdef, filename)
-    rewriter = _Rewriter()
-    rewriter.builtins_traced = {name for name in ("range", "min", "max")
-                                if name not in fn.__globals__ and name not in fn.__code__.co_freevars}
-    fdef = rewriter.visit(fdef)
+    fdef = _Rewriter().visit(fdef)
     # The traced function must not bind its own name in the factory: a recursive call (or one
     # through a closure variable of that name) has to reach the @ty.func wrapper, as in the original.
     fdef.name = f"{TRACED_PREFIX}{next(_counter)}_{fn.__name__}"
@@ -402,5 +398,16 @@ def rewrite_function(fn, record_closure: bool = False) -> Traceable:
     ast.fix_missing_locations(module)
     code = compile(module, filename, "exec")
     namespace: dict = {}
-    exec(code, capture.RecordingGlobals(fn.__globals__), namespace)
-    return Traceable(fn, namespace["__ty_factory"], record_closure)
+    exec(code, capture.RecordingGlobals(fn.__globals__, _kernel_builtins()), namespace)
+    return Traceable(fn, namespace["__ty_factory"], record_closure, digest)
+
+
+def _kernel_builtins() -> dict:
+    """The builtins of rewritten code: Python's, with tylopy's ``range``/``min``/``max``. They are
+    found only where Python would find a builtin, so a parameter, local, closure variable or module
+    global of the same name (bound before or after the kernel was defined) wins, as in Python."""
+    from . import tracing
+    names = dict(vars(builtins))
+    names.update({n: getattr(tracing, n) for n in TRACED_BUILTINS})
+    names[LOCALS] = builtins.locals
+    return names

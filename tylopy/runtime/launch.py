@@ -288,7 +288,11 @@ class Launcher:
         self._modules: dict[int, object] = {}
         self._streams: dict[int, object] = {}
         self._d, self._success = None, None  # the driver module and its CUDA_SUCCESS, looked up once
-        self._debug_record = self.DEBUG_RECORD if self.DEBUG_RECORD in compiled.ptx else None
+        # debug mode is an option of the compile, never guessed from the PTX text (a kernel's own
+        # names or strings may contain anything)
+        options = getattr(compiled, "options", None)
+        bounded = options is not None and options.debug_waits and bool(compiled.wait_sites)  # (sites: its waits)
+        self._debug_record = self.DEBUG_RECORD if bounded else None
 
     def _thread_slots(self) -> _Slots:
         if threading.get_ident() == self._owner:

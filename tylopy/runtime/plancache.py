@@ -41,6 +41,11 @@ class PlanCache:
         return value
 
     def put(self, key, value) -> None:
+        """Keep ``value`` under ``key``; an unhashable key keeps nothing (that call plans again)."""
+        try:
+            hash(key)
+        except TypeError:
+            return
         with self._lock:
             self._entries[key] = value
             self._entries.move_to_end(key)

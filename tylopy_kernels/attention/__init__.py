@@ -31,6 +31,7 @@ import math
 import torch
 
 from tylopy_kernels.attention.common import check_token_tensor, rejecter
+from tylopy_kernels.attention.conventions import autocast_inputs, is_nested, nested_attention
 
 HOPPER_HEAD_DIMS = (64, 128)
 BLOCK_M = 128
@@ -106,6 +107,12 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     through the ``tylopy::attention_fwd`` operator (``autograd.py``), whose backward runs
     tylopy's backward kernels; otherwise it launches the forward kernel directly.
     """
+    T = torch.Tensor
+    if (type(query) is not T or type(key) is not T or type(value) is not T) and is_nested(query, key, value):
+        # SDPA's nested jagged tensors: attention_varlen on the packed values
+        return nested_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse)
+    if getattr(query, "dtype", None) is torch.float32:  # fp32 under autocast runs in its dtype, as SDPA
+        query, key, value = autocast_inputs(query, key, value)
     if type(return_lse) is not bool:
         _fail(TypeError, "return_lse", "a bool", type(return_lse).__name__)
     sig = _signature(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
@@ -121,9 +128,7 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
             _fail(ValueError, "query", "a CUDA tensor", f"a tensor on {query.device}")
         if sig is not None:
             known = _Known(scale, _tma_strides_ok(query, key, value))
-            if len(_checked) >= 256:
-                _checked.pop(next(iter(_checked)))
-            _checked[sig] = known
+            _checked.put(sig, known)
     else:
         scale = known.scale
         again = known.repeats[return_lse]
@@ -158,7 +163,7 @@ class _Known:
 # and their types) passed check_inputs before. Everything the checks read is in the signature, so
 # a hit skips only work that would repeat; with the launch kept too, it allocates the output and
 # launches (launch_hopper's plan reuse, see hopper_launch.Repeat).
-_checked: dict = {}
+_checked = None  # a PlanCache, made at the end of the module
 
 
 def _signature(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
@@ -270,6 +275,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     q (total_q, H, D), k/v (total_k, H_kv, D), int32 prefix sums cu_seqlens_q/k; (out, lse) with
     ``return_lse``, lse of shape (H, total_q). Differentiable as ``attention``."""
     from tylopy_kernels.attention.varlen import check_varlen, forward_varlen
+    if getattr(q, "dtype", None) is torch.float32:  # fp32 under autocast runs in its dtype, as SDPA
+        q, k, v = autocast_inputs(q, k, v)
     scale = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
                          enable_gqa)
     if _through_op(q, k, v):
@@ -296,3 +303,10 @@ def _tma_strides_ok(*tensors) -> bool:
             if t.shape[d] > 1 and (stride % 16 or (stride == 0 and d == 2)):
                 return False
     return True
+
+
+# Last: tylopy imports this module's entry points (tylopy/functions.py), so whichever package is
+# imported first, the names above exist before tylopy's __init__ asks for them.
+import tylopy as ty  # noqa: E402
+
+_checked = ty.PlanCache("attention signatures", capacity=256)

@@ -106,8 +106,7 @@ def _capability(device_index):
 
 # Launch plans of calls seen before, by everything the checks and the plan depend on: a repeated
 # call skips the checks, the layout analysis and the autotuner's key (tens of microseconds).
-_plans: dict = {}
-MAX_PLANS = 1024
+_plans = None  # a PlanCache, made at the end of the module
 
 
 def _signature(a, b, bias, out_dtype, epilogue, schedule):
@@ -136,7 +135,18 @@ class _Call:
 
 
 def matmul(a, b, bias=None, out_dtype=None, *, epilogue=None, schedule=None):
-    """epilogue(a @ b + bias) with fp32 accumulation, as ``out_dtype`` (default a.dtype)."""
+    """epilogue(a @ b + bias) with fp32 accumulation, as ``out_dtype`` (default a.dtype).
+
+    Differentiable (without an epilogue) and traceable: when an input requires grad, under
+    ``torch.compile`` / ``torch.export`` and for meta or fake tensors the call goes through the
+    ``tylopy::matmul`` operator (``ops.py``); otherwise it launches the kernel directly."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and through_op(a, b, bias):
+        return matmul_through_op(a, b, bias, out_dtype, epilogue, schedule)
+    return launch_matmul(a, b, bias, out_dtype, epilogue=epilogue, schedule=schedule)
+
+
+def launch_matmul(a, b, bias=None, out_dtype=None, *, epilogue=None, schedule=None):
+    """``matmul`` on plain CUDA tensors: checks (skipped for a signature seen before) and the launch."""
     try:
         sig = _signature(a, b, bias, out_dtype, epilogue, schedule)
         call = _plans.get(sig)
@@ -170,9 +180,17 @@ def matmul(a, b, bias=None, out_dtype=None, *, epilogue=None, schedule=None):
         plan(a3, b3, out, bias)
     # Remember the plan when a repeat needs no copies: the operands went to the kernel as they are.
     if sig is not None and k > 0 and a3.data_ptr() == a2.data_ptr() and b3 is b and (bias is None or sig[10][1] == (1,)):
-        if len(_plans) >= MAX_PLANS:
-            _plans.clear()
-        _plans[sig] = _Call(plan, m, k, out_shape, out_dtype, a.dim() != 2 or a2.data_ptr() != a.data_ptr())
+        _plans.put(sig, _Call(plan, m, k, out_shape, out_dtype, a.dim() != 2 or a2.data_ptr() != a.data_ptr()))
     if not out.is_contiguous():
         out = out.contiguous()
     return out.view(out_shape)
+
+
+from tylopy_kernels.gemm.ops import matmul_through_op, through_op  # noqa: E402  (imports only torch)
+
+
+# Last: tylopy imports this module's entry points (tylopy/functions.py), so whichever package is
+# imported first, the names above exist before tylopy's __init__ asks for them.
+import tylopy as ty  # noqa: E402
+
+_plans = ty.PlanCache("matmul plans", capacity=1024)

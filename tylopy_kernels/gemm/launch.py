@@ -13,6 +13,7 @@ import torch
 
 import tylopy as ty
 from tylopy.benchmarking import median_ms
+from tylopy.runtime.devices import sm_count
 from tylopy.runtime.tensormap import TensorMap, TensorMapSpec
 
 from tylopy_kernels.gemm.hopper import gemm_sm90
@@ -69,11 +70,6 @@ def full_schedule(partial: dict) -> dict:
 def tiles(m, n, cfg) -> int:
     bm = cfg["BLOCK_M"]
     return -(-m // bm) * -(-n // cfg["BLOCK_N"])
-
-
-@functools.lru_cache(maxsize=None)
-def sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def prune(arguments: dict, configs: list) -> list:

@@ -103,7 +103,18 @@ def profile(cubin: bytes) -> dict:
     row["loop"] = hi - lo + 1
     row["kernel"] = len(ins)
     row["MUFU kernel"] = sum(1 for op, _ in ins if op.startswith("MUFU"))
+    row["MUFU run"] = longest_run([op for op, _ in ins[lo:hi + 1]], "MUFU.EX2")
     return row
+
+
+def longest_run(ops, prefix) -> int:
+    """The most instructions starting with ``prefix`` issued back to back: a long run of MUFU.EX2
+    stalls on the 16-lane unit where interleaved FFMAs would have hidden it."""
+    best = run = 0
+    for op in ops:
+        run = run + 1 if op.startswith(prefix) else 0
+        best = max(best, run)
+    return best
 
 
 def report(constexprs: dict) -> dict:
@@ -118,7 +129,7 @@ def report(constexprs: dict) -> dict:
 
 def print_table(profiles) -> None:
     """One row per (name, constexprs) in ``profiles``."""
-    cols = ("loop",) + CLASSES + ("kernel", "MUFU kernel", "registers")
+    cols = ("loop",) + CLASSES + ("kernel", "MUFU kernel", "MUFU run", "registers")
     print("| schedule | " + " | ".join(cols) + " |")
     print("|---|" + "---|" * len(cols))
     for name, cx in profiles:

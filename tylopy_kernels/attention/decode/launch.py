@@ -40,6 +40,7 @@ import math
 import torch
 
 import tylopy as ty
+from tylopy.runtime import devices
 
 from tylopy_kernels.attention.decode import kernel as kd
 from tylopy_kernels.attention.common import rejecter
@@ -57,6 +58,8 @@ SCHEDULE = {
 
 
 _fail = rejecter("attention_decode")
+SEQLENS_EXPECTED = ("a (batch,) torch.int32 tensor on q's device (one length for every sequence: "
+                    "torch.full((batch,), n, dtype=torch.int32, device=q.device))")
 
 
 @dataclasses.dataclass
@@ -132,6 +135,8 @@ def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, scale, block_table, 
         _fail(ValueError, "k_cache head_dim", f"q's head dim {D}", kD)
     if H_kv == 0 or H_q % H_kv:
         _fail(ValueError, "k_cache heads", f"a divisor of the {H_q} query heads", H_kv)
+    if not isinstance(cache_seqlens, torch.Tensor):
+        _fail(TypeError, "cache_seqlens", SEQLENS_EXPECTED, type(cache_seqlens).__name__)
     _check_tensor("cache_seqlens", cache_seqlens, 1)
     if cache_seqlens.dtype != torch.int32 or cache_seqlens.shape[0] != B:
         _fail(TypeError if cache_seqlens.dtype != torch.int32 else ValueError, "cache_seqlens",
@@ -208,7 +213,7 @@ def compiled_for(kernel, device, **constexprs):
     index = device.index if device.index is not None else torch.cuda.current_device()
     arch = _archs.get(index)
     if arch is None:
-        arch = _archs[index] = device_arch(torch.cuda.get_device_capability(index))
+        arch = _archs[index] = device_arch(torch.cuda.get_device_capability(index), "attention_decode", "q")
     key = (kernel.name, arch, tuple(sorted((k, repr(v)) for k, v in constexprs.items())))
     ck = _kernels.get(key)
     if ck is None:
@@ -348,16 +353,14 @@ def plan_decode(q, k_cache, v_cache, cache_seqlens, out, lse, *, scale, block_ta
                       lse_part, counters)
 
 
-def _sm_count(device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-_plans: dict = {}
+_plans = ty.PlanCache("attention_decode plans", capacity=256)
 
 
 def _signature(t):
-    if t is None:
-        return None
+    if not isinstance(t, torch.Tensor):  # None, or a wrong argument the checks will name
+        return None if t is None else ("not a tensor", type(t).__name__)
     return (tuple(t.shape), t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
 
 
@@ -369,10 +372,7 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, block_ta
     key = (_signature(q), _signature(k_cache), _signature(v_cache), _signature(cache_seqlens),
            _signature(block_table), scale, is_causal, num_splits, return_lse, layout, merge,
            tuple(sorted(schedule.items())) if schedule else None)
-    try:
-        plan = _plans.get(key)
-    except TypeError:  # an unhashable argument: the checks name it
-        plan = None
+    plan = _plans.get(key)  # None too for an unhashable argument: the checks name it
     if plan is None:
         if not isinstance(q, torch.Tensor) or q.device.type != "cuda":
             check_decode_inputs(q, k_cache, v_cache, cache_seqlens, scale, block_table, is_causal, num_splits,
@@ -383,8 +383,8 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, block_ta
             s = 1.0 if s == 0 else -s  # the kernels keep the maximum of raw scores: the sign goes into q
         plan = make_plan(q, k_cache, v_cache, cache_seqlens, scale=s, block_table=block_table, is_causal=is_causal,
                          num_splits=num_splits, layout=layout, merge=merge, schedule=schedule,
-                         sm_count=_sm_count(q.device), return_lse=return_lse)
-        _plans[key] = plan
+                         sm_count=devices.sm_count(q.device), return_lse=return_lse)
+        _plans.put(key, plan)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((plan.B, plan.H_q, plan.n_q), dtype=torch.float32, device=q.device) if return_lse else None
     if out.numel() == 0:

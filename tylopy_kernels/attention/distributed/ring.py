@@ -11,9 +11,10 @@ attention; the same code runs from one process to N GPUs launched with ``torchru
 
 The ring. At step t = 0 .. W-1 rank r holds the K/V shard of rank s = (r - t) mod W. At the start
 of each step but the last it sends that shard to rank r + 1 and receives the next one from rank
-r - 1 (``torch.distributed.batch_isend_irecv``: NCCL runs the transfer on its own stream, which
-overlaps the attention of step t that runs meanwhile on the current stream; the wait at the end
-of the step only makes the current stream wait). Each step's attention (``tylopy.attention`` with
+r - 1 (a functional collective, ``permute_tensor``: NCCL runs the transfer on its own stream,
+which overlaps the attention of step t that runs meanwhile on the current stream; the wait at
+the end of the step only makes the current stream wait). Functional collectives are what
+``torch.compile`` traces: ``ring_attention`` compiles into one graph without breaks. Each step's attention (``tylopy.attention`` with
 ``return_lse=True``) gives a partial (O_t, LSE_t) for some of the local query rows; partials are
 merged in fp32 with the log-sum-exp, which is ``softmax_merge`` of the summaries (m = LSE, l = 1):
 
@@ -94,15 +95,18 @@ def unshard_sequence(shards, load_balance: bool = True, dim: int = 2):
 
 # -- the ring -----------------------------------------------------------------------------------------------
 
-class _Pending:
-    def __init__(self, reqs, received, sent):
-        self._reqs, self._received, self._sent = reqs, received, sent
+class _Received:
+    """Tensors arriving through a functional collective: ``wait()`` hands them over once the
+    transfer is done (eager: the current stream waits for it, not the host; traced: the graph's
+    wait_tensor, which the compiler may move later to overlap the transfer)."""
+
+    def __init__(self, flat, shapes):
+        self._flat, self._shapes = flat, shapes
 
     def wait(self):
-        for r in self._reqs:
-            r.wait()  # NCCL: the current stream waits for the transfer (the host does not)
-        self._sent = None
-        return self._received
+        from torch.distributed._functional_collectives import AsyncCollectiveTensor
+        return [(t.wait() if isinstance(t, AsyncCollectiveTensor) else t).view(shape)
+                for t, shape in zip(self._flat, self._shapes)]
 
 
 class _Done:
@@ -123,25 +127,27 @@ class SingleRank:
 
 
 class TorchRing:
-    """Point-to-point neighbours in a ``torch.distributed`` group: send to rank + 1, receive from rank - 1."""
+    """Neighbours in a ``torch.distributed`` group: send to rank + 1, receive from rank - 1, through
+    the functional collectives (an ``all_to_all_single`` in which each rank sends its whole,
+    flattened tensor to one peer and receives one from another), so ``torch.compile`` traces the
+    ring into one graph."""
 
     def __init__(self, group=None):
         import torch.distributed as dist
-        self.dist = dist
-        self.group = group
+        self.group = group if group is not None else dist.group.WORLD
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
-        g = group if group is not None else dist.group.WORLD
-        self.next = dist.get_global_rank(g, (self.rank + 1) % self.world)
-        self.prev = dist.get_global_rank(g, (self.rank - 1) % self.world)
+        self.next = (self.rank + 1) % self.world
+        self.prev = (self.rank - 1) % self.world
+
+    def _shift(self, t):
+        from torch.distributed._functional_collectives import all_to_all_single
+        send, recv = [0] * self.world, [0] * self.world
+        send[self.next] = recv[self.prev] = t.numel()
+        return all_to_all_single(t.contiguous().view(-1), recv, send, self.group)
 
     def exchange(self, tensors):
-        dist = self.dist
-        sent = [t.contiguous() for t in tensors]
-        received = [torch.empty_like(t) for t in sent]
-        ops = [dist.P2POp(dist.isend, t, self.next, self.group) for t in sent]
-        ops += [dist.P2POp(dist.irecv, t, self.prev, self.group) for t in received]
-        return _Pending(dist.batch_isend_irecv(ops), received, sent)
+        return _Received([self._shift(t) for t in tensors], [t.shape for t in tensors])
 
 
 def ring_of(group=None):

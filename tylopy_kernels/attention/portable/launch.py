@@ -18,30 +18,32 @@ _kernels = ty.PlanCache("portable attention kernels", capacity=512)  # (kernel, 
 _archs: dict = {}
 
 
-def device_arch(capability) -> tuple[str, bool]:
-    """(arch to compile for, whether to hand the driver sm_80 PTX to JIT instead of a cubin)."""
+def device_arch(capability, entry: str = "attention", arg: str = "query") -> tuple[str, bool]:
+    """(arch to compile for, whether to hand the driver sm_80 PTX to JIT instead of a cubin); below
+    sm_80 it rejects the call in the name of ``entry`` (the public function) and its tensor ``arg``."""
     from tylopy.codegen.targets import SUPPORTED_ARCHS
     major, minor = capability
     if (major, minor) < (8, 0):
-        raise ValueError(f"streaming_attention: query expects a GPU of compute capability 8.0 or newer (mma.sync "
-                         f"on bf16, cp.async), but got sm_{major}{minor}")
+        raise ValueError(f"{entry}: {arg} expects a tensor on a GPU of compute capability 8.0 or newer (mma.sync "
+                         f"on bf16, cp.async), but got one on sm_{major}{minor}")
     arch = f"sm_{major}{minor}"
     return (arch, False) if arch in SUPPORTED_ARCHS else ("sm_80", True)
 
 
-def _device_arch(device):
+def _device_arch(device, entry="attention"):
     index = device.index if device.index is not None else torch.cuda.current_device()
     arch = _archs.get(index)
     if arch is None:
-        arch = _archs[index] = device_arch(torch.cuda.get_device_capability(index))
+        arch = _archs[index] = device_arch(torch.cuda.get_device_capability(index), entry)
     return arch
 
 
-def compiled_for(device, kernel=None, **constexprs):
+def compiled_for(device, kernel=None, *, entry="attention", **constexprs):
     """The CompiledKernel of one specialization of ``kernel`` (default: ``streaming_attention_fwd``)
-    for ``device``, cached; the other portable kernels (the backward's) come through here too."""
+    for ``device``, cached; the other portable kernels (the backward's) come through here too.
+    ``entry``: the public function a rejected device is reported for."""
     kernel = streaming_attention_fwd if kernel is None else kernel
-    arch, jit = _device_arch(device)
+    arch, jit = _device_arch(device, entry)
     key = (kernel, arch, jit, tuple(sorted((k, repr(v)) for k, v in constexprs.items())))
     ck = _kernels.get(key)
     if ck is None or not ck.is_current():  # a global its trace read changed: compile again (docs/design.md)
@@ -107,7 +109,8 @@ class Launch:
     def run(self, emulate=False, **options):
         if emulate:
             return self.kernel.emulate(*self.args, grid=self.grid, **self.constexprs, **options)
-        compiled_for(self.args[0].device, self.kernel, **self.constexprs)(self.grid, *self.args)
+        entry = "attention_varlen" if self.constexprs.get("VARLEN") else "attention"
+        compiled_for(self.args[0].device, self.kernel, entry=entry, **self.constexprs)(self.grid, *self.args)
 
 
 def plan_forward(q, k, v, out, lse, *, scale, is_causal=False, attn_mask=None, varlen=None, block_n=None,

@@ -9,13 +9,13 @@ specs).
 """
 from __future__ import annotations
 
-import functools
 import threading
 from dataclasses import dataclass, field
 
 import torch
 
 import tylopy as ty
+from tylopy.runtime.devices import l2_bytes, sm_count
 from tylopy.runtime.tensormap import TensorMap
 
 from tylopy_kernels.attention.common import mask_and_lse_args
@@ -27,13 +27,16 @@ from tylopy_kernels.attention.sm90.tiles import Plan
 # beat these by more than the sweep's noise (identical SASS read up to 3.5% apart). D=64 takes the
 # "shared" exponent sequence: the bits of "ffma" in 764 instead of 889 SASS instructions a tile;
 # on the H200, same process, 1.015x "ffma" over the 12 D=64 shapes (0.98-1.09) and 2.9% less
-# time under ncu at 16k. At D=128 it was 0.98x (0.91-1.05), so "ffma" stays there.
+# time under ncu at 16k. At D=128 it was 0.98x (0.91-1.05) while the row sums waited for the PV
+# product; with EARLY_SUMS "ffma" still issues its 64 exponents as one run inside the branch of
+# its form (the sums come after the branch), "shared" interleaves them (longest run 5), so D=128
+# takes "shared" too (docs/performance.md, the account).
 SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 3, "PERSISTENT": "auto", "EXPONENT": "shared",
             "RESCALE_THRESHOLD": 8.0, "SPLIT_S": False, "PV_WAIT": "pinned", "POLY_EXP2": 0, "TMA_STORE": False,
             "ORDER": "auto", "DEFER_EPILOGUE": True}
 # D=128: O takes 64 registers a thread, so two consumers (240 registers) as FA3; 128 x 128 tiles
 # (176-key tiles, FA3's non-causal choice, lost 1.5-6% at N >= 4k and 9% causal at 2k).
-SCHEDULE_128 = dict(SCHEDULE, CONSUMERS=2, EXPONENT="ffma")
+SCHEDULE_128 = dict(SCHEDULE, CONSUMERS=2)
 # Short sequences: a persistent grid (one CTA per SM looping over work tiles, the next Q loading
 # under the current epilogue), longest work first ("lpt"), O through a TMA store. It needs a few
 # more live registers than 160 a consumer thread allow, so it runs with two consumers; at D=128
@@ -97,16 +100,6 @@ def _dtype_name(t):
 
 def device_map(t: torch.Tensor, shape, strides, box) -> TensorMap:
     return TensorMap.cached(t, tuple(shape), tuple(strides), tuple(box), _dtype_name(t))
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-@functools.lru_cache(maxsize=None)
-def _l2_bytes(device) -> int:
-    return getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20)
 
 
 def resolve_schedule(D, n_k, is_causal, masked, schedule=None, return_lse=False) -> dict:
@@ -204,16 +197,14 @@ def launch_hopper(q, k, v, attn_mask, is_causal, scale, out, lse, schedule=None)
             return again
     dev = q.device
     made = []
-    launch = plan_launch(q, k, v, attn_mask, is_causal, scale, out, lse, schedule, sm_count=_sm_count(dev),
-                         l2_bytes=_l2_bytes(dev), make_map=_recording(made))
+    launch = plan_launch(q, k, v, attn_mask, is_causal, scale, out, lse, schedule, sm_count=sm_count(dev),
+                         l2_bytes=l2_bytes(dev), make_map=_recording(made))
     attention_fwd_sm90[launch.grid](*launch.args, **launch.constexprs)
     if key is None:
         return None
     again = Repeat.of(launch, made, (q, k, v, out), q.shape[3], bool(is_causal))
     if again is not None:
-        if len(_repeats) >= 64:
-            del _repeats[next(iter(_repeats))]
-        _repeats[key] = again
+        _repeats.put(key, again)
     return again
 
 
@@ -222,7 +213,7 @@ def launch_hopper(q, k, v, attn_mask, is_causal, scale, out, lse, schedule=None)
 # in its pointers and scale: it reuses that launch (grid, constexprs, arguments) and looks its
 # tensor maps up by address. plan_launch stays the one place that decides; a plan that copied an
 # input (a layout TMA cannot map) is not reused.
-_repeats: dict = {}
+_repeats = ty.PlanCache("Hopper attention launches", capacity=64)
 _MAP_SLOTS, _OUT_SLOT, _LSE_SLOT, _SCALE_SLOT = 4, 4, 5, 14
 
 
