@@ -40,6 +40,7 @@ from .frontend.fp8 import e4m3, e5m2, pack_fp8x2, pack_fp8x4, unpack_fp8x2, unpa
 from .frontend.elementwise import ceil, exp, floor, log, sigmoid, tanh, where
 from .frontend.warp import *  # noqa: F401,F403  (ty.vote_all, ty.ballot, ty.warp_reduce, ...)
 from .frontend.warp import __all__ as _warp_all
+from .tile import MMA_SYNC_A_K32, MMA_SYNC_B_K32, WGMMA_A_RS_FP8
 from .tile import (MMA_SYNC_A, MMA_SYNC_B, MMA_SYNC_C, QUAD, WARP, WARPGROUP, WGMMA_A_RS, Fragment, Layout,
                    LocalOwnership, MmaSyncAtom, Ownership, SoftmaxState, SoftmaxUpdate, WgmmaAtom, pack_operand_a,
                    softmax_lse, softmax_merge, softmax_normalize, softmax_update, tiled_mma_c, wgmma_acc)
@@ -59,7 +60,8 @@ __all__ = ["kernel", "func", "configure_logging", "Kernel", "CompiledKernel", "P
            *_lang_all, *_atomics_all, *_warp_all, "printf", "device_assert",
            "exp", "log", "sigmoid", "tanh", "floor", "ceil", "where",
            "attention", "attention_varlen", "attention_decode", "matmul", "distributed",
-           "e4m3", "e5m2", "pack_fp8x2", "pack_fp8x4", "unpack_fp8x2", "unpack_fp8x4"]
+           "e4m3", "e5m2", "MMA_SYNC_A_K32", "MMA_SYNC_B_K32", "WGMMA_A_RS_FP8", "pack_fp8x2", "pack_fp8x4",
+           "unpack_fp8x2", "unpack_fp8x4"]
 
 
 def __getattr__(name):

@@ -163,6 +163,8 @@ def _check_buffer(kname, name, t: PointerType, x):
 def _scalar(kname, name, t: ScalarType, x):
     if isinstance(x, np.generic):
         x = x.item()
+    if t.is_fp8:  # as on the GPU (runtime/launch.py): no Python value packs into an fp8 parameter
+        raise LaunchTypeError(f"{kname}: scalar parameter {name!r} of type {t} cannot be passed from Python")
     if t.is_float:
         if isinstance(x, bool) or not isinstance(x, (int, float)):
             raise LaunchTypeError(f"{kname}: argument {name!r} expects a Python float for {t}, but got "
