@@ -63,14 +63,14 @@ def interesting_values(fmt: str, seed: int = 0) -> np.ndarray:
 
 
 def buffers(fmt: str, device: str = "cpu") -> dict:
-    """The kernel's arguments, outputs NaN-/0xFF-filled so a missed store shows."""
+    """The kernel's arguments, outputs NaN-/0xFF-filled so a missed store shows (u16 outputs as int16)."""
     vals = torch.from_numpy(interesting_values(fmt))
     return {"codes": torch.arange(256, dtype=torch.uint8), "values": vals,
-            "wide": torch.full((256,), float("nan")), "halves": torch.full((256,), 0xFFFF, dtype=torch.uint16),
-            "brains": torch.full((256,), 0xFFFF, dtype=torch.uint16), "other": torch.full((256,), 0xFF, dtype=torch.uint8),
+            "wide": torch.full((256,), float("nan")), "halves": torch.full((256,), -1, dtype=torch.int16),
+            "brains": torch.full((256,), -1, dtype=torch.int16), "other": torch.full((256,), 0xFF, dtype=torch.uint8),
             "rounded": torch.full((N_VALUES,), 0xFF, dtype=torch.uint8),
             "from_half": torch.full((N_VALUES,), 0xFF, dtype=torch.uint8),
-            "packed2": torch.full((512,), 0xFFFF, dtype=torch.uint16), "packed4": torch.full((256,), -1, dtype=torch.int32),
+            "packed2": torch.full((512,), -1, dtype=torch.int16), "packed4": torch.full((256,), -1, dtype=torch.int32),
             "unpacked": torch.full((6 * 256,), float("nan"))}
 
 
@@ -78,6 +78,8 @@ def run(fmt: str, device: str = "cpu") -> dict:
     """Launch (device "cuda") or emulate (device "cpu") ``convert_all``; the outputs as numpy."""
     b = buffers(fmt)
     args = {k: v.to(device) for k, v in b.items()}
+    for k in ("halves", "brains", "packed2"):  # u16 outputs: int16 storage (CUDA has few uint16 kernels)
+        args[k] = args[k].view(torch.uint16)
     order = ["codes", "values", "wide", "halves", "brains", "other", "rounded", "from_half", "packed2", "packed4",
              "unpacked"]
     call = [args[k] for k in order]
@@ -87,10 +89,43 @@ def run(fmt: str, device: str = "cpu") -> dict:
     else:
         convert_all[(1,)](*call, FMT=DTYPE[fmt], OTHER=DTYPE[other])
         torch.cuda.synchronize()
-    out = {k: c.cpu() for k, c in zip(order, call)}
+    out = {k: (c.view(torch.int16) if c.dtype == torch.uint16 else c).cpu() for k, c in zip(order, call)}
     res = {k: out[k].numpy() for k in ("wide", "other", "rounded", "from_half", "unpacked")}
     for k in ("halves", "brains", "packed2"):
         res[k] = out[k].view(torch.int16).numpy().view(np.uint16)
     res["packed4"] = out["packed4"].numpy().view(np.uint32)
     res["values"] = b["values"].numpy()
     return res
+
+
+def mma_fp8_kernel(a_dt, b_dt, arch="sm_89"):
+    """One mma.sync m16n8k32 fp8 tile: A (16 x 32) and B^T (8 x 32) row-major codes, C and D f32."""
+    @ty.kernel(threads=32, arch=arch, name=f"mma_k32_{a_dt.name}_{b_dt.name}")
+    def mma_k32(a: ty.ptr(ty.b32), bt: ty.ptr(ty.b32), c: ty.ptr(ty.f32), d: ty.ptr(ty.f32)):
+        lane = ty.lane_id()
+        g, t = lane >> 2, lane & 3
+        atom = ty.MmaSyncAtom(a_dt, "m16n8k32", b_dtype=b_dt)
+        # word r of A: row g + 8(r & 1), codes 4t + 16(r >> 1) .. + 3 (8 words per 32-code row)
+        A = atom.a_fragment([a[(g + 8 * (r & 1)) * 8 + t + 4 * (r >> 1)] for r in range(4)])
+        # word r of B: column g, k = 4t + 16 r .. + 3: four consecutive codes of row g of B^T
+        B = atom.b_fragment([bt[g * 8 + t + 4 * r] for r in range(2)])
+        C = atom.c_fragment([c[(g + 8 * (i >> 1)) * 8 + 2 * t + (i & 1)] for i in range(4)])
+        D = ty.mma(atom, A, B, C)
+        for i in range(4):
+            d[(g + 8 * (i >> 1)) * 8 + 2 * t + (i & 1)] = D.values[i]
+    return mma_k32
+
+
+def mma_fp8_inputs(a_fmt: str, b_fmt: str, seed: int = 0):
+    rng = np.random.default_rng(seed)
+
+    def codes(shape, fmt):
+        top = 0x7E if fmt == "e4m3" else 0x7B
+        return torch.from_numpy(rng.integers(0, top + 1, shape).astype(np.uint8)
+                                | (rng.integers(0, 2, shape) << 7).astype(np.uint8)).view(TORCH_FP8[fmt])
+    c = torch.from_numpy((rng.standard_normal((16, 8)) * 2.0 ** rng.integers(-4, 8, (16, 8))).astype(np.float32))
+    return codes((16, 32), a_fmt), codes((8, 32), b_fmt), c
+
+
+def words_of(t):
+    return t.contiguous().view(torch.uint8).view(torch.int32).reshape(-1)  # b32 words: int32 storage

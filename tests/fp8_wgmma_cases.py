@@ -115,11 +115,11 @@ def run(n, a_fmt, b_fmt, acc="f32", rs=False, zero=False, device="cpu", seed=0):
     d = torch.full((64, n), float("nan"))
     kw = dict(N=n, A=DTYPE[a_fmt], B=DTYPE[b_fmt], ACC=DTYPE[acc], RS=rs, ZERO=zero)
     if device == "cpu":
-        wgmma_fp8_probe.emulate(*maps(a, b, False), a.view(torch.uint8).view(torch.int32).view(torch.uint32), c, d,
+        wgmma_fp8_probe.emulate(*maps(a, b, False), a.view(torch.uint8).view(torch.int32), c, d,
                                 grid=(1,), **kw)
         return a, b, c, d
     ag, bg, cg, dg = (x.cuda() for x in (a, b, c, d))
-    wgmma_fp8_probe[(1,)](*maps(ag, bg, True), ag.view(torch.uint8).view(torch.int32).view(torch.uint32), cg, dg,
+    wgmma_fp8_probe[(1,)](*maps(ag, bg, True), ag.view(torch.uint8).view(torch.int32), cg, dg,
                           **kw)
     torch.cuda.synchronize()
     return a, b, c, dg.cpu()

@@ -37,6 +37,7 @@ ALLOWED = {
     "tylopy.tile": {"tylopy.frontend", "tylopy.ir", "tylopy.semantics", "tylopy.errors"},
     "tylopy.benchmarking": {"tylopy.runtime"},
     "tylopy._plugins": set(),
+    "tylopy._logging": set(),
     "tylopy.testing": {"tylopy.runtime"},
     "tylopy.hopper": {"tylopy.frontend", "tylopy.tile"},
     "tylopy.cli": {"tylopy", "tylopy._plugins", "tylopy.frontend", "tylopy.ir", "tylopy.codegen", "tylopy.emulate",

@@ -277,3 +277,56 @@ class torch_like:
 
     def stride(self):
         return (3, 1)
+
+
+# -- what a stored choice belongs to ------------------------------------------------------------------
+
+def test_an_upgrade_tunes_again(cache_dir, monkeypatch):
+    from tylopy.frontend import autotune as at
+    assert make(Recorder())("x", 10) == 128
+    rec = Recorder()
+    assert make(rec)("x", 10) == 128 and rec.timed == []  # read back
+    for tool in ("tylopy", "ptxas", "llvmlite"):
+        versions = dict(at.tool_versions(), **{tool: "99.0"})
+        monkeypatch.setattr(at, "tool_versions", lambda v=versions: v)
+        rec = Recorder()
+        make(rec)("x", 10)
+        assert rec.timed == [64, 128, 256], f"a new {tool} reused the old choice"
+    stored = []
+    for path in records(cache_dir):
+        with open(path, "rb") as f:  # a sealed record: a MAC line, then the JSON
+            stored.append(json.loads(f.read().split(b"\n", 1)[1])["code"]["versions"]["llvmlite"])
+    assert "99.0" in stored, stored
+
+
+def test_an_edited_kernel_file_tunes_again(cache_dir, tmp_path, monkeypatch):
+    """The digest covers the launcher's file and the files of the kernels its module holds."""
+    from tylopy.frontend.autotune import source_digest
+    (tmp_path / "tuned_kernels.py").write_text(textwrap.dedent("""\
+        import tylopy as ty
+
+        @ty.kernel(threads=32)
+        def fill(out: ty.ptr(ty.f32)):
+            out[ty.thread_idx()] = 1.0
+    """))
+    (tmp_path / "tuned_launch.py").write_text(textwrap.dedent("""\
+        from tuned_kernels import fill
+
+        def launch(out, BLOCK=0):
+            return BLOCK
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import tuned_launch
+    before = source_digest(tuned_launch.launch)
+    assert source_digest(tuned_launch.launch) == before
+    kernel_file = tmp_path / "tuned_kernels.py"
+    kernel_file.write_text(kernel_file.read_text().replace("1.0", "2.0"))
+    assert source_digest(tuned_launch.launch) != before
+
+
+def test_a_function_without_a_file_counts_by_its_code():
+    from tylopy.frontend.autotune import source_digest
+    one, two = {}, {}
+    exec("def f(x, BLOCK=0):\n    return x + 1\n", one)
+    exec("def f(x, BLOCK=0):\n    return x + 2\n", two)
+    assert source_digest(one["f"]) != source_digest(two["f"])

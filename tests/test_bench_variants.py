@@ -145,7 +145,8 @@ def test_layouts_round_trip():
     x = _inputs(spec)
     for layout in ("bhnd", "bnhd", "thd"):
         (q, _, _), dout, to_common = libs._leaves(x, layout)
-        assert q.requires_grad and torch.equal(to_common(q.detach()), x["q"]) and torch.equal(to_common(dout), x["dout"])
+        assert q.requires_grad and torch.equal(to_common(q.detach()), x["q"])
+        assert torch.equal(to_common(dout), x["dout"])
 
 
 # -- ratios, table, JSON --------------------------------------------------------------------------
@@ -161,7 +162,8 @@ def _rows():
     return [_row("tylopy", 400), _row("fa3_cute", 500), _row("flex", 200),
             _row("tylopy", 300, n=2048), _row("fa3_cute", unavailable="flash_attn.cute does not import", n=2048),
             _row("flex", error="RuntimeError: no", n=2048),
-            _row("tylopy", error="TypeError: window_size", variant="sliding_window"), _row("flex", 100, "sliding_window")]
+            _row("tylopy", error="TypeError: window_size", variant="sliding_window"),
+            _row("flex", 100, "sliding_window")]
 
 
 def test_ratios_are_against_tylopy_on_the_same_point():
@@ -171,7 +173,8 @@ def test_ratios_are_against_tylopy_on_the_same_point():
     assert by[("flex", "causal", 1024)] == 0.5 and by[("flex", "sliding_window", 1024)] is None
     table = bench.ratio_table(rows)
     first = table[0]
-    assert (first["variant"], first["n"], first["tylopy_vs_fa3_cute"], first["tylopy_vs_flex"]) == ("causal", 1024, 0.8, 2.0)
+    assert (first["variant"], first["n"]) == ("causal", 1024)
+    assert (first["tylopy_vs_fa3_cute"], first["tylopy_vs_flex"]) == (0.8, 2.0)
     second = table[1]
     assert second["fa3_cute_why"] == "unavailable" and second["flex_why"] == "not supported"
     assert table[2]["variant"] == "sliding_window" and table[2]["tylopy_why"] == "not supported"

@@ -81,3 +81,10 @@ def misused(d: ty.ptr(ty.f32), CASE: ty.constexpr = 0):
 def test_fp8_wgmma_misuse_names_the_problem(case, words):
     with pytest.raises((LayoutError, KernelSourceError), match=words):
         misused.compile(CASE=case)
+
+
+@pytest.mark.parametrize("rs", [False, True])
+def test_ptxas_accepts_f16_inputs_with_an_f16_accumulator(rs):
+    ck = W.wgmma_fp8_forms.compile(A=ty.f16, B=ty.f16, ACC=ty.f16, RS=rs, NS=(64, 256))
+    assert "wgmma.mma_async.sync.aligned.m64n64k16.f16.f16.f16 " in ck.ptx
+    assert "wgmma.mma_async.sync.aligned.m64n256k16.f16.f16.f16 " in ck.ptx

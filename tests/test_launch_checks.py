@@ -149,6 +149,17 @@ def test_no_driver_error():
     assert isinstance(info.value, ty.TylopyError)
 
 
+def test_no_driver_error_from_older_bindings(monkeypatch):
+    """cuda-bindings 13.0 reports a missing libcuda as a RuntimeError, later ones as DynamicLibNotFoundError."""
+    class Bindings:
+        def cuInit(self, flags):
+            raise RuntimeError("Failed to dlopen libcuda.so.1")
+
+    monkeypatch.setattr(driver, "driver", lambda: Bindings())
+    with pytest.raises(ty.NoDriverError, match=r"launch needs a GPU \(Failed to dlopen libcuda.so.1\)"):
+        driver.call("cuInit", 0)
+
+
 def test_compile_needs_no_driver():
     # Compiling, reading the report and checking arguments never touched the driver above.
     ck = K.scalars_first.compile()

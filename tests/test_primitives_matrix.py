@@ -102,7 +102,7 @@ def mma_misuse(a: ty.ptr(ty.b32), d: ty.ptr(ty.f32), CASE: ty.constexpr = 0):
     (3, "expects 4 b32 word"),
     (4, "expects b32"),
     (5, "C expects a Fragment"),
-    (6, "dtype expects ty.bf16 or ty.f16"),
+    (6, "dtype expects ty.bf16, ty.f16, ty.e4m3 or ty.e5m2"),
 ])
 def test_fragment_misuse_is_an_error_at_the_user_line(case, words):
     with pytest.raises(KernelSourceError, match=words) as e:

@@ -294,6 +294,18 @@ def test_nested_jagged_tensors_run_as_varlen(monkeypatch, causal):
         assert (out[b] - ref).abs().max().item() < 1e-12
 
 
+def test_nested_attention_traces_into_one_graph(monkeypatch):
+    import tylopy_kernels.attention as attention_pkg
+    monkeypatch.setattr(attention_pkg, "attention_varlen", lambda q, k, v, cu_q, cu_k, max_q, max_k, **kw: A.varlen_op(
+        q, k, v, cu_q, cu_k, max_q, max_k, kw["is_causal"], 0.125, kw["return_lse"]))
+    offsets = torch.tensor([0, 100, 256])
+    nested = lambda x: torch.nested.nested_tensor_from_jagged(x, offsets).transpose(1, 2)  # noqa: E731
+    packed = torch.randn(256, 8, 64)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(lambda q: tylopy.attention(nested(q), nested(q), nested(q)).values())(packed)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
+
+
 def test_nested_rejections_say_how_to_convert():
     _, q = _nested((2, 3), 2, 16, 0)
     dense = torch.randn(2, 2, 3, 16, dtype=torch.float64)

@@ -17,11 +17,13 @@ The namespace holds the kernel language (``tylopy.frontend.lang``), the tile lib
 and ``ty.distributed.ring_attention`` (``tylopy.distributed``), whose torch operators this import
 registers (docs/pytorch.md).
 """
+from . import _logging
+from ._logging import configure as configure_logging
 from . import hopper  # noqa: F401  (ty.hopper.tma_load, ty.hopper.mbarrier_wait, ...)
 from .errors import (ArchMismatchError, CaptureError, CompileError, CompileOptionError, DriverError, KernelSourceError,
                      LaunchTypeError, LaunchValueError, NoDriverError, OwnershipError, ResourceLimitError, TylopyError)
 from .frontend.kernel import CompiledKernel, Kernel, __version__, func, kernel
-from .runtime.launch import PreparedLaunch
+from .runtime.launch import PreparedLaunch, strided
 from .runtime.hooks import CompileEvent, LaunchEvent, observe
 from .runtime.plancache import PlanCache, clear_caches
 from .frontend.autotune import Config, autotune
@@ -38,11 +40,14 @@ from .frontend.fp8 import e4m3, e5m2, pack_fp8x2, pack_fp8x4, unpack_fp8x2, unpa
 from .frontend.elementwise import ceil, exp, floor, log, sigmoid, tanh, where
 from .frontend.warp import *  # noqa: F401,F403  (ty.vote_all, ty.ballot, ty.warp_reduce, ...)
 from .frontend.warp import __all__ as _warp_all
+from .tile import MMA_SYNC_A_K32, MMA_SYNC_B_K32, WGMMA_A_RS_FP8
 from .tile import (MMA_SYNC_A, MMA_SYNC_B, MMA_SYNC_C, QUAD, WARP, WARPGROUP, WGMMA_A_RS, Fragment, Layout,
                    LocalOwnership, MmaSyncAtom, Ownership, SoftmaxState, SoftmaxUpdate, WgmmaAtom, pack_operand_a,
                    softmax_lse, softmax_merge, softmax_normalize, softmax_update, tiled_mma_c, wgmma_acc)
 
-__all__ = ["kernel", "func", "Kernel", "CompiledKernel", "PreparedLaunch", "observe", "CompileEvent", "LaunchEvent", "PlanCache", "clear_caches",
+_logging.configure_from_environment()
+
+__all__ = ["kernel", "func", "configure_logging", "Kernel", "CompiledKernel", "PreparedLaunch", "strided", "observe", "CompileEvent", "LaunchEvent", "PlanCache", "clear_caches",
            "CompileOptions", "TylopyError", "KernelSourceError",
            "CompileError", "CompileOptionError", "CaptureError", "DriverError", "NoDriverError", "LaunchTypeError",
            "ArchMismatchError",
@@ -55,7 +60,8 @@ __all__ = ["kernel", "func", "Kernel", "CompiledKernel", "PreparedLaunch", "obse
            *_lang_all, *_atomics_all, *_warp_all, "printf", "device_assert",
            "exp", "log", "sigmoid", "tanh", "floor", "ceil", "where",
            "attention", "attention_varlen", "attention_decode", "matmul", "distributed",
-           "e4m3", "e5m2", "pack_fp8x2", "pack_fp8x4", "unpack_fp8x2", "unpack_fp8x4"]
+           "e4m3", "e5m2", "MMA_SYNC_A_K32", "MMA_SYNC_B_K32", "WGMMA_A_RS_FP8", "pack_fp8x2", "pack_fp8x4",
+           "unpack_fp8x2", "unpack_fp8x4"]
 
 
 def __getattr__(name):

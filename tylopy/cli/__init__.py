@@ -172,12 +172,28 @@ def _registered(group: str, what: str, name: str):
     return main
 
 
-def cmd_check(args) -> int:
-    return _status(_registered(_plugins.CHECKS, "check", args.name)(list(args.rest)))
+_GROUPS = {"check": (_plugins.CHECKS, "check"), "bench": (_plugins.BENCHMARKS, "benchmark")}
 
 
-def cmd_bench(args) -> int:
-    return _status(_registered(_plugins.BENCHMARKS, "benchmark", args.name)(list(args.rest)))
+def _available(command: str) -> str:
+    group, what = _GROUPS[command]
+    names = _plugins.names(group)
+    if not names:
+        return f"no {what}s are installed (packages register them as entry points in the group {group!r})"
+    return f"available {what}s: " + ", ".join(names)
+
+
+def _run_registered(args) -> int:
+    group, what = _GROUPS[args.command]
+    if args.name is None:  # `tylopy bench`: say what there is to run
+        print(_available(args.command))
+        print(f"run one with 'tylopy {args.command} NAME [ARGS...]'; 'tylopy {args.command} NAME --help' shows its "
+              "options")
+        return 0
+    return _status(_registered(group, what, args.name)(list(args.rest)))
+
+
+cmd_check = cmd_bench = _run_registered
 
 
 def cmd_emulate(args) -> int:
@@ -254,15 +270,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_kernel_options(cache)
     cache.set_defaults(func=cmd_cache)
 
-    for name, helptext, fn in (
-            ("check", "run a registered numerical check of a kernel against its references (e.g. 'attention')",
-             cmd_check),
-            ("bench", "run a registered benchmark (e.g. 'attention', 'softmax')", cmd_bench)):
+    for name, helptext in (
+            ("check", "run a registered numerical check of a kernel against its references (e.g. 'attention')"),
+            ("bench", "run a registered benchmark (e.g. 'attention', 'softmax')")):
         p = sub.add_parser(name, help=helptext, description=f"{helptext[0].upper()}{helptext[1:]}; every argument "
-                           "after the name is passed through.")
-        p.add_argument("name", metavar="NAME")
+                           "after the name is passed through. Without a name: list the names.",
+                           epilog=_available(name) + ".")
+        p.add_argument("name", metavar="NAME", nargs="?", default=None,
+                       help="what to run; leave it out to list what is installed")
         p.add_argument("rest", nargs=argparse.REMAINDER, metavar="ARGS", help="passed through unchanged")
-        p.set_defaults(func=fn)
+        p.set_defaults(func=_run_registered)
     emu = sub.add_parser("emulate", help="run a kernel on the CPU, lane by lane, with the protocol checks",
                          description="Run FILE.py's emulate_example() on the CPU emulator ('tylopy emulate --help' "
                                      "lists its options).", add_help=False)

@@ -17,12 +17,12 @@ I32 = ir.IntType(32)
 F32 = ir.FloatType()
 
 
-def mma_sync_template(shape: str, dtype: str) -> tuple[str, str]:
-    """``mma.sync.aligned.{shape}.row.col.f32.{dtype}.{dtype}.f32 {d}, {a}, {b}, {c}``, c tied to d."""
+def mma_sync_template(shape: str, dtype: str, b_dtype: str | None = None) -> tuple[str, str]:
+    """``mma.sync.aligned.{shape}.row.col.f32.{dtype}.{b_dtype}.f32 {d}, {a}, {b}, {c}``, c tied to d."""
     na, nb = MMA_SHAPES[shape]
     regs = [f"${i}" for i in range(8 + na + nb)]
     d, a, b, c = regs[:4], regs[4:4 + na], regs[4 + na:4 + na + nb], regs[4 + na + nb:]
-    text = (f"mma.sync.aligned.{shape}.row.col.f32.{dtype}.{dtype}.f32 "
+    text = (f"mma.sync.aligned.{shape}.row.col.f32.{dtype}.{b_dtype or dtype}.f32 "
             f"{{{', '.join(d)}}}, {{{', '.join(a)}}}, {{{', '.join(b)}}}, {{{', '.join(c)}}};")
     return text, ",".join(["=f"] * 4 + ["r"] * (na + nb) + ["0", "1", "2", "3"])
 
@@ -42,7 +42,7 @@ def stmatrix_template(num: int, trans: bool) -> tuple[str, str]:
 def lower_mma_sync(L, op: Op):
     shape = op.attr("shape", "m16n8k16")
     vals = [L.v(x) for x in op.operands]  # a, b, then c (tied to the outputs)
-    text, cons = mma_sync_template(shape, op.attr("dtype"))
+    text, cons = mma_sync_template(shape, op.attr("dtype"), op.attr("b_dtype"))
     r = L.asm(text, cons, vals, ret=ir.LiteralStructType([F32] * 4), side_effect=False, convergent=True)
     set_asm_results(L, op, r)
 

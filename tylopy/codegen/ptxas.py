@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import re
 import shutil
@@ -50,9 +51,28 @@ class PtxasReport:
         return "\n".join(lines)
 
 
+# Where NVIDIA's PyPI wheel nvidia-cuda-nvcc (the ``[ptxas]`` extra) puts ptxas inside the ``nvidia``
+# namespace package: nvidia/cu13/bin for CUDA 13 releases, nvidia/cuda_nvcc/bin for 12.x ones.
+_WHEEL_BIN_DIRS = (("cu13", "bin"), ("cuda_nvcc", "bin"))
+
+
+def _wheel_ptxas() -> str | None:
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return None
+    for base in (spec.submodule_search_locations or []) if spec is not None else []:
+        for parts in _WHEEL_BIN_DIRS:
+            cand = os.path.join(base, *parts, "ptxas")
+            if os.path.isfile(cand) and os.access(cand, os.X_OK):
+                return cand
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def find_ptxas() -> str | None:
-    """ptxas from $TYLOPY_PTXAS, PATH, CUDA_HOME, or PyPI's nvidia-cuda-nvcc wheel."""
+    """ptxas from $TYLOPY_PTXAS, PATH, $CUDA_HOME/$CUDA_PATH, /usr/local/cuda, or PyPI's
+    nvidia-cuda-nvcc wheel (``pip install tylopy[ptxas]``), in that order."""
     env = os.environ.get("TYLOPY_PTXAS")
     if env:
         return env if os.path.exists(env) else None
@@ -62,14 +82,7 @@ def find_ptxas() -> str | None:
     for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
         if root and os.path.exists(os.path.join(root, "bin", "ptxas")):
             return os.path.join(root, "bin", "ptxas")
-    try:
-        import nvidia.cuda_nvcc as pkg  # type: ignore
-        cand = os.path.join(os.path.dirname(pkg.__file__), "bin", "ptxas")
-        if os.path.exists(cand):
-            return cand
-    except ImportError:
-        pass
-    return None
+    return _wheel_ptxas()
 
 
 @functools.lru_cache(maxsize=None)

@@ -20,6 +20,39 @@ def _loop_limit(w, op, n):
                              f"(limit max_iterations={w.cta.launch.max_iterations})")
 
 
+def _enter(w, op) -> list:
+    """Push ``op`` on the warp's stack of running loops; the frame counts this run's iterations."""
+    frame = [op, 0]
+    w.loops.append(frame)
+    return frame
+
+
+def _step(w, frame):
+    """One iteration of one loop by one warp: charged to the launch's step budget (``max_steps``)."""
+    frame[1] += 1
+    launch = w.cta.launch
+    launch.steps += 1
+    if launch.steps > launch.max_steps:
+        raise _budget_error(w, launch)
+    if frame[1] > launch.max_iterations:
+        _loop_limit(w, frame[0], frame[1])
+
+
+def _budget_error(w, launch) -> EmulationError:
+    # The runaway is the running loop with the longest current run: an endless outer loop around a
+    # bounded inner one restarts the inner one's count, not its own.
+    op, n = max(w.loops, key=lambda f: f[1])
+    others = [f"the loop at {where(o)} (iteration {k} of its current run)"
+              for o, k in reversed(w.loops) if o is not op]
+    also = f"; the other loops running in that warp: {'; '.join(others)}" if others else ""
+    return EmulationError(
+        f"{launch.prog.kir.name}: the emulated launch exhausted its step budget max_steps={launch.max_steps} "
+        f"(loop iterations of all warps of all CTAs, plus one per CTA started): the loop at {where(op)} was in "
+        f"iteration {n} of its current run in {w.describe()}{also}. A loop that never ends (or spins on a flag "
+        f"nothing sets) would hang the GPU; if the kernel really needs more, pass max_steps= or set "
+        f"TYLOPY_EMULATE_MAX_STEPS")
+
+
 def _bind(env, slots, vals):
     for s, v in zip(slots, vals):
         env[s] = v
@@ -85,17 +118,16 @@ def make_for(prog, op):
         m, n = w.mask, w.nactive
         full = n == WARP
         l0, h0, s0 = _uniform(L, m, full), _uniform(H, m, full), _uniform(S, m, full)
+        frame = _enter(w, op)
         if l0 is not None and h0 is not None and s0 is not None:
-            i, h, s, count = int(l0), int(h0), int(s0), 0
+            i, h, s = int(l0), int(h0), int(s0)
             while (s > 0 and i < h) or (s < 0 and i > h):
+                _step(w, frame)
                 env[iv_slot] = np.full(WARP, i, dtype=dt)
                 _bind(env, carried, vals)
                 yield from run_block(w, body)
                 vals = [env[x] for x in body.term]
                 i = wrap(i + s)
-                count += 1
-                if count > w.cta.launch.max_iterations:
-                    _loop_limit(w, op, count)
         else:
             iv = L.copy()
 
@@ -103,8 +135,8 @@ def make_for(prog, op):
                 return ((S > 0) & (iv < H)) | ((S < 0) & (iv > H))
 
             active = m & going(iv)
-            count = 0
             while active.any():
+                _step(w, frame)
                 w.set_mask(active)
                 env[iv_slot] = iv
                 _bind(env, carried, vals)
@@ -112,9 +144,8 @@ def make_for(prog, op):
                 vals = [mergef(active, a, b) for a, b in zip((env[x] for x in body.term), vals)]
                 iv = np.where(active, iv + S, iv).astype(dt)
                 active = active & going(iv)
-                count += 1
-                _loop_limit(w, op, count)
             w.set_mask(m, n)
+        w.loops.pop()
         _bind(env, res, vals)
 
     return True, run
@@ -131,7 +162,8 @@ def make_while(prog, op):
         env = w.env
         vals = [env[s] for s in init]
         m, n0 = w.mask, w.nactive
-        active, n, count = m, n0, 0
+        active, n = m, n0
+        frame = _enter(w, op)
         while True:
             _bind(env, cond_b.args, vals)
             yield from run_block(w, cond_b)
@@ -139,6 +171,7 @@ def make_while(prog, op):
             ng = int(np.count_nonzero(go))
             if ng == 0:
                 break
+            _step(w, frame)
             if ng != n:
                 w.set_mask(go, ng)
             _bind(env, body_b.args, vals)
@@ -146,9 +179,7 @@ def make_while(prog, op):
             new = [env[s] for s in body_b.term]
             vals = new if ng == n0 else [mergef(go, a, b) for a, b in zip(new, vals)]
             active, n = go, ng
-            count += 1
-            if count > w.cta.launch.max_iterations:
-                _loop_limit(w, op, count)
+        w.loops.pop()
         w.set_mask(m, n0)
         _bind(env, res, vals)
 

@@ -7,6 +7,9 @@ takes a ``TensorMapSpec`` (no driver needed) or a ``TensorMap`` (its ``.spec`` i
 """
 from __future__ import annotations
 
+import logging
+import math
+import os
 import random
 import time
 import weakref
@@ -15,22 +18,27 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import LaunchTypeError, LaunchValueError
-from ..ir.types import int_range
+from ..ir.types import FLOAT_MAX, float_fits, int_range
 from ..ir.values import KernelIR
 from ..ir.types import PointerType, ScalarType, TensorMapType
-from .errors import ProtocolError
+from .errors import EmulationError, ProtocolError
 from .machine import CTA
 from .memory import GlobalMemory
 from .ops_hopper import TensorMapInfo
 from .program import Program
 from .values import TENSORMAP_BASE, np_dtype, splat
 
-OPTIONS = ("ctas", "check_races", "max_iterations", "seed")
+OPTIONS = ("ctas", "check_races", "max_iterations", "max_steps", "seed")
+DEFAULT_MAX_STEPS = 1_000_000  # loop iterations per launch: a runaway of a small loop body stops in ~10 s
+MAX_STEPS_ENV = "TYLOPY_EMULATE_MAX_STEPS"
+_SAMPLED_GRID = 1 << 16  # up to this many CTAs a seeded order is a uniform shuffle; beyond, a lazy permutation
 _TORCH_NAMES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "i32": "int32",
                 "i64": "int64", "i16": "int16", "i8": "int8", "u8": "uint8", "i1": "bool", "b32": "int32",
                 "u32": "uint32", "u64": "uint64", "u16": "uint16",
                 "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
 _programs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_log = logging.getLogger("tylopy.emulate")
+PROGRESS_SECONDS = 1.0  # a long emulation says how far it got (INFO) about this often
 
 
 @dataclass
@@ -54,9 +62,13 @@ class EmulationReport:
 class Launch:
     """One emulated launch: global memory, bound parameters, tensor maps, caches and options."""
 
-    def __init__(self, prog: Program, args, grid, check_races=True, max_iterations=1_000_000, seed=None):
+    def __init__(self, prog: Program, args, grid, check_races=True, max_iterations=1_000_000, seed=None,
+                 max_steps=None):
         self.prog, self.grid = prog, grid
-        self.check_races, self.max_iterations = check_races, max_iterations
+        self.check_races = check_races
+        self.max_iterations = _positive(prog.kir.name, "max_iterations", max_iterations)
+        self.max_steps = max_steps_from(prog.kir.name, max_steps)
+        self.steps = 0  # loop iterations run so far, by every warp of every CTA of this launch
         self.rng = None if seed is None else random.Random(seed)
         self.cta_coords: list = []  # by the CTAs' serial numbers (their order of execution)
         self.gmem = GlobalMemory(check_races)
@@ -69,6 +81,15 @@ class Launch:
             names = ", ".join(p.name for p in kir.params)
             raise LaunchTypeError(f"{kir.name}: expects {len(kir.params)} arguments ({names}), but got {len(args)}")
         self.template = prog.template({p.name: self._bind(p, x) for p, x in zip(kir.params, args)})
+
+    def start_cta(self, coord, total: int):
+        """Charge one step for a CTA starting: a huge grid of straight-line CTAs also stops."""
+        self.steps += 1
+        if self.steps > self.max_steps:
+            raise EmulationError(
+                f"{self.prog.kir.name}: the emulated launch exhausted its step budget max_steps={self.max_steps} (loop "
+                f"iterations and CTA starts together) after starting {len(self.cta_coords) - 1} of the {total} CTAs "
+                f"to run (next: CTA {coord}); emulate a subset with ctas=[...], or raise max_steps= / {MAX_STEPS_ENV}")
 
     def debug_record(self) -> np.ndarray:
         if self._debug is None:
@@ -130,6 +151,10 @@ def _check_buffer(kname, name, t: PointerType, x):
     if tname != _TORCH_NAMES.get(want) and not (want == "b32" and tname in ("int32", "uint32")):
         raise LaunchTypeError(f"{kname}: argument {name!r} expects dtype torch.{_TORCH_NAMES.get(want)}, "
                               f"but got {x.dtype}")
+    from ..runtime.launch import strided_last_dim_error
+    error = strided_last_dim_error(kname, name, x)
+    if error is not None:  # refused as a launch refuses it
+        raise error
     if x.device.type != "cpu":
         raise LaunchValueError(f"{kname}: argument {name!r} expects a CPU tensor for emulation, but got one on "
                                f"{x.device}")
@@ -138,10 +163,15 @@ def _check_buffer(kname, name, t: PointerType, x):
 def _scalar(kname, name, t: ScalarType, x):
     if isinstance(x, np.generic):
         x = x.item()
+    if t.is_fp8:  # as on the GPU (runtime/launch.py): no Python value packs into an fp8 parameter
+        raise LaunchTypeError(f"{kname}: scalar parameter {name!r} of type {t} cannot be passed from Python")
     if t.is_float:
         if isinstance(x, bool) or not isinstance(x, (int, float)):
             raise LaunchTypeError(f"{kname}: argument {name!r} expects a Python float for {t}, but got "
                                   f"{type(x).__name__}")
+        if not float_fits(t, x):
+            raise LaunchValueError(f"{kname}: argument {name!r} expects a value of magnitude at most "
+                                   f"{FLOAT_MAX[t.name]:.8g} ({t}), inf or nan, but got {x!r}")
         return float(x)
     if t.is_bool:
         if not isinstance(x, bool):
@@ -153,6 +183,68 @@ def _scalar(kname, name, t: ScalarType, x):
     if not lo <= x <= hi:
         raise LaunchValueError(f"{kname}: argument {name!r} expects a value in {lo}..{hi} ({t}), but got {x}")
     return x
+
+
+def _positive(kname, name, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise LaunchValueError(f"{kname}: option {name!r} expects a positive int, but got {value!r}")
+    return int(value)
+
+
+def max_steps_from(kname, max_steps) -> int:
+    """The launch's step budget: ``max_steps``, else ``$TYLOPY_EMULATE_MAX_STEPS``, else the default."""
+    if max_steps is not None:
+        return _positive(kname, "max_steps", max_steps)
+    text = os.environ.get(MAX_STEPS_ENV, "").strip()
+    if not text:
+        return DEFAULT_MAX_STEPS
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise LaunchValueError(f"{kname}: environment variable {MAX_STEPS_ENV} expects a positive int, but got "
+                               f"{text!r}")
+    return value
+
+
+class GridOrder:
+    """The block indices of a whole grid in x-fastest order, made on demand (a huge grid is not a list).
+
+    With an ``rng``, a random order: a uniform shuffle up to ``_SAMPLED_GRID`` blocks, beyond that a
+    random affine permutation of the serial numbers (``a*i + b mod n``, ``a`` coprime to ``n``).
+    """
+
+    def __init__(self, grid, rng=None):
+        self.grid, self.n = grid, grid[0] * grid[1] * grid[2]
+        self.shuffled = None
+        self.affine = (1, 0)
+        if rng is not None and self.n > 1:
+            if self.n <= _SAMPLED_GRID:
+                self.shuffled = rng.sample(range(self.n), self.n)
+            else:
+                a = rng.randrange(1, self.n)
+                while math.gcd(a, self.n) != 1:
+                    a = rng.randrange(1, self.n)
+                self.affine = (a, rng.randrange(self.n))
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if not -self.n <= i < self.n:
+            raise IndexError(i)
+        i %= self.n
+        if self.shuffled is not None:
+            i = self.shuffled[i]
+        else:
+            a, b = self.affine
+            i = (a * i + b) % self.n
+        gx, gy, _ = self.grid
+        return i % gx, (i // gx) % gy, i // (gx * gy)
+
+    def __iter__(self):
+        return (self[i] for i in range(self.n))
 
 
 def _grid3(kname, grid) -> tuple[int, int, int]:
@@ -167,7 +259,7 @@ def _grid3(kname, grid) -> tuple[int, int, int]:
 
 def _ctas(kname, grid, ctas):
     if ctas is None:
-        return [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
+        return GridOrder(grid)
     out = []
     for c in ctas:
         c = (int(c),) if isinstance(c, (int, np.integer)) else tuple(int(v) for v in c)
@@ -197,8 +289,10 @@ def emulate_kernel(kernel, args, grid, **kwargs) -> EmulationReport:
 
     Keyword arguments that name the kernel's constexprs specialize it; the others are options:
     ``ctas`` (the block indices to run, default all), ``check_races`` (default True) and
-    ``max_iterations`` (per execution of a loop, default 10**6: a spin on a flag in global memory
-    that no other CTA will ever set would otherwise run forever) and ``seed`` (None: warps run
+    ``max_iterations`` (per execution of a loop, default 10**6), ``max_steps`` (the loop iterations
+    of the whole launch, all warps and CTAs together; default ``$TYLOPY_EMULATE_MAX_STEPS`` or 10**6,
+    so a loop that never ends, or spins on a flag no CTA sets, stops within seconds with an error
+    naming it) and ``seed`` (None: warps run
     round robin, CTAs in grid order, and asynchronous copies land at the latest point, the wait
     that covers them; an int: a random schedule of warps and CTAs, and copies landing at random
     points before their waits, reproducible from the seed). ``grid`` may be a function of the
@@ -220,11 +314,32 @@ def emulate_kernel(kernel, args, grid, **kwargs) -> EmulationReport:
     grid3 = _grid3(kname, grid)
     ctas = _ctas(kname, grid3, options.pop("ctas", None))
     launch = Launch(prog, tuple(args), grid3, **options)
-    order = list(ctas) if launch.rng is None else launch.rng.sample(list(ctas), len(ctas))
+    if launch.rng is None:
+        order = ctas  # a GridOrder for a whole grid: coordinates made as they are run
+    elif isinstance(ctas, GridOrder):
+        order = GridOrder(grid3, launch.rng)
+    else:
+        order = launch.rng.sample(list(ctas), len(ctas))
+    nwarps = -(-prog.kir.launch.max_threads // 32)
+    _log.info("emulating %s: %d block(s) of grid %s, %d warps each", kname, len(ctas), grid3, nwarps)
+    _run_ctas(launch, order, kname)
+    report = EmulationReport(kname, grid3, ctas, nwarps, time.perf_counter() - t0, launch.notes,
+                             getattr(launch, "prints", []))
+    _log.info("%s", report)
+    return report
+
+
+def _run_ctas(launch: Launch, order, kname: str) -> None:
+    start = said = time.perf_counter()
     with np.errstate(all="ignore"):  # inactive lanes compute on garbage; IEEE results are what we want
         for coord in order:
             launch.cta_coords.append(coord)
+            launch.start_cta(coord, len(order))
             CTA(launch, coord, len(launch.cta_coords) - 1).run()
-    nwarps = -(-prog.kir.launch.max_threads // 32)
-    return EmulationReport(kname, grid3, ctas, nwarps, time.perf_counter() - t0, launch.notes,
-                           getattr(launch, "prints", []))
+            now = time.perf_counter()
+            if now - said >= PROGRESS_SECONDS and _log.isEnabledFor(logging.INFO):
+                said = now
+                _log.info("emulating %s: %d/%d blocks done, %.1f s", kname, len(launch.cta_coords), len(order),
+                          now - start)
+            elif _log.isEnabledFor(logging.DEBUG):
+                _log.debug("emulating %s: block %s done (%d/%d)", kname, coord, len(launch.cta_coords), len(order))

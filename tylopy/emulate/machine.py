@@ -55,6 +55,7 @@ class Warp:
         self.mb_seen: dict = {}  # mbarrier address -> (phases it has seen completed, wait op, parity)
         self.arrive_log: list = []  # (epoch, op, mbarrier) of this warp's latest mbarrier arrivals
         self.last_mb_wait = None  # (mbarrier, op, parity) of the latest completed mbarrier wait
+        self.loops: list = []  # [loop op, iterations of its current run] of the loops running, outermost first
         self.gen = run_block(self, cta.prog.body)
 
     def note_arrive(self, mb, op):

@@ -23,7 +23,8 @@ import numpy as np
 from .errors import MemoryAccessError, UnsupportedOpError, where
 from .ops_scalar import check_converged
 from .compiled import handler
-from ..semantics.tensorcore import mma_f32
+from ..semantics.fp8 import fp8_to_f32
+from ..semantics.tensorcore import mma_f32, mma_fp8
 from .values import WARP, half_to_f32
 
 _LANE = np.arange(WARP)
@@ -75,6 +76,8 @@ def b_tile(words, dtype: str, shape: str = "m16n8k16") -> np.ndarray:
 def make_mma_sync(prog, op):
     dtype = op.attr("dtype")
     shape = op.attr("shape", "m16n8k16")
+    if shape == "m16n8k32":
+        return _make_mma_fp8(prog, op, dtype, op.attr("b_dtype") or dtype)
     if dtype not in ("bf16", "f16"):
         raise UnsupportedOpError(f"mma_sync dtype {dtype!r} at {where(op)}: the emulator knows bf16 and f16")
     if shape not in TABLES:
@@ -92,6 +95,42 @@ def make_mma_sync(prog, op):
         c = np.empty((16, 8), dtype=np.float32)
         c[C_ROW, C_COL] = np.stack([env[x] for x in s[na + nb:na + nb + 4]])
         out = mma_f32(a, b, c, dtype)[C_ROW, C_COL]
+        for i, r in enumerate(res):
+            env[r] = out[i]
+    return False, run
+
+
+def _fp8_tile(words, fmt: str, rows, cols, shape) -> np.ndarray:
+    """A (16x32) or B (32x8) tile of an fp8 mma from its words: element 4r + h at (rows, cols)[r, lane, h]."""
+    w = np.stack(words).astype(np.uint32)  # (registers, 32)
+    codes = np.stack([(w >> np.uint32(8 * h)) & np.uint32(0xFF) for h in range(4)], axis=-1).astype(np.uint8)
+    out = np.empty(shape, dtype=np.float32)
+    out[rows.ravel(), cols.ravel()] = fp8_to_f32(codes.ravel(), fmt)
+    return out
+
+
+_H4 = np.arange(4)[None, None, :]
+_R4 = np.arange(4)[:, None, None]
+_R2 = np.arange(2)[:, None, None]
+A32_ROW = np.broadcast_to(_G[None, :, None] + 8 * (_R4 & 1), (4, 32, 4))
+A32_COL = 4 * _T[None, :, None] + _H4 + 16 * (_R4 >> 1)
+B32_K = 4 * _T[None, :, None] + _H4 + 16 * _R2
+B32_N = np.broadcast_to(_G[None, :, None], (2, 32, 4))
+
+
+def _make_mma_fp8(prog, op, a_fmt: str, b_fmt: str):
+    """mma.sync m16n8k32 with e4m3/e5m2 operands (sm_89+): the FP8 accumulation model."""
+    s = [prog.slot(v) for v in op.operands]
+    res = [prog.slot(v) for v in op.results]
+
+    def run(w):
+        check_converged(w, op, "mma.sync.aligned")
+        env = w.env
+        a = _fp8_tile([env[x] for x in s[:4]], a_fmt, A32_ROW, A32_COL, (16, 32))
+        b = _fp8_tile([env[x] for x in s[4:6]], b_fmt, B32_K, B32_N, (32, 8))
+        c = np.empty((16, 8), dtype=np.float32)
+        c[C_ROW, C_COL] = np.stack([env[x] for x in s[6:10]])
+        out = mma_fp8(a, b, c, (a_fmt, b_fmt))[C_ROW, C_COL]
         for i, r in enumerate(res):
             env[r] = out[i]
     return False, run

@@ -22,8 +22,19 @@ Environment:
 * ``TYLOPY_AUTOTUNE=0`` uses the first config that ``prune`` keeps, without timing or the disk;
   ``TYLOPY_AUTOTUNE=force`` tunes again (once per key in this process) and overwrites the file.
 * ``TYLOPY_AUTOTUNE_VERBOSE=1`` prints one line per candidate (time or why it was skipped), the
-  winner, and where a stored choice came from.
+  winner, and where a stored choice came from. The same lines go to the ``tylopy.autotune`` log at
+  INFO (``TYLOPY_LOG=info`` prints them).
+
+A stored choice belongs to the code it was measured with: the file's name is a digest of the key,
+the configs, the tuned function's source (its file and the files of the kernels its module
+holds; its compiled code when it has no file) and the tylopy, llvmlite and ptxas versions, so an
+edited kernel or an upgrade tunes again instead of reusing a stale choice.
 * ``TYLOPY_CACHE=0`` keeps choices in memory only.
+
+Under CUDA graph capture nothing is timed (events, synchronizations and the candidates' runs
+cannot be part of a graph): a choice already made (in memory or on disk) is used; otherwise the
+default config runs untuned, with an ``AutotuneWarning``, and nothing is remembered, so the next
+call outside a capture tunes. Call the tuned function once before capturing.
 """
 from __future__ import annotations
 
@@ -31,14 +42,18 @@ import functools
 import hashlib
 import inspect
 import json
+import logging
 import os
 import sys
+import types
+import warnings
 from typing import Any, Callable, Sequence
 
 from ..errors import TylopyError
 from . import cachefs
 
-FORMAT = 1
+FORMAT = 2  # 2: the key holds the source digest and the tool versions
+_log = logging.getLogger("tylopy.autotune")
 
 
 class Config:
@@ -61,6 +76,19 @@ class Config:
 
 class AutotuneError(TylopyError):
     """Every candidate failed, or the autotuner was set up wrongly."""
+
+
+class AutotuneWarning(UserWarning):
+    """A call ran with an untuned config (under CUDA graph capture)."""
+
+
+def capturing() -> bool:
+    """Whether torch's current CUDA stream is capturing a graph (False without CUDA)."""
+    try:
+        import torch
+        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    except (ImportError, RuntimeError):
+        return False
 
 
 def _canonical(x) -> str:
@@ -121,8 +149,48 @@ def verbose() -> bool:
     return os.environ.get("TYLOPY_AUTOTUNE_VERBOSE", "0").strip().lower() not in ("", "0", "off", "false", "no")
 
 
-def _say(line: str) -> None:
-    print(f"tylopy.autotune {line}", file=sys.stderr, flush=True)
+def _say(line: str, level: int = logging.INFO) -> None:
+    """One line of progress: to the ``tylopy.autotune`` log, and to stderr with TYLOPY_AUTOTUNE_VERBOSE."""
+    if verbose():
+        print(f"tylopy.autotune {line}", file=sys.stderr, flush=True)
+    _log.log(level, "%s", line)
+
+
+def tool_versions() -> dict:
+    """The versions whose change can change which config is fastest."""
+    import llvmlite
+    from ..codegen.ptxas import ptxas_version
+    from .kernel import __version__
+    return {"tylopy": __version__, "llvmlite": llvmlite.__version__, "ptxas": ptxas_version()}
+
+
+def _source_files(fn) -> list[str]:
+    """The file of ``fn`` and of every tylopy kernel its module holds (the launcher's kernels)."""
+    from .kernel import Kernel
+    fn = inspect.unwrap(fn.func if isinstance(fn, functools.partial) else fn)
+    files = [getattr(getattr(fn, "__code__", None), "co_filename", None)]
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    for value in list(vars(module).values()) if module is not None else ():
+        if isinstance(value, Kernel) and isinstance(value.fn, types.FunctionType):
+            files.append(value.fn.__code__.co_filename)
+    return sorted({f for f in files if f and os.path.isfile(f)})
+
+
+def source_digest(fn) -> str:
+    """A digest of the tuned function's source: its files' bytes, or its compiled code without one."""
+    from .capture import code_digest
+    h = hashlib.sha256()
+    files = _source_files(fn)
+    for path in files:
+        try:
+            with open(path, "rb") as f:
+                h.update(path.encode() + b"\0" + hashlib.sha256(f.read()).digest())
+        except OSError:
+            h.update(path.encode())
+    target = inspect.unwrap(fn.func if isinstance(fn, functools.partial) else fn)
+    if not files and isinstance(getattr(target, "__code__", None), types.CodeType):
+        h.update(code_digest(target.__code__).encode())
+    return h.hexdigest()[:32]
 
 
 class Autotuner:
@@ -153,6 +221,7 @@ class Autotuner:
                                     f"(it has {sorted(names)})")
         self._memory: dict[str, Config] = {}
         self._forced: set[str] = set()
+        self._code: dict | None = None  # the source digest and tool versions, once per process
         functools.update_wrapper(self, fn)
 
     # -- keys -----------------------------------------------------------------------------------
@@ -173,8 +242,14 @@ class Autotuner:
             raise AutotuneError(f"autotune {self.name}: prune removed every config for this call")
         return kept
 
+    def code(self) -> dict:
+        """What the stored choice was measured with: the source digest and the tool versions."""
+        if self._code is None:
+            self._code = {"source": source_digest(self.fn), "versions": tool_versions()}
+        return self._code
+
     def _digest(self, key: list, configs: list[Config]) -> str:
-        blob = _canonical([FORMAT, self.name, key, [c.kwargs for c in configs]])
+        blob = _canonical([FORMAT, self.name, key, [c.kwargs for c in configs], self.code()])
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
     def cache_path(self, key: list, configs: list[Config]) -> str | None:
@@ -203,6 +278,7 @@ class Autotuner:
             record = json.loads(payload.decode("utf-8"))
             best = record["best"]
             if (record.get("format") != FORMAT or record.get("key") != json.loads(_canonical(key))
+                    or record.get("code") != json.loads(_canonical(self.code()))
                     or not isinstance(best, int) or not 0 <= best < len(configs)
                     or _canonical(record.get("config")) != _canonical(configs[best].kwargs)):
                 return None
@@ -213,7 +289,8 @@ class Autotuner:
     def _store(self, path: str | None, key: list, configs: list[Config], best: int, timings: list) -> None:
         if path is None:
             return
-        record = {"format": FORMAT, "name": self.name, "key": json.loads(_canonical(key)), "best": best,
+        record = {"format": FORMAT, "name": self.name, "key": json.loads(_canonical(key)),
+                  "code": json.loads(_canonical(self.code())), "best": best,
                   "config": json.loads(_canonical(configs[best].kwargs)),
                   "configs": [json.loads(_canonical(c.kwargs)) for c in configs], "timings_ms": timings}
         try:
@@ -221,8 +298,7 @@ class Autotuner:
             text = json.dumps(record, indent=1).encode()
             cachefs.atomic_write(path, cachefs.seal(os.path.basename(path), text))
         except OSError as e:
-            if verbose():
-                _say(f"{self.name}: could not store the choice in {path} ({e})")
+            _say(f"{self.name}: could not store the choice in {path} ({e})", logging.WARNING)
 
     # -- tuning ---------------------------------------------------------------------------------
     def _bench(self, args, kwargs, configs: list[Config], label: str) -> tuple[int, list]:
@@ -237,12 +313,10 @@ class Autotuner:
                 note = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 notes.append(f"{cfg}: {note}")
                 timings.append({"ms": None, "skipped": note})
-                if verbose():
-                    _say(f"{label} {i + 1}/{len(configs)} {cfg} skipped: {note}")
+                _say(f"{label} {i + 1}/{len(configs)} {cfg} skipped: {note}")
                 continue
             timings.append({"ms": ms})
-            if verbose():
-                _say(f"{label} {i + 1}/{len(configs)} {cfg} {ms:.4f} ms")
+            _say(f"{label} {i + 1}/{len(configs)} {cfg} {ms:.4f} ms")
         ok = [(t["ms"], i) for i, t in enumerate(timings) if t["ms"] is not None]
         if not ok:
             raise AutotuneError(f"autotune {self.name}: every config failed for {label}:\n  " + "\n  ".join(notes)) \
@@ -266,14 +340,19 @@ class Autotuner:
         if how != "force":
             found = self._load(path, key, configs)
             if found is not None:
-                if verbose():
-                    _say(f"{label}: {found} (stored in {path})")
+                _say(f"{label}: {found} (stored in {path})")
                 self._memory[mkey] = found
                 return found
+        if capturing():
+            # Timing needs events and synchronizations a capture forbids, and every candidate's
+            # runs would be recorded into the graph: run the untuned default, and say so.
+            warnings.warn(f"autotune {label}: called under CUDA graph capture, where it cannot time candidates; "
+                          f"running the default {configs[0]} untuned (call it once before capturing to tune)",
+                          AutotuneWarning, stacklevel=3)
+            return configs[0]
+        _say(f"{label}: timing {len(configs)} configs" + (" (TYLOPY_AUTOTUNE=force)" if how == "force" else ""))
         best, timings = self._bench(args, kwargs, configs, label)
-        if verbose():
-            _say(f"{label}: best {configs[best]} {timings[best]['ms']:.4f} ms"
-                 + (f", stored in {path}" if path else ""))
+        _say(f"{label}: best {configs[best]} {timings[best]['ms']:.4f} ms" + (f", stored in {path}" if path else ""))
         self._store(path, key, configs, best, timings)
         self._memory[mkey] = configs[best]
         self._forced.add(mkey)
@@ -304,4 +383,4 @@ def autotune(configs: Sequence, key: Sequence, *, prune: Callable | None = None,
     return wrap
 
 
-__all__ = ["autotune", "Config", "Autotuner", "AutotuneError"]
+__all__ = ["autotune", "Config", "Autotuner", "AutotuneError", "AutotuneWarning"]

@@ -485,9 +485,7 @@ class Kernel:
         entries.insert(0, ck)
         del entries[MAX_SPECIALIZATIONS_PER_KEY:]
         cache.maybe_dump(ck)
-        if hooks._observers:
-            hooks.emit(hooks.CompileEvent(self.name, ck.constexprs, "disk" if ck.from_cache else "build",
-                                          ck.compile_seconds))
+        hooks.compiled(self.name, ck)  # the observers and the log
         return ck
 
     def _build(self, kir: KernelIR, cx: dict, options: CompileOptions, key: str) -> CompiledKernel:

@@ -7,6 +7,8 @@ instructions see them.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 
@@ -139,3 +141,14 @@ def int_range(t: ScalarType) -> tuple[int, int]:
 # The largest finite value of each float type: a constant beyond it does not fit.
 FLOAT_MAX = {"f16": 65504.0, "bf16": 3.3895313892515355e38, "f32": 3.4028234663852886e38,
              "f64": 1.7976931348623157e308, "e4m3": 448.0, "e5m2": 57344.0}
+
+
+
+def float_fits(t: ScalarType, x) -> bool:
+    """Whether the number ``x`` fits float type ``t``: inf and nan do, a finite value beyond the largest
+    finite one does not (it would turn into inf)."""
+    try:
+        v = float(x)
+    except OverflowError:  # an int beyond every float
+        return False
+    return math.isnan(v) or math.isinf(v) or abs(v) <= FLOAT_MAX.get(t.name, math.inf)

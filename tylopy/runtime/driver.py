@@ -49,6 +49,8 @@ def call(name: str, *args, kernel: str | None = None):
     except Exception as e:  # noqa: BLE001
         if type(e).__name__ == "DynamicLibNotFoundError":
             raise NoDriverError(str(e).split(".")[0]) from None
+        if isinstance(e, RuntimeError) and str(e).startswith("Failed to dlopen libcuda"):  # cuda-bindings 13.0
+            raise NoDriverError(str(e)) from None
         raise
     err = out[0]
     if err != d.CUresult.CUDA_SUCCESS:

@@ -13,6 +13,7 @@ open, the only cost on a launch is one truth test of a module-level list.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from dataclasses import dataclass, field
 
@@ -57,3 +58,24 @@ def observe():
 def emit(event) -> None:
     for events in tuple(_observers):
         events.append(event)
+
+
+_compile_log = logging.getLogger("tylopy.compile")
+SLOW_COMPILE_SECONDS = 1.0  # a compile at least this long is reported at INFO (the rest at DEBUG)
+
+
+def compiled(kernel: str, ck) -> None:
+    """A specialization ``ck`` (a ``CompiledKernel``) was built or loaded from the disk cache: an
+    event for the observers, and a line in the ``tylopy.compile`` log."""
+    source = "disk" if ck.from_cache else "build"
+    if _observers:
+        emit(CompileEvent(kernel, ck.constexprs, source, ck.compile_seconds))
+    level = logging.INFO if ck.compile_seconds >= SLOW_COMPILE_SECONDS else logging.DEBUG
+    if not _compile_log.isEnabledFor(level):
+        return
+    cx = ", ".join(f"{k}={v!r}" for k, v in ck.constexprs.items())
+    report = ck.report
+    usage = (f": {report.registers} registers, {report.spills} bytes spilled, {report.stack_frame} bytes stack"
+             if getattr(report, "available", False) else "")
+    _compile_log.log(level, "%s %s (%s%s) in %.2f s%s", "loaded" if ck.from_cache else "compiled", kernel, ck.arch,
+                     f"; {cx}" if cx else "", ck.compile_seconds, usage if not ck.from_cache else "")

@@ -17,9 +17,10 @@ import operator
 import threading
 
 from ..errors import ArchMismatchError, DriverError, LaunchTypeError, LaunchValueError, ResourceLimitError
-from ..ir.types import PointerType, ScalarType, TensorMapType, int_range
+from ..ir.types import FLOAT_MAX, PointerType, ScalarType, TensorMapType, float_fits, int_range
 from . import driver as drv
 from . import hooks
+from .streams import stream_handle
 
 _INT_CTYPES = {"i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32, "i64": ctypes.c_int64,
                "u8": ctypes.c_uint8, "u16": ctypes.c_uint16, "u32": ctypes.c_uint32, "u64": ctypes.c_uint64,
@@ -85,6 +86,28 @@ def load_plan(arch: str, capability: tuple[int, int]) -> str:
 
 # -- packers: check one launch argument and write it into its slot(s) ------------------------------------
 
+STRIDED_MARK = "_tylopy_strided"
+
+
+def strided(t):
+    """Mark tensor ``t`` as addressed by the kernel through strides passed alongside it, so a ``ty.ptr``
+    parameter accepts it whatever its strides (a stride-0 broadcast, a transposed view). Marks the
+    tensor object itself and returns it: mark a view made for the launch (``x.expand(...)``)."""
+    setattr(t, STRIDED_MARK, True)
+    return t
+
+
+def strided_last_dim_error(kernel: str, name: str, x):
+    """None when ``x`` may go to a ``ty.ptr`` parameter; else the error that says how to fix it."""
+    if not x.dim() or x.shape[-1] <= 1 or x.stride(-1) == 1 or getattr(x, STRIDED_MARK, False):
+        return None
+    return LaunchValueError(
+        f"{kernel}: argument {name!r} expects a tensor whose last dimension is contiguous (stride 1): a ty.ptr "
+        f"parameter gets only the address of the first element and reads the last dimension's elements as "
+        f"consecutive, but got shape {tuple(x.shape)} with strides {tuple(x.stride())}; pass {name}.contiguous(), "
+        f"declare the parameter ty.tensor(...) to receive the strides, or, if the kernel takes the strides as "
+        f"arguments, pass ty.strided({name})")
+
 def _device_of(kernel: str, name: str, x) -> int:
     dev = x.get_device()
     if dev < 0:
@@ -111,11 +134,14 @@ def _pointer_packer(kernel: str, name: str, t: PointerType, i: int):
                                   f"but got {type(x).__name__}")
         if x.dtype is not want and x.dtype not in also:
             raise LaunchTypeError(f"{kernel}: argument {name!r} expects dtype {want}, but got {x.dtype}")
+        error = strided_last_dim_error(kernel, name, x)
+        if error is not None:
+            raise error
         return _same_device(kernel, name, _device_of(kernel, name, x), device)
 
     def pack(x, slots, ptrs, device):
-        try:  # the common case first: a CUDA tensor of the right dtype on the launch's device
-            if x.dtype is want:
+        try:  # the common case first: a contiguous CUDA tensor of the right dtype on the launch's device
+            if x.dtype is want and x.is_contiguous():
                 dev = x.get_device()
                 if dev == device or (device is None and dev >= 0):
                     slots[i].value = x.data_ptr()
@@ -168,10 +194,15 @@ def _scalar_packer(kernel: str, name: str, t: ScalarType, i: int):
         if t.name not in _FLOAT_CTYPES:
             raise LaunchTypeError(f"{kernel}: scalar parameter {name!r} of type {t} cannot be passed from Python")
 
+        limit = FLOAT_MAX[t.name]
+
         def pack_float(x, slots, ptrs, device):
             if type(x) is not float and (isinstance(x, bool) or not isinstance(x, (int, float))):
                 raise LaunchTypeError(f"{kernel}: argument {name!r} expects a Python float for {t}, "
                                       f"but got {type(x).__name__}")
+            if not -limit <= x <= limit and not float_fits(t, x):  # nan and inf pass; 1e39 would become inf
+                raise LaunchValueError(f"{kernel}: argument {name!r} expects a value of magnitude at most {limit:.8g} "
+                                       f"({t}), inf or nan, but got {x!r}")
             slots[i].value = x
             return device
         return pack_float
@@ -366,6 +397,8 @@ class Launcher:
         if device is None:
             device = drv.current_device()
         if gx == 0 or gy == 0 or gz == 0:
+            if stream is not None:
+                stream_handle(self.ck.name, stream, device)  # a bad stream is an error even with nothing to run
             return  # an empty grid launches nothing
         self._send(gx, gy, gz, slots, device, stream)
 
@@ -385,8 +418,7 @@ class Launcher:
         return PreparedLaunch(self, grid, args)
 
     def _launch(self, f, gx, gy, gz, slots, device, stream):
-        handle = drv.current_stream(device) if stream is None else (
-            stream.cuda_stream if hasattr(stream, "cuda_stream") else int(stream))
+        handle = drv.current_stream(device) if stream is None else stream_handle(self.ck.name, stream, device)
         s = self._streams.get(handle)
         d = drv.driver()
         if d is not self._d:
@@ -445,13 +477,14 @@ class PreparedLaunch:
             run.set("x", x)
             run.launch()
 
-    It holds no reference to the tensors it was given (keep them alive while it launches, as with
-    any asynchronous launch), only to tensor maps, whose own memory is the parameter. It stays on
+    It holds a reference to every argument it packed (the latest one ``set`` for each), so a
+    tensor whose address it passes cannot be freed and its memory reused while it may launch;
+    a tensor map's own memory is the parameter. It stays on
     the specialization and device it was prepared for: an edit of a global the kernel read takes
     effect in a new ``prepare``, and a tensor on another device is rejected. One thread at a time.
     """
 
-    __slots__ = ("launcher", "grid", "device", "_slots", "_index", "_maps", "_unset")
+    __slots__ = ("launcher", "grid", "device", "_slots", "_index", "_held", "_unset")
 
     def __init__(self, launcher: Launcher, grid, args):
         self.launcher = launcher
@@ -460,8 +493,7 @@ class PreparedLaunch:
         device, _ = launcher.pack(tuple(args), self._slots)
         self.device = drv.current_device() if device is None else device
         self._index = {name: i for i, name in enumerate(launcher.names)}
-        is_map = [isinstance(t, TensorMapType) for _, t in launcher.ck.params]
-        self._maps = {i: x for i, x in enumerate(args) if is_map[i]}  # kept: their memory is the parameter
+        self._held = list(args)  # kept alive: their addresses (a map's own memory) are in the parameters
         self._unset: set = set()  # arguments whose last set() failed (their slots may be half written)
 
     def set(self, arg, value) -> None:
@@ -476,8 +508,7 @@ class PreparedLaunch:
             self._unset.add(i)  # a tensor's shape may be written and its pointer not: no launch until set again
             raise
         self._unset.discard(i)
-        if i in self._maps:
-            self._maps[i] = value
+        self._held[i] = value
 
     def launch(self, stream=None) -> None:
         if self._unset:

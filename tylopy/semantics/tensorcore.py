@@ -21,7 +21,7 @@ truncated to multiples of 2**(emax - FP8_PRECISION) and the sum truncated toward
 FP8_RESULT_BITS fraction bits (an e8m13 accumulator, as published measurements of H100 FP8
 GEMMs describe) before it is stored as f32. This model is NOT yet fitted on the H200:
 tests/test_fp8_wgmma_gpu.py compares it with the GPU bit for bit and, when they differ, says
-which (precision, result bits) of the same family fit. f16 accumulators: the f32 model's value
+which (FP8_PRECISION, FP8_RESULT_BITS, FP8_GROUP) of the same family fit. f16 accumulators: the f32 model's value
 (c read exactly from f16) truncated toward zero to f16, also unverified.
 """
 from __future__ import annotations
@@ -32,6 +32,7 @@ EMIN = {"bf16": -126, "f16": -14, "e4m3": -6, "e5m2": -14}
 PRECISION = 25
 FP8_PRECISION = 13
 FP8_RESULT_BITS = 13
+FP8_GROUP = 32   # k per aligned sum: 32 = the whole k32 step (16: two chained halves)
 _ZERO_EXP = -100_000
 
 
@@ -88,9 +89,16 @@ def mma_fp8(a, b, c, dtypes: tuple, acc: str = "f32", model: tuple | None = None
     """D (M, N) = A (M, K) B (K, N) + C for fp8 inputs (``dtypes`` = (A's, B's) format names).
 
     ``acc`` "f32" gives f32; "f16" gives f16 values (as float32), C read exactly. ``model`` =
-    (precision, result bits) overrides (FP8_PRECISION, FP8_RESULT_BITS): the GPU test's fitter.
+    (precision, result bits[, group]) overrides (FP8_PRECISION, FP8_RESULT_BITS, FP8_GROUP): the GPU
+    test's fitter; ``group`` < K sums the products in chained groups of that many k.
     """
-    precision, result_bits = model or (FP8_PRECISION, FP8_RESULT_BITS)
+    precision, result_bits, group = (tuple(model) + (FP8_GROUP,))[:3] if model else \
+        (FP8_PRECISION, FP8_RESULT_BITS, FP8_GROUP)
+    if group < a.shape[1]:
+        d = c
+        for k0 in range(0, a.shape[1], group):
+            d = mma_fp8(a[:, k0:k0 + group], b[k0:k0 + group], d, dtypes, "f32", (precision, result_bits, group))
+        return round_toward_zero_f16(d) if acc == "f16" else d
     total = truncate_bits(_aligned_sum(a, b, c, dtypes, precision), result_bits)
     d = _round_toward_zero_f32(total)
     if acc == "f16":

@@ -11,8 +11,8 @@ Every operation runs traced inside a kernel (registers are ``RuntimeValue``s of 
 or as the numpy reference semantics over every lane at once (``tylopy.semantics``).
 """
 from .fragment import Fragment
-from .layouts import (MMA_SYNC_A, MMA_SYNC_B, MMA_SYNC_C, QUAD, WARP, WARPGROUP, WGMMA_A_RS, Layout,
-                      LocalOwnership, Ownership, tiled_mma_c, wgmma_acc)
+from .layouts import (MMA_SYNC_A, MMA_SYNC_A_K32, MMA_SYNC_B, MMA_SYNC_B_K32, MMA_SYNC_C, QUAD, WARP, WARPGROUP,
+                      WGMMA_A_RS, WGMMA_A_RS_FP8, Layout, LocalOwnership, Ownership, tiled_mma_c, wgmma_acc)
 from . import mma_sync, wgmma
 from .mma_sync import MmaSyncAtom
 from .softmax import SoftmaxState, SoftmaxUpdate, softmax_lse, softmax_merge, softmax_normalize, softmax_update
@@ -35,4 +35,4 @@ def pack_operand_a(atom, *args, **kwargs):
 __all__ = ["Fragment", "Layout", "Ownership", "LocalOwnership", "QUAD", "WARP", "WARPGROUP", "MMA_SYNC_A",
            "MMA_SYNC_B", "MMA_SYNC_C", "WGMMA_A_RS", "tiled_mma_c", "wgmma_acc", "MmaSyncAtom", "WgmmaAtom",
            "SoftmaxState", "SoftmaxUpdate", "softmax_update", "softmax_normalize", "softmax_merge", "softmax_lse",
-           "pack_operand_a"]
+           "pack_operand_a", "MMA_SYNC_A_K32", "MMA_SYNC_B_K32", "WGMMA_A_RS_FP8"]

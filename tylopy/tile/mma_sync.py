@@ -14,7 +14,12 @@ B k16      16 x 8  (K x N)       k 2t + h + 8 r, n g                            
 A k8       16 x 8  (M x K)       row g + 8 r, col 2t + h                         2 b32
 B k8       8 x 8   (K x N)       k 2t + h, n g                                   1 b32
 C/D        16 x 8  f32           row g + 8 (i >> 1), col 2t + (i & 1)            4 f32
+A k32 fp8  16 x 32 (M x K)       row g + 8 (r & 1), col 4t + h + 16 (r >> 1)     4 b32
+B k32 fp8  32 x 8  (K x N)       k 4t + h + 16 r, n g                            2 b32
 =========  ====================  =============================================  =============
+
+The fp8 atom ``MmaSyncAtom(ty.e4m3 or ty.e5m2, "m16n8k32", b_dtype=...)`` (sm_89+) holds four
+8-bit codes per register, byte h (0-3) of register r; A and B may mix e4m3 and e5m2.
 
 ``atom.a_fragment(words)`` / ``b_fragment`` / ``c_fragment`` / ``zeros()`` wrap registers in
 the atom's layouts; ``ldmatrix`` (``ty.ldmatrix``) gives exactly these words from shared
@@ -29,10 +34,11 @@ import numpy as np
 
 from ..errors import LayoutError
 from ..frontend.proxy import RuntimeValue, as_value, emit
-from ..ir.types import ScalarType, b32, bf16, f16, f32
+from ..ir.types import ScalarType, b32, bf16, e4m3, e5m2, f16, f32
 from ..semantics.conversions import pack2_bits, unpack2_bits
 from .fragment import Fragment, ownership_of
-from .layouts import MMA_SYNC_A, MMA_SYNC_B, MMA_SYNC_C, QUAD, Layout, Ownership, tiled_mma_c
+from .layouts import (MMA_SYNC_A, MMA_SYNC_A_K32, MMA_SYNC_B, MMA_SYNC_B_K32, MMA_SYNC_C, QUAD, Layout, Ownership,
+                      tiled_mma_c)
 
 A_OWNERSHIP = Ownership("quad", row_lanes=(1, 2), col_lanes=(4, 8, 16))
 B_OWNERSHIP = Ownership("quad", row_lanes=(4, 8, 16), col_lanes=(1, 2))
@@ -55,6 +61,7 @@ MMA_SYNC_K8_B = Layout("mma.m16n8k8 B 16-bit", (8, 8), 32, 2, _mma_k8_b)
 SHAPES = {
     "m16n8k16": ((16, 8, 16), MMA_SYNC_A, MMA_SYNC_B),
     "m16n8k8": ((16, 8, 8), MMA_SYNC_K8_A, MMA_SYNC_K8_B),
+    "m16n8k32": ((16, 8, 32), MMA_SYNC_A_K32, MMA_SYNC_B_K32),  # fp8 (sm_89+)
 }
 
 
@@ -69,16 +76,33 @@ class MmaSyncAtom:
 
     dtype: ScalarType = bf16
     shape: str = "m16n8k16"
+    b_dtype: ScalarType | None = None  # None: dtype; fp8 atoms may mix e4m3 and e5m2
 
     def __post_init__(self):
-        if self.dtype not in (bf16, f16):
-            raise LayoutError(f"MmaSyncAtom dtype expects ty.bf16 or ty.f16, but got {self.dtype!r}")
+        if self.dtype not in (bf16, f16, e4m3, e5m2):
+            raise LayoutError(f"MmaSyncAtom dtype expects ty.bf16, ty.f16, ty.e4m3 or ty.e5m2, but got {self.dtype!r}")
         if self.shape not in SHAPES:
             raise LayoutError(f"MmaSyncAtom shape expects one of {', '.join(map(repr, SHAPES))}, "
                               f"but got {self.shape!r}")
+        if self.dtype.is_fp8 != (self.shape == "m16n8k32"):
+            raise LayoutError(f"MmaSyncAtom with {self.dtype} expects shape "
+                              f"{'m16n8k32' if self.dtype.is_fp8 else 'm16n8k16 or m16n8k8'}, but got {self.shape!r}")
+        if self.b_dtype is None:
+            object.__setattr__(self, "b_dtype", self.dtype)
+        if self.b_dtype != self.dtype and not (self.dtype.is_fp8 and self.b_dtype in (e4m3, e5m2)):
+            raise LayoutError(f"MmaSyncAtom b_dtype expects {'e4m3 or e5m2' if self.dtype.is_fp8 else self.dtype} "
+                              f"with dtype {self.dtype}, but got {self.b_dtype}")
 
-    arch = "sm_80"
     c_layout = MMA_SYNC_C
+
+    @property
+    def arch(self) -> str:
+        return "sm_89" if self.dtype.is_fp8 else "sm_80"
+
+    @property
+    def pack(self) -> int:
+        """Elements per A/B register: 2 (16-bit) or 4 (fp8)."""
+        return 4 if self.dtype.is_fp8 else 2
     c_ownership = QUAD
 
     @property
@@ -105,30 +129,30 @@ class MmaSyncAtom:
 
     @property
     def a_words(self) -> int:
-        return self.a_layout.nvalues // 2
+        return self.a_layout.nvalues // self.pack
 
     @property
     def b_words(self) -> int:
-        return self.b_layout.nvalues // 2
+        return self.b_layout.nvalues // self.pack
 
     @property
     def ptx_dtype(self) -> str:
         return self.dtype.name
 
     def __str__(self):
-        t = self.dtype.name
-        return f"mma.sync.aligned.{self.shape}.row.col.f32.{t}.{t}.f32 (sm_80+, one warp)"
+        return (f"mma.sync.aligned.{self.shape}.row.col.f32.{self.dtype.name}.{self.b_dtype.name}.f32 "
+                f"({self.arch}+, one warp)")
 
     # -- fragments ---------------------------------------------------------------------------
     def a_fragment(self, words) -> Fragment:
         """This lane's A registers (b32 words, e.g. from ``ty.ldmatrix``) as the atom's A fragment."""
-        return Fragment(_words(self, "A", words, self.a_words), self.a_ownership, self.a_layout, pack=2,
+        return Fragment(_words(self, "A", words, self.a_words), self.a_ownership, self.a_layout, pack=self.pack,
                         dtype=self.dtype)
 
     def b_fragment(self, words) -> Fragment:
         """This lane's B registers (b32 words) as the atom's B fragment."""
-        return Fragment(_words(self, "B", words, self.b_words), self.b_ownership, self.b_layout, pack=2,
-                        dtype=self.dtype)
+        return Fragment(_words(self, "B", words, self.b_words), self.b_ownership, self.b_layout, pack=self.pack,
+                        dtype=self.b_dtype)
 
     def c_fragment(self, values) -> Fragment:
         """This lane's four f32 accumulators (c0..c3) as a C fragment."""
@@ -214,6 +238,9 @@ def _check_operand(atom: MmaSyncAtom, name: str, f, layout: Layout, pack: int):
         packed = "a packed " if pack == 2 else "a "
         raise LayoutError(f"mma with {atom.shape} {name} expects {packed}{layout} fragment, but got {f.layout}"
                           f"{' (pack=%d)' % f.pack if f.pack != pack else ''}")
+    want = atom.b_dtype if name == "B" else atom.dtype
+    if pack == 4 and f.dtype is not None and f.dtype != want:
+        raise LayoutError(f"mma with {atom} expects {name} of {want} codes, but it holds {f.dtype}")
     if pack == 2 and f.dtype is not None and f.dtype != atom.dtype:
         raise LayoutError(f"mma with a {atom.dtype} atom expects {name} packed as {atom.dtype}, but it holds "
                           f"{f.dtype} values; round them to {atom.dtype} (pack_operand_a(atom, ...)), or use "
@@ -229,8 +256,8 @@ def mma(atom: MmaSyncAtom, a: Fragment, b: Fragment, c: Fragment) -> Fragment:
     """
     if not isinstance(atom, MmaSyncAtom):
         raise LayoutError(f"mma expects an MmaSyncAtom first, but got {atom!r}")
-    _check_operand(atom, "A", a, atom.a_layout, 2)
-    _check_operand(atom, "B", b, atom.b_layout, 2)
+    _check_operand(atom, "A", a, atom.a_layout, atom.pack)
+    _check_operand(atom, "B", b, atom.b_layout, atom.pack)
     _check_operand(atom, "C", c, atom.c_layout, 1)
     if not (a.traced == b.traced == c.traced):
         raise LayoutError("mma cannot combine traced fragments with reference ones")
@@ -238,10 +265,14 @@ def mma(atom: MmaSyncAtom, a: Fragment, b: Fragment, c: Fragment) -> Fragment:
         for i, v in enumerate(c.values):
             if v.type != f32:
                 raise LayoutError(f"mma C expects f32 accumulators, but register {i} is {v.type}")
-        out = emit("mma_sync", (*a.values, *b.values, *c.values), dtype=atom.ptx_dtype, shape=atom.shape)
+        if atom.dtype.is_fp8:
+            from ..frontend.fp8 import require_fp8_target
+            require_fp8_target(f"mma with {atom}")
+        extra = {"b_dtype": atom.b_dtype.name} if atom.b_dtype != atom.dtype else {}
+        out = emit("mma_sync", (*a.values, *b.values, *c.values), dtype=atom.ptx_dtype, shape=atom.shape, **extra)
         return Fragment(out, QUAD, MMA_SYNC_C)
     A = unpack_tile(a, atom.dtype.name)
-    B = unpack_tile(b, atom.dtype.name)
+    B = unpack_tile(b, atom.b_dtype.name)
     C = gather_tile(c)
     D = (A.astype(np.float64) @ B.astype(np.float64) + C).astype(np.float32)
     return scatter_tile(D, MMA_SYNC_C, QUAD)
@@ -258,9 +289,14 @@ def gather_tile(f: Fragment) -> np.ndarray:
 
 def unpack_tile(f: Fragment, dtype: str) -> np.ndarray:
     words = np.stack([np.asarray(c, dtype=np.uint32) for c in f.values], axis=1)
-    lo, hi = unpack2_bits(words, dtype)
-    elems = np.empty((words.shape[0], words.shape[1] * 2), dtype=np.float32)
-    elems[:, 0::2], elems[:, 1::2] = lo, hi
+    if dtype in ("e4m3", "e5m2"):
+        from ..semantics.fp8 import unpack_fp8
+        parts = unpack_fp8(words, 4, dtype)
+        elems = np.stack(parts, axis=-1).reshape(words.shape[0], words.shape[1] * 4)
+    else:
+        lo, hi = unpack2_bits(words, dtype)
+        elems = np.empty((words.shape[0], words.shape[1] * 2), dtype=np.float32)
+        elems[:, 0::2], elems[:, 1::2] = lo, hi
     t = f.layout.table
     out = np.zeros(f.layout.shape, dtype=np.float32)
     out[t[..., 0], t[..., 1]] = elems

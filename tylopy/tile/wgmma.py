@@ -1,4 +1,4 @@
-"""Hopper's warpgroup MMA ``wgmma.mma_async`` m64nNk16: atom, shared-memory descriptors,
+"""Hopper's warpgroup MMA ``wgmma.mma_async`` m64nNk16 (m64nNk32 for fp8): atom, shared-memory descriptors,
 commit groups, and the same-lane conversion of an f32 accumulator into the register-A operand.
 
 An accumulator returned by ``wgmma`` is *pending*: it belongs to a commit group and cannot be
@@ -123,7 +123,7 @@ def _groups() -> dict:
 
 def wgmma(atom: WgmmaAtom, acc: Fragment | None, a, desc_b, trans_b: int = 0, scale_d=True,
           trans_a: int = 0) -> Fragment:
-    """Issue one m64n{n}k16 wgmma into ``acc`` (None: D = A B, the accumulator is not read).
+    """Issue one m64n{n}k16 wgmma (k32 for fp8 atoms) into ``acc`` (None: D = A B, the accumulator is not read).
 
     ``a`` is a u64 descriptor (SS) or a packed ``WGMMA_A_RS`` fragment (RS). ``trans_a`` /
     ``trans_b`` = 1 read that shared-memory operand MN-major (imm-trans; register A is always

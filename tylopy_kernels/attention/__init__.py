@@ -107,7 +107,9 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     through the ``tylopy::attention_fwd`` operator (``autograd.py``), whose backward runs
     tylopy's backward kernels; otherwise it launches the forward kernel directly.
     """
-    if is_nested(query, key, value):  # SDPA's nested jagged tensors: attention_varlen on the packed values
+    T = torch.Tensor
+    if (type(query) is not T or type(key) is not T or type(value) is not T) and is_nested(query, key, value):
+        # SDPA's nested jagged tensors: attention_varlen on the packed values
         return nested_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse)
     if getattr(query, "dtype", None) is torch.float32:  # fp32 under autocast runs in its dtype, as SDPA
         query, key, value = autocast_inputs(query, key, value)
@@ -272,11 +274,13 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     """Packed variable-length batches, like ``flash_attn_varlen_func`` (``varlen.py`` says more):
     q (total_q, H, D), k/v (total_k, H_kv, D), int32 prefix sums cu_seqlens_q/k; (out, lse) with
     ``return_lse``, lse of shape (H, total_q). Differentiable as ``attention``."""
-    from tylopy_kernels.attention.varlen import check_varlen, forward_varlen
+    from tylopy_kernels.attention.varlen import check_varlen, device_cu_seqlens, forward_varlen
     if getattr(q, "dtype", None) is torch.float32:  # fp32 under autocast runs in its dtype, as SDPA
         q, k, v = autocast_inputs(q, k, v)
     scale = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
                          enable_gqa)
+    cu_seqlens_q, cu_seqlens_k = device_cu_seqlens(q, cu_seqlens_q, q.shape[0]), device_cu_seqlens(
+        q, cu_seqlens_k, k.shape[0])
     if _through_op(q, k, v):
         from tylopy_kernels.attention.autograd import varlen_op
         return varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 
+import tylopy as ty
+
 
 def reject(entry: str, exc, arg, expected, got):
     """Raise ``exc`` naming the entry point, the argument, what it expects and what came."""
@@ -46,7 +48,7 @@ def mask_and_lse_args(attn_mask, lse, B, H, n_q, n_k, device):
     """(mask as uint8 with stride-0 broadcast dims, its 4 strides, lse or a placeholder): no copies."""
     import torch
     if attn_mask is not None:
-        mask_t = attn_mask.view(torch.uint8).expand(B, H, n_q, n_k)
+        mask_t = ty.strided(attn_mask.view(torch.uint8).expand(B, H, n_q, n_k))  # the kernel reads via strides
         strides = [mask_t.stride(i) for i in range(4)]
     else:
         mask_t, strides = placeholder(device, torch.uint8), [0, 0, 0, 0]

@@ -7,8 +7,12 @@ as ``flash_attn_varlen_func``: q is (total_q, H, D), k and v (total_k, H_kv, D),
 with a contiguous last dim; sequence b holds query rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1]
 and key rows cu_seqlens_k[b] .. cu_seqlens_k[b + 1] (int32 prefix sums of B + 1 entries, the
 same B for both, starting at 0); max_seqlen_q/k bound every sequence's length (the grid is
-sized by them, so a longer sequence would be cut short: they are not checked against the
-tensors, which would need the host to wait for the GPU). Sequences may be empty (their output
+sized by them, so a longer sequence would be cut short). cu_seqlens may also be Python lists or
+CPU tensors: the host then checks them before launching (start at 0, non-decreasing, last entry
+at most the tensor's rows, no sequence longer than max_seqlen) and copies them over. CUDA
+cu_seqlens are not read by the host (that would wait for the GPU): they are repaired on the
+device (clamped to the rows, made non-decreasing), so a kernel never indexes outside q, k or v,
+and ``cu_seqlens_status()`` counts the calls whose sums needed it. Sequences may be empty (their output
 rows do not exist; queries whose sequence has no keys get zeros and LSE -inf) or of length 1.
 ``is_causal`` aligns the diagonal to the bottom-right corner of each sequence, as flash-attn
 does: key j takes part for query i when j <= i + n_k - n_q (the usual mask when n_q == n_k).
@@ -55,12 +59,13 @@ def check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, enable_gqa
         _fail(ValueError, "k/v heads", f"a count that divides the {H} query heads (enable_gqa=True)", h_kv)
     if not enable_gqa and h_kv != H:
         _fail(ValueError, "k/v heads", f"{H} (or enable_gqa=True for fewer)", h_kv)
+    cu_q, cu_k = _as_cu_tensor("cu_seqlens_q", cu_q), _as_cu_tensor("cu_seqlens_k", cu_k)
     for name, t in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1 or t.shape[0] < 1:
-            _fail(TypeError, name, "a 1-D torch.int32 tensor of batch + 1 prefix sums",
+            _fail(TypeError, name, "a 1-D torch.int32 tensor (or a list of ints) of batch + 1 prefix sums",
                   f"{getattr(t, 'dtype', type(t).__name__)} of shape {tuple(getattr(t, 'shape', ()))}")
-        if t.device != q.device:
-            _fail(ValueError, name, f"the query's device {q.device}", t.device)
+        if t.device != q.device and t.device.type != "cpu":
+            _fail(ValueError, name, f"the query's device {q.device} (or the CPU)", t.device)
     if cu_q.shape[0] != cu_k.shape[0]:
         _fail(ValueError, "cu_seqlens_k", f"as many entries as cu_seqlens_q ({cu_q.shape[0]})", cu_k.shape[0])
     if cu_q.shape[0] - 1 > 65535:
@@ -68,6 +73,10 @@ def check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, enable_gqa
     for name, n in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             _fail(TypeError, name, "a non-negative int", repr(n))
+    for name, t, total, max_name, max_len in (("cu_seqlens_q", cu_q, q.shape[0], "max_seqlen_q", max_q),
+                                              ("cu_seqlens_k", cu_k, k.shape[0], "max_seqlen_k", max_k)):
+        if t.device.type == "cpu":  # the host has the values: check them without waiting for a GPU
+            check_prefix_sums(name, t, total, max_name, max_len)
     if not isinstance(is_causal, bool):
         _fail(TypeError, "is_causal", "a bool", type(is_causal).__name__)
     if scale is None:
@@ -79,6 +88,73 @@ def check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, enable_gqa
     if q.device.type not in ("cuda", "meta"):  # last: bad input fails the same way without a GPU
         _fail(ValueError, "q", "a CUDA tensor", f"a tensor on {q.device}")
     return float(scale)
+
+
+def _as_cu_tensor(name, cu):
+    """A list or tuple of ints as a CPU int32 tensor (checked like one); anything else unchanged."""
+    if isinstance(cu, (list, tuple)):
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in cu):
+            _fail(TypeError, name, "a list of ints", f"{[type(x).__name__ for x in cu][:4]}")
+        if any(not -2**31 <= x < 2**31 for x in cu):
+            _fail(ValueError, name, "int32 values", f"{[x for x in cu if not -2**31 <= x < 2**31][:3]}")
+        return torch.tensor(cu, dtype=torch.int32)
+    return cu
+
+
+def check_prefix_sums(name, cu, total: int, max_name: str, max_len: int) -> None:
+    """Host checks of prefix sums the host holds: start at 0, never decrease, end at most at
+    ``total`` rows, no sequence longer than ``max_len`` (the grid is sized by it)."""
+    values = cu.tolist()
+    if values[0] != 0:
+        _fail(ValueError, name, "prefix sums starting at 0", f"{values[0]} first")
+    lengths = [b - a for a, b in zip(values, values[1:])]
+    for i, n in enumerate(lengths):
+        if n < 0:
+            _fail(ValueError, name, "non-decreasing prefix sums", f"{values[i]} then {values[i + 1]} at entries "
+                  f"{i}, {i + 1}")
+    if values[-1] > total:
+        _fail(ValueError, name, f"a last entry of at most the {total} rows of its tensor", values[-1])
+    longest = max(lengths, default=0)
+    if longest > max_len:
+        _fail(ValueError, max_name, f"at least the longest sequence in {name} ({longest} rows, sequence "
+              f"{lengths.index(longest)})", max_len)
+
+
+STATUS_WORDS: dict = {}  # device -> int32 count of calls whose CUDA cu_seqlens needed repair
+
+
+def device_cu_seqlens(q, cu, total: int):
+    """``cu`` as an int32 tensor on q's device, safe to index with. Host values (a list, a CPU tensor;
+    checked by ``check_varlen``) are copied over. CUDA prefix sums are repaired on the device without
+    a host sync (clamped to [0, total], made non-decreasing by a running maximum, the first entry 0),
+    and a call whose sums needed it counts in the device's status word (``cu_seqlens_status``)."""
+    cu = _as_cu_tensor("cu_seqlens", cu)
+    if q.device.type != "cuda":
+        return cu
+    if cu.device.type == "cpu":
+        return cu.to(q.device, non_blocking=True)
+    if torch.compiler.is_compiling():  # a traced graph keeps the sums as given (no global side effects)
+        return cu
+    safe = torch.cummax(cu.clamp(0, total), 0).values
+    safe[0] = 0
+    word = STATUS_WORDS.get(q.device)
+    if word is None:
+        word = STATUS_WORDS[q.device] = torch.zeros(1, dtype=torch.int32, device=q.device)
+    word.add_((safe != cu).any().to(torch.int32))
+    return safe.to(torch.int32)
+
+
+def cu_seqlens_status(device=None, reset: bool = True) -> int:
+    """How many calls on ``device`` since the last reset had CUDA cu_seqlens that were not valid prefix
+    sums (repaired on the device; their outputs are not meaningful). Reads a device word: a sync."""
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    word = STATUS_WORDS.get(device)
+    if word is None:
+        return 0
+    count = int(word.item())
+    if reset:
+        word.zero_()
+    return count
 
 
 def forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, return_lse):

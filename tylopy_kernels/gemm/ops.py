@@ -123,7 +123,7 @@ def through_op(a, b, bias) -> bool:
     """Autograd, a trace, meta/fake tensors or a tensor subclass need the operator."""
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad)):
         return True
-    return type(a) is not torch.Tensor or a.device.type == "meta" or torch.compiler.is_compiling()
+    return type(a) is not torch.Tensor or a.is_meta or torch.compiler.is_compiling()
 
 
 def matmul_through_op(a, b, bias, out_dtype, epilogue, schedule):

@@ -12,13 +12,18 @@ from ..types import PointerType, b32, f32
 from .base import expect
 
 # (A words, B words) per shape; the f32 accumulator is 4 registers for both.
-MMA_SHAPES = {"m16n8k16": (4, 2), "m16n8k8": (2, 1)}
+MMA_SHAPES = {"m16n8k16": (4, 2), "m16n8k8": (2, 1), "m16n8k32": (4, 2)}  # m16n8k32: fp8 (four codes a word)
 
 
 def _mma_sync(ts, attrs):
     shape = attrs.get("shape", "m16n8k16")
     expect(shape in MMA_SHAPES, f"mma_sync shape expects one of {', '.join(MMA_SHAPES)}, but got {shape!r}")
-    expect(attrs.get("dtype") in ("bf16", "f16"), f"mma_sync dtype expects 'bf16' or 'f16', but got {attrs.get('dtype')!r}")
+    dt, bt = attrs.get("dtype"), attrs.get("b_dtype", attrs.get("dtype"))
+    fp8 = ("e4m3", "e5m2")
+    if shape == "m16n8k32":
+        expect(dt in fp8 and bt in fp8, f"mma_sync m16n8k32 expects e4m3/e5m2 operands, but got {dt!r}/{bt!r}")
+    else:
+        expect(dt in ("bf16", "f16") and bt == dt, f"mma_sync dtype expects 'bf16' or 'f16', but got {dt!r}")
     na, nb = MMA_SHAPES[shape]
     expect(len(ts) == na + nb + 4, f"mma_sync {shape} expects {na} A words, {nb} B words and 4 accumulators, "
                                    f"but got {len(ts)} operands")

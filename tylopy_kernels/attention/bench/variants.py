@@ -15,7 +15,8 @@ printed. The check is at a timed shape, so it is also the first call that compil
 (torch.compile specializes per shape: a separate check size would cost a compile per variant).
 Then each point is timed: a first call, then the CUDA-event median after warm-up. TFLOP/s count
 only the visible work: 4 D FLOPs per visible (query, key) pair per head forward, 2.5 times that
-backward, with the pairs counted exactly (causal n(n+1)/2, not n^2/2). The backward is timed alone (autograd.grad on a kept graph).
+backward, with the pairs counted exactly (causal n(n+1)/2, not n^2/2). The backward is timed
+alone (autograd.grad on a kept graph).
 
     tylopy bench attention_variants --quick                        # D=128, N=4096: a few minutes
     tylopy bench attention_variants --d 64 --output results/variants-d64.json

@@ -58,7 +58,10 @@ def _(q, k_cache, v_cache, cache_seqlens, block_table, scale, is_causal, num_spl
 
 def _through_op(q) -> bool:
     """A trace, meta/fake tensors or a tensor subclass take the operator; plain CUDA tensors launch."""
-    return type(q) is not torch.Tensor or q.device.type == "meta" or torch.compiler.is_compiling()
+    return type(q) is not torch.Tensor or q.is_meta or torch.compiler.is_compiling()
+
+
+_launch_decode = None
 
 
 def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, block_table=None, is_causal=False,
@@ -81,8 +84,11 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, block_ta
         out, lse = attention_decode_op(q, k_cache, v_cache, cache_seqlens, block_table, scale, is_causal, num_splits,
                                        return_lse, layout, merge)
         return (out, lse) if return_lse else out
-    from tylopy_kernels.attention.decode.launch import attention_decode as launch_decode
-    return launch_decode(q, k_cache, v_cache, cache_seqlens, scale=scale, block_table=block_table,
+    global _launch_decode
+    if _launch_decode is None:  # imported on the first call: loading this module compiles nothing
+        from tylopy_kernels.attention.decode.launch import attention_decode as launch
+        _launch_decode = launch
+    return _launch_decode(q, k_cache, v_cache, cache_seqlens, scale=scale, block_table=block_table,
                          is_causal=is_causal, num_splits=num_splits, return_lse=return_lse, layout=layout,
                          merge=merge, schedule=schedule)
 

@@ -37,8 +37,11 @@ and the factors that rescale each O; the result is O / l and LSE m + ln l. An em
 Caches: contiguous ``(B, N_max, H_kv, D)`` (or any strides, last dim contiguous, 16-byte
 aligned rows), or paged: ``(num_pages, page_size, H_kv, D)`` with ``block_table[b, p]`` the page
 that holds keys p * page_size .. of sequence b (page_size a multiple of WARP_KEYS, so one warp
-block lies in one page and costs one table read). Pages and table entries past L_b are never
-read.
+block lies in one page and costs one table read). An entry that is negative or not below
+``num_pages`` is never dereferenced: each warp first checks the entries of its key blocks and, on
+a bad one, records it in ``status`` (4 int32 words: the count of bad entries seen, the lowest
+sequence, the lowest and highest bad entry) and leaves its keys out. Pages and
+table entries past L_b are never read.
 
 Schedule (constexprs; ``decode_launch.SCHEDULE`` has the defaults, ``bench_decode.py --sweep``
 measures others): WARPS, WARP_KEYS (16 or 32 keys per warp block), STAGES (ring depth),
@@ -118,7 +121,7 @@ def copy_kv_block(k, v, kv, block_table, ring, stage, key0, kv_len, lane, cfg):
         # page_size is a multiple of warp_keys: the block lies in one page, one table read. A block
         # wholly past the end (zero-filled) reads the last page's entry, never one past it.
         page_idx = ty.minimum(key0, kv_len - 1) // page_size
-        page = ty.cast(block_table[bt_base + ty.cast(page_idx, ty.i64)], ty.i64)
+        page = ty.cast(block_table[bt_base + ty.cast(page_idx, ty.i64)], ty.i64)  # checked by warp_meets_bad_page
         row0 = ty.minimum(key0 - page_idx * page_size, page_size - warp_keys)
         last = page_size - 1
         copy_block(k, k_base + page * k_stride_page, k_stride_n, dst, key0, row0, last, kv_len, lane, warp_keys,
@@ -130,6 +133,27 @@ def copy_kv_block(k, v, kv, block_table, ring, stage, key0, kv_len, lane, cfg):
         copy_block(k, k_base, k_stride_n, dst, key0, key0, last, kv_len, lane, warp_keys, head_dim)
         copy_block(v, v_base, v_stride_n, dst + warp_keys * head_dim * 2, key0, key0, last, kv_len, lane,
                    warp_keys, head_dim)
+
+
+@ty.func
+def warp_meets_bad_page(block_table, bt_base, first_key, count, kv_len, page_size, pool, lane, block_n):
+    """Before its K/V stream, a warp checks the table entry of each of its ``count`` key blocks (lane l
+    the blocks l, l + 32, ...). An entry outside the page pool is recorded in ``status`` (the count
+    of bad entries seen, the lowest sequence, the lowest and highest entry) and the warp reads none
+    of its blocks: its keys are left out, and no address outside the cache is formed."""
+    num_pages, status, seq = pool
+    bad = False
+    for j in range(lane, count, 32):
+        key0 = first_key + j * block_n
+        page_idx = ty.minimum(key0, kv_len - 1) // page_size
+        entry = block_table[bt_base + ty.cast(page_idx, ty.i64)]
+        if (entry < 0) | (entry >= num_pages):
+            bad = True
+            ty.red_add(status, 1)
+            ty.red_min(status + 1, seq)
+            ty.red_min(status + 2, entry)
+            ty.red_max(status + 3, entry)
+    return ty.vote_any(bad)
 
 
 # -- the warp's work on one key block --------------------------------------------------------------------------
@@ -430,9 +454,9 @@ def _max_registers(MAX_REGISTERS=0, **_):
 def attention_decode_fwd(
     q: ty.ptr(ty.i16), k: ty.ptr(ty.i16), v: ty.ptr(ty.i16), out: ty.ptr(ty.i16), lse_out: ty.ptr(ty.f32),
     o_part: ty.ptr(ty.f32), lse_part: ty.ptr(ty.f32), seqlens: ty.ptr(ty.i32), block_table: ty.ptr(ty.i32),
-    counters: ty.ptr(ty.i32),
+    counters: ty.ptr(ty.i32), status: ty.ptr(ty.i32),
     n_q: ty.i32, group: ty.i32, n_heads: ty.i32, kv_cap: ty.i32, scale: ty.f32, causal: ty.i32,
-    num_splits: ty.i32, row_blocks: ty.i32, page_size: ty.i32,
+    num_splits: ty.i32, row_blocks: ty.i32, page_size: ty.i32, num_pages: ty.i32,
     q_stride_b: ty.i64, q_stride_n: ty.i64, q_stride_h: ty.i64,
     k_stride_b: ty.i64, k_stride_n: ty.i64, k_stride_h: ty.i64,
     v_stride_b: ty.i64, v_stride_n: ty.i64, v_stride_h: ty.i64,
@@ -477,6 +501,10 @@ def attention_decode_fwd(
               k_stride_b, v_stride_b, b64 * bt_stride, page_size)
     cfg = (WARP_KEYS, HEAD_DIM, PAGED)
     first_key = t0 * block_n + warp * WARP_KEYS
+    if PAGED:
+        if warp_meets_bad_page(block_table, b64 * bt_stride, first_key, count, kv_len, page_size,
+                               (num_pages, status, b), lane, block_n):
+            count = 0
     # The K/V stream starts first; Q's load and the row limits overlap its latency.
     for s in range(STAGES - 1):
         if s < count:

@@ -44,6 +44,8 @@ from tylopy.runtime import devices
 
 from tylopy_kernels.attention.decode import kernel as kd
 from tylopy_kernels.attention.common import rejecter
+from tylopy_kernels.attention.decode.status import (BlockTableStatus, block_table_status, check_block_table,
+                                                    check_table_on_host, status_buffer)
 
 LAYOUTS = ("bshd", "bhsd")
 MERGES = ("kernel", "atomic")
@@ -263,6 +265,7 @@ class DecodePlan:
     D: int
     cap: int
     page_size: int
+    num_pages: int
     scale: float
     is_causal: bool
     layout: str
@@ -282,14 +285,14 @@ class DecodePlan:
     def n_rows(self) -> int:
         return self.B * self.H_q * self.n_q
 
-    def steps(self, q, k, v, lens, table, out, lse, o_part, lse_part, counters):
+    def steps(self, q, k, v, lens, table, out, lse, o_part, lse_part, counters, status):
         """[main] or [main, merge] on the given (aligned) tensors."""
         i16 = torch.int16
         q_s, o_s = _bnh(q, self.layout), _bnh(out, self.layout)
         k_s, v_s = _bnh(k, self.layout, self.paged), _bnh(v, self.layout, self.paged)
         args = (q.view(i16), k.view(i16), v.view(i16), out.view(i16), lse, o_part, lse_part, lens, table, counters,
-                self.n_q, self.H_q // self.H_kv, self.H_q, self.cap, self.scale, int(self.is_causal), self.splits,
-                self.row_blocks, self.page_size, *q_s, *k_s, *v_s, *o_s, table.stride(0) if self.paged else 0)
+                status, self.n_q, self.H_q // self.H_kv, self.H_q, self.cap, self.scale, int(self.is_causal),
+                self.splits, self.row_blocks, self.page_size, self.num_pages, *q_s, *k_s, *v_s, *o_s, table.stride(0) if self.paged else 0)
         steps = [Step(kd.attention_decode_fwd, (self.splits, self.H_kv * self.row_blocks, self.B), args, self.cx)]
         if self.split and not self.fused:
             grid = (-(-self.n_rows * (self.D // 4) // kd.MERGE_THREADS),)
@@ -313,7 +316,7 @@ class DecodePlan:
         o_part, lse_part, counters, lse_t = self.buffers(dev, lse)
         table = table if table is not None else _placeholder(dev, torch.int32)
         for step in self.steps(_aligned(q), _aligned(k), _aligned(v), lens, table, out, lse_t, o_part, lse_part,
-                               counters):
+                               counters, status_buffer(dev)):
             ck = self.compiled.get(step.kernel.name)
             if ck is None:
                 ck = self.compiled[step.kernel.name] = compiled_for(step.kernel, dev, **step.constexprs)
@@ -335,7 +338,8 @@ def make_plan(q, k_cache, v_cache, cache_seqlens, *, scale, block_table=None, is
     fused = splits > 1 and merge == "atomic"
     cx = dict(cx, DTYPE=dtype, PAGED=block_table is not None, SPLIT=splits > 1, FUSED_MERGE=fused,
               RETURN_LSE=return_lse)
-    return DecodePlan(B, n_q, H_q, H_kv, D, cap, page_size, scale, is_causal, layout, block_table is not None,
+    num_pages = k_cache.shape[0] if block_table is not None else 0
+    return DecodePlan(B, n_q, H_q, H_kv, D, cap, page_size, num_pages, scale, is_causal, layout, block_table is not None,
                       splits, row_blocks, fused, cx, dict(DTYPE=dtype, HEAD_DIM=D, RETURN_LSE=return_lse))
 
 
@@ -350,7 +354,7 @@ def plan_decode(q, k_cache, v_cache, cache_seqlens, out, lse, *, scale, block_ta
     o_part, lse_part, counters, lse_t = plan.buffers(dev, lse)
     table = block_table if block_table is not None else torch.zeros(4, dtype=torch.int32, device=dev)
     return plan.steps(_aligned(q), _aligned(k_cache), _aligned(v_cache), cache_seqlens, table, out, lse_t, o_part,
-                      lse_part, counters)
+                      lse_part, counters, status_buffer(dev))
 
 
 
@@ -365,10 +369,13 @@ def _signature(t):
 
 
 def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, block_table=None, is_causal=False,
-                     num_splits=None, return_lse=False, layout="bshd", merge="atomic", schedule=None):
+                     num_splits=None, return_lse=False, layout="bshd", merge="atomic", schedule=None,
+                     check_inputs=False):
     """Attention of q's n_q rows per head against each sequence's first cache_seqlens[b] cached keys
     (see the module docstring); returns out, or (out, lse) with ``return_lse``. The plan of a call
-    is remembered by its shapes, strides, dtypes, devices and options: a repeat skips the checks."""
+    is remembered by its shapes, strides, dtypes, devices and options: a repeat skips the checks.
+    ``block_table`` entries outside the page pool are caught on the device (``check_block_table()``,
+    see ``decode/status.py``); ``check_inputs=True`` checks them on the host first (a synchronization)."""
     key = (_signature(q), _signature(k_cache), _signature(v_cache), _signature(cache_seqlens),
            _signature(block_table), scale, is_causal, num_splits, return_lse, layout, merge,
            tuple(sorted(schedule.items())) if schedule else None)
@@ -389,6 +396,8 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, block_ta
     lse = torch.empty((plan.B, plan.H_q, plan.n_q), dtype=torch.float32, device=q.device) if return_lse else None
     if out.numel() == 0:
         return (out, lse) if return_lse else out
+    if check_inputs and block_table is not None:
+        check_table_on_host(block_table, cache_seqlens, plan.page_size, plan.num_pages, plan.cap)
     if scale is not None and scale <= 0:
         q = torch.zeros_like(q) if scale == 0 else -q
     plan.launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse)
@@ -438,3 +447,9 @@ def reference_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, block_ta
     if layout == "bhsd":
         out = out.transpose(1, 2)
     return out, lse
+
+
+# ``tylopy.attention_decode.check_block_table()``: the host's view of the device-side table checks.
+attention_decode.block_table_status = block_table_status
+attention_decode.check_block_table = check_block_table
+attention_decode.BlockTableStatus = BlockTableStatus

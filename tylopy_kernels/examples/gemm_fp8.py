@@ -1,0 +1,334 @@
+"""Per-tensor scaled FP8 GEMM for Hopper (sm_90a), written with tylopy's public names only:
+
+    C (bf16, M x N) = scale_a * scale_b * (A (e4m3, M x K) @ B (e4m3, N x K)^T)
+
+the product ``torch._scaled_mm(a, b.t(), scale_a, scale_b, out_dtype=torch.bfloat16)`` computes.
+FP8 wgmma reads both operands K-major, so B comes as N x K (a Linear weight's layout).
+
+One persistent CTA per SM, 384 threads, warp-specialized like the bf16 GEMM of
+``tylopy_kernels/gemm``:
+
+1. Warpgroup 0 (producer) gives registers back and one elected thread streams k-blocks of 128
+   codes (one 128-byte swizzled row per operand row) of A and B by TMA through a ring of
+   ``STAGES`` shared-memory stages, each with a full and an empty mbarrier.
+2. Warpgroups 1 and 2 (consumers) take more registers and share every BLOCK_M x BLOCK_N tile,
+   each 64 rows: per k-block, four m64 n{BLOCK_N} k32 SS wgmmas (the descriptor moves 32 bytes
+   per k32 step), commit, wait until only this k-block is in flight, release the previous stage.
+3. Epilogue: scale by scale_a * scale_b (read once from two one-element f32 tensors), round to
+   bf16 and store column pairs straight from the accumulator registers; rows >= M and columns
+   >= N are not stored. TMA zero-fills rows and k past the operands' ends.
+
+``PROMOTE=True`` adds each k-block's wgmma result (started from zero) into a separate f32
+accumulator with ordinary FADDs, as DeepSeek-V3 does against the tensor cores' limited FP8
+accumulation precision (docs/fp8.md); it doubles the accumulator registers, so it needs
+BLOCK_N <= 128.
+
+Host side: ``scaled_mm(a, b, scale_a, scale_b)`` (CUDA tensors; ``emulate=True`` runs CPU
+tensors in the emulator) and ``main()``, a benchmark against ``torch._scaled_mm``:
+
+    python -m tylopy_kernels.examples.gemm_fp8 --sizes 4096 8192
+    tylopy bench gemm_fp8 --sizes 4096 8192        (once the package's entry points are installed)
+"""
+import tylopy as ty
+from tylopy import hopper
+
+BLOCK_K = 128            # codes per k-block: one 128-byte swizzle row
+ROW = 128                # bytes per operand row in shared memory
+CONSUMERS = 2
+THREADS = 128 * (1 + CONSUMERS)
+REGISTERS = (40, 232)    # setmaxnreg split: 128 * 40 + 256 * 232 = 384 * 168
+
+
+def smem_layout(block_m, block_n, stages):
+    """Byte offsets of the A ring, the B ring, the full and empty barriers, and the total."""
+    a_bytes, b_bytes = block_m * ROW, block_n * ROW
+    b = stages * a_bytes
+    full = b + stages * b_bytes
+    empty = full + 8 * stages
+    return a_bytes, b_bytes, b, full, empty, empty + 8 * stages
+
+
+@ty.func
+def bar_at(smem, offset):
+    return ty.ptr_cast(smem + offset, ty.u64)
+
+
+@ty.func
+def tile_of(pos, num_m, num_n, group_m):
+    """Tile (row, column) of position ``pos``: groups of ``group_m`` tile rows, column by column,
+    so the tiles in flight together share rows of A and columns of B in L2."""
+    per_group = group_m * num_n
+    group = pos // per_group
+    first = group * group_m
+    rows = ty.minimum(num_m - first, group_m)
+    r = pos - group * per_group
+    return first + r % rows, r // rows
+
+
+@ty.func
+def my_tiles(total):
+    g = ty.grid_dim(0)
+    b = ty.block_idx(0)
+    return ty.select(b < total, (total - b + (g - 1)) // g, 0)
+
+
+@ty.func
+def producer(smem, tm_a, tm_b, num_m, num_n, k_blocks, lay, block_m, block_n, stages, group_m):
+    a_bytes, b_bytes, b_off, full, empty, total = lay
+    hopper.setmaxnreg(REGISTERS[0], increase=False)
+    if (ty.warp_idx() & 3) == 0:
+        if hopper.elect_one():
+            hopper.prefetch_tensormap(tm_a)
+            hopper.prefetch_tensormap(tm_b)
+            it = 0
+            for local in range(my_tiles(num_m * num_n)):
+                tm, tn = tile_of(ty.block_idx(0) + local * ty.grid_dim(0), num_m, num_n, group_m)
+                for kb in range(k_blocks):
+                    stage = (it + kb) % stages
+                    phase = ((it + kb) // stages) & 1
+                    hopper.mbarrier_wait(bar_at(smem, empty + 8 * stage), phase ^ 1, "stage empty", stage)
+                    bar = bar_at(smem, full + 8 * stage)
+                    hopper.mbarrier_arrive_expect_tx(bar, a_bytes + b_bytes)
+                    hopper.tma_load(smem + stage * a_bytes, tm_a, bar, kb * BLOCK_K, tm * block_m)
+                    hopper.tma_load(smem + (b_off + stage * b_bytes), tm_b, bar, kb * BLOCK_K, tn * block_n)
+                it = it + k_blocks
+
+
+@ty.func
+def issue(acc, atom, base, a_at, b_at):
+    """Four k32 steps of one k-block into ``acc`` (None: start from zero)."""
+    a_desc = hopper.smem_descriptor(base + a_at, lbo=16, sbo=1024)
+    b_desc = hopper.smem_descriptor(base + b_at, lbo=16, sbo=1024)
+    for kk in range(BLOCK_K // 32):   # 32 bytes = 2 descriptor units per k32 step
+        acc = hopper.wgmma(atom, acc, a_desc + 2 * kk, b_desc + 2 * kk)
+    return acc
+
+
+@ty.func
+def add_into(total, part):
+    """total + part, register by register (the promotion of PROMOTE=True)."""
+    vals = [total.values[i] + part.values[i] for i in range(len(part.values))]
+    return ty.Fragment(vals, ty.WARPGROUP, part.layout)
+
+
+@ty.func
+def kblock(smem, base, atom, acc, it, lay, row_off, stages):
+    """Wait for ring iteration ``it``'s stage and issue its four k32 steps (one commit group)."""
+    a_bytes, b_bytes, b_off, full, empty, total_bytes = lay
+    stage = it % stages
+    hopper.mbarrier_wait(bar_at(smem, full + 8 * stage), (it // stages) & 1, "stage full", stage)
+    hopper.wgmma_fence()
+    a_at = ty.cast(stage * a_bytes + row_off * ROW, ty.u32)
+    b_at = ty.cast(b_off + stage * b_bytes, ty.u32)
+    acc = issue(acc, atom, base, a_at, b_at)
+    hopper.wgmma_commit()
+    return acc
+
+
+@ty.func
+def release(smem, lay, it, stages):
+    if (ty.thread_idx() & 127) == 0:  # one thread per consumer frees the stage
+        hopper.mbarrier_arrive(bar_at(smem, lay[4] + 8 * (it % stages)))
+
+
+@ty.func
+def mainloop(smem, base, atom, it0, k_blocks, lay, row_off, stages, promote):
+    """Every k-block of one tile (k_blocks >= 1). Plain: one accumulator chain, waiting until only
+    the newest k-block is in flight before releasing the previous stage. PROMOTE: each k-block
+    from zero, waited out and added into the f32 total."""
+    if promote:
+        total = hopper.wgmma_wait(0, kblock(smem, base, atom, None, it0, lay, row_off, stages))
+        release(smem, lay, it0, stages)
+        for kb in range(1, k_blocks):
+            part = hopper.wgmma_wait(0, kblock(smem, base, atom, None, it0 + kb, lay, row_off, stages))
+            release(smem, lay, it0 + kb, stages)
+            total = add_into(total, part)
+        return total
+    acc = kblock(smem, base, atom, None, it0, lay, row_off, stages)
+    for kb in range(1, k_blocks):
+        acc = kblock(smem, base, atom, acc, it0 + kb, lay, row_off, stages)
+        acc = hopper.wgmma_wait(1, acc)
+        release(smem, lay, it0 + kb - 1, stages)
+    acc = hopper.wgmma_wait(0, acc)
+    release(smem, lay, it0 + k_blocks - 1, stages)
+    return acc
+
+
+@ty.func
+def store(acc, out, ldc, m, n, row0, col0, scale, block_n):
+    """bf16 column pairs straight from the registers: register i holds row 16w + g + 8((i >> 1) & 1),
+    column 8(i >> 2) + 2t + (i & 1); the host keeps N and ldc even, so a pair is one 4-byte store."""
+    w = ty.warp_idx() & 3
+    g = ty.lane_id() >> 2
+    t = ty.lane_id() & 3
+    words = ty.ptr_cast(out, ty.b32)
+    vals = acc.values
+    for j in range(block_n // 8):
+        col = col0 + 8 * j + 2 * t
+        if col < n:
+            for half in range(2):
+                row = row0 + 16 * w + g + 8 * half
+                if row < m:
+                    i = 4 * j + 2 * half
+                    at = ty.cast(row, ty.i64) * ldc + ty.cast(col, ty.i64)
+                    words[at >> 1] = ty.pack2(vals[i] * scale, vals[i + 1] * scale, ty.bf16)
+
+
+@ty.func
+def consumer(smem, out, ldc, m, n, num_m, num_n, k_blocks, scale, lay, block_m, block_n, stages, group_m, promote):
+    hopper.setmaxnreg(REGISTERS[1], increase=True)
+    c = ty.warpgroup_idx() - 1
+    base = ty.address(smem)
+    atom = hopper.WgmmaAtom(block_n, ty.e4m3, "ss")
+    row_off = c * (block_m // CONSUMERS)
+    it = 0
+    for local in range(my_tiles(num_m * num_n)):
+        tm, tn = tile_of(ty.block_idx(0) + local * ty.grid_dim(0), num_m, num_n, group_m)
+        acc = mainloop(smem, base, atom, it, k_blocks, lay, row_off, stages, promote)
+        store(acc, out, ldc, m, n, tm * block_m + row_off, tn * block_n, scale, block_n)
+        it = it + k_blocks
+
+
+@ty.kernel(threads=THREADS, min_blocks_per_sm=1, noalias=True, arch="sm_90a")
+def gemm_fp8(tm_a: ty.tensormap, tm_b: ty.tensormap, out: ty.ptr(ty.bf16), scale_a: ty.ptr(ty.f32),
+             scale_b: ty.ptr(ty.f32), m: ty.i32, n: ty.i32, k: ty.i32, ldc: ty.i64,
+             BLOCK_N: ty.constexpr = 256, STAGES: ty.constexpr = 4, GROUP_M: ty.constexpr = 8,
+             PROMOTE: ty.constexpr = False):
+    """C = scale_a scale_b A B^T with A (M x K) and B (N x K) e4m3 behind the tensor maps."""
+    block_m = 64 * CONSUMERS
+    if PROMOTE and BLOCK_N > 128:
+        raise ValueError(f"PROMOTE=True keeps two accumulators: it expects BLOCK_N <= 128, but got {BLOCK_N}")
+    lay = smem_layout(block_m, BLOCK_N, STAGES)
+    smem = ty.dynamic_shared(ty.u8, lay[5], align=1024)
+    full, empty = lay[3], lay[4]
+    if ty.thread_idx() == 0:
+        for s in range(STAGES):
+            hopper.mbarrier_init(bar_at(smem, full + 8 * s), 1)
+            hopper.mbarrier_init(bar_at(smem, empty + 8 * s), CONSUMERS)
+        hopper.fence_mbarrier_init()
+        hopper.fence_proxy_async()
+    ty.syncthreads()
+    num_m = (m + (block_m - 1)) // block_m
+    num_n = (n + (BLOCK_N - 1)) // BLOCK_N
+    k_blocks = (k + (BLOCK_K - 1)) // BLOCK_K
+    if ty.warpgroup_idx() == 0:
+        producer(smem, tm_a, tm_b, num_m, num_n, k_blocks, lay, block_m, BLOCK_N, STAGES, GROUP_M)
+    else:
+        scale = scale_a[0] * scale_b[0]
+        consumer(smem, out, ldc, m, n, num_m, num_n, k_blocks, scale, lay, block_m, BLOCK_N, STAGES, GROUP_M,
+                 PROMOTE)
+
+
+# -- host side ------------------------------------------------------------------------------------------
+
+def stages_for(block_n: int) -> int:
+    """The deepest ring (up to 6) that fits the 227 KB of shared memory."""
+    for stages in range(6, 1, -1):
+        if smem_layout(64 * CONSUMERS, block_n, stages)[5] <= 232448:
+            return stages
+    return 2
+
+
+def check_inputs(a, b, scale_a, scale_b) -> None:
+    import torch
+    for name, t in (("a", a), ("b", b)):
+        if t.dim() != 2 or t.dtype != torch.float8_e4m3fn:
+            raise TypeError(f"scaled_mm expects {name} as a 2-D torch.float8_e4m3fn tensor, but got "
+                            f"{t.dtype} of shape {tuple(t.shape)}")
+        if t.stride(1) != 1 or t.stride(0) % 16 or t.data_ptr() % 16:
+            raise ValueError(f"scaled_mm expects {name} row-major with rows 16-byte aligned (TMA), but got strides "
+                             f"{tuple(t.stride())}")
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"scaled_mm expects a (M x K) and b (N x K), but got {tuple(a.shape)} and {tuple(b.shape)}")
+    if b.shape[0] % 8:
+        raise ValueError(f"scaled_mm expects N (b's rows) to be a multiple of 8, but got {b.shape[0]}")
+    for name, s in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if s.numel() != 1 or s.dtype != torch.float32:
+            raise TypeError(f"scaled_mm expects {name} as a one-element float32 tensor (per-tensor scale), but got "
+                            f"{s.dtype} with {s.numel()} elements")
+
+
+def _maps(a, b, block_m, block_n, emulate):
+    from tylopy.runtime.tensormap import TensorMap, TensorMapSpec
+    out = []
+    for t, rows in ((a, block_m), (b, block_n)):
+        geometry = ((t.shape[1], t.shape[0]), (t.stride(0),), (BLOCK_K, rows), "e4m3", 128)
+        out.append(TensorMapSpec(t, *geometry) if emulate else TensorMap.cached(t, *geometry))
+    return out
+
+
+def scaled_mm(a, b, scale_a, scale_b, block_n: int = 256, promote: bool = False, emulate: bool = False,
+              grid: int | None = None):
+    """bf16 ``scale_a * scale_b * (a @ b.T)`` for e4m3 ``a`` (M x K) and ``b`` (N x K)."""
+    import torch
+    check_inputs(a, b, scale_a, scale_b)
+    m, k = a.shape
+    n = b.shape[0]
+    c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+    if m == 0 or n == 0:
+        return c
+    if k == 0:
+        return c.zero_()
+    tiles = -(-m // (64 * CONSUMERS)) * -(-n // block_n)
+    if grid is None:
+        grid = 2 if emulate else torch.cuda.get_device_properties(a.device).multi_processor_count
+    grid = max(1, min(grid, tiles))
+    tm_a, tm_b = _maps(a, b, 64 * CONSUMERS, block_n, emulate)
+    args = (tm_a, tm_b, c, scale_a, scale_b, m, n, k, n)
+    cfg = dict(BLOCK_N=block_n, STAGES=stages_for(block_n), PROMOTE=promote)
+    if emulate:
+        gemm_fp8.emulate(*args, grid=(grid,), **cfg)
+    else:
+        gemm_fp8[(grid,)](*args, **cfg)
+    return c
+
+
+def emulate_example(m: int = 150, n: int = 136, k: int = 272, grid=None):
+    """A ragged e4m3 GEMM in the emulator (``tylopy emulate tylopy_kernels/examples/gemm_fp8.py``):
+    (result, float64 reference, tolerance: 2**-7 of the largest sum of |products|)."""
+    import torch
+    gen = torch.Generator().manual_seed(0)
+    a = (torch.randn(m, k, generator=gen) * 4).to(torch.float8_e4m3fn)
+    b = (torch.randn(n, k, generator=gen) * 4).to(torch.float8_e4m3fn)
+    sa, sb = torch.tensor([0.5]), torch.tensor([0.25])
+    c = scaled_mm(a, b, sa, sb, block_n=128, emulate=True, grid=grid[0] if isinstance(grid, tuple) else grid)
+    want = 0.125 * (a.double() @ b.double().T)
+    tol = 2.0 ** -7 * 0.125 * float((a.double().abs() @ b.double().abs().T).max())
+    return c.double().numpy(), want.numpy(), tol
+
+
+def main(argv=None):
+    """Benchmark against torch._scaled_mm (cuBLAS) on square problems; prints TFLOP/s and the
+    largest difference from torch's result relative to max |C|."""
+    import argparse
+
+    import torch
+    from tylopy.benchmarking import median_ms
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--sizes", type=int, nargs="+", default=[4096, 8192])
+    p.add_argument("--block-n", type=int, default=256)
+    p.add_argument("--promote", action="store_true")
+    args = p.parse_args(argv)
+    for s in args.sizes:
+        gen = torch.Generator(device="cuda").manual_seed(s)
+        a = torch.randn(s, s, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+        b = torch.randn(s, s, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+        sa = torch.tensor([0.5], device="cuda")
+        sb = torch.tensor([2.0], device="cuda")
+        ours = scaled_mm(a, b, sa, sb, block_n=args.block_n, promote=args.promote)
+        flops = 2 * s ** 3
+        row = [f"{s}^3"]
+        for name, fn in (("tylopy", lambda: scaled_mm(a, b, sa, sb, block_n=args.block_n, promote=args.promote)),
+                         ("torch", lambda: torch._scaled_mm(a, b.t(), sa, sb, out_dtype=torch.bfloat16)),
+                         ("torch fast_accum", lambda: torch._scaled_mm(a, b.t(), sa, sb, out_dtype=torch.bfloat16,
+                                                                       use_fast_accum=True))):
+            ms = median_ms(fn)
+            row.append(f"{name} {flops / ms / 1e9:.0f} TFLOP/s ({ms:.3f} ms)")
+        ref = torch._scaled_mm(a, b.t(), sa, sb, out_dtype=torch.bfloat16)
+        rel = float((ours.float() - ref.float()).abs().max() / ref.float().abs().max())
+        print("  ".join(row) + f"  max|diff|/max|C| = {rel:.2e}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
