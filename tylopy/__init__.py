@@ -23,7 +23,8 @@ from . import hopper  # noqa: F401  (ty.hopper.tma_load, ty.hopper.mbarrier_wait
 from .errors import (ArchMismatchError, CaptureError, CompileError, CompileOptionError, DriverError, KernelSourceError,
                      LaunchTypeError, LaunchValueError, NoDriverError, OwnershipError, ResourceLimitError, TylopyError)
 from .frontend.kernel import CompiledKernel, Kernel, __version__, func, kernel
-from .runtime.launch import PreparedLaunch, strided
+from .ir.arguments import strided
+from .runtime.launch import PreparedLaunch
 from .runtime.hooks import CompileEvent, LaunchEvent, observe
 from .runtime.plancache import PlanCache, clear_caches
 from .frontend.autotune import Config, autotune

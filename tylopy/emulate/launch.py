@@ -151,7 +151,7 @@ def _check_buffer(kname, name, t: PointerType, x):
     if tname != _TORCH_NAMES.get(want) and not (want == "b32" and tname in ("int32", "uint32")):
         raise LaunchTypeError(f"{kname}: argument {name!r} expects dtype torch.{_TORCH_NAMES.get(want)}, "
                               f"but got {x.dtype}")
-    from ..runtime.launch import strided_last_dim_error
+    from ..ir.arguments import strided_last_dim_error
     error = strided_last_dim_error(kname, name, x)
     if error is not None:  # refused as a launch refuses it
         raise error

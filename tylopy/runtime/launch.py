@@ -20,6 +20,7 @@ from ..errors import ArchMismatchError, DriverError, LaunchTypeError, LaunchValu
 from ..ir.types import FLOAT_MAX, PointerType, ScalarType, TensorMapType, float_fits, int_range
 from . import driver as drv
 from . import hooks
+from ..ir.arguments import strided_last_dim_error
 from .streams import stream_handle
 
 _INT_CTYPES = {"i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32, "i64": ctypes.c_int64,
@@ -85,28 +86,6 @@ def load_plan(arch: str, capability: tuple[int, int]) -> str:
 
 
 # -- packers: check one launch argument and write it into its slot(s) ------------------------------------
-
-STRIDED_MARK = "_tylopy_strided"
-
-
-def strided(t):
-    """Mark tensor ``t`` as addressed by the kernel through strides passed alongside it, so a ``ty.ptr``
-    parameter accepts it whatever its strides (a stride-0 broadcast, a transposed view). Marks the
-    tensor object itself and returns it: mark a view made for the launch (``x.expand(...)``)."""
-    setattr(t, STRIDED_MARK, True)
-    return t
-
-
-def strided_last_dim_error(kernel: str, name: str, x):
-    """None when ``x`` may go to a ``ty.ptr`` parameter; else the error that says how to fix it."""
-    if not x.dim() or x.shape[-1] <= 1 or x.stride(-1) == 1 or getattr(x, STRIDED_MARK, False):
-        return None
-    return LaunchValueError(
-        f"{kernel}: argument {name!r} expects a tensor whose last dimension is contiguous (stride 1): a ty.ptr "
-        f"parameter gets only the address of the first element and reads the last dimension's elements as "
-        f"consecutive, but got shape {tuple(x.shape)} with strides {tuple(x.stride())}; pass {name}.contiguous(), "
-        f"declare the parameter ty.tensor(...) to receive the strides, or, if the kernel takes the strides as "
-        f"arguments, pass ty.strided({name})")
 
 def _device_of(kernel: str, name: str, x) -> int:
     dev = x.get_device()
