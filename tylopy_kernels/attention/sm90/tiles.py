@@ -88,6 +88,31 @@ class Problem:
         self.block_m, self.block_n = block_m, block_n
         self.num_m = (n_q + (block_m - 1)) // block_m
         self.total = self.num_m * n_heads * n_batch
+        # Packed batches (``varlen_tiles``): the per-document view a tile works in. Dense problems keep
+        # these Python zeros, so ``shift`` emits nothing for them.
+        self.varlen = None
+        self.q_start = 0   # first packed row of the tile's document (queries, keys)
+        self.k_start = 0
+        self.diag = 0      # causal diagonal offset: key j takes part for query i when j <= i + diag
+
+
+def shift(x, offset):
+    """x + offset, or x itself for a Python 0 (the dense kernel's code stays what it was)."""
+    if isinstance(offset, int) and offset == 0:
+        return x
+    return x + offset
+
+
+def tile_problem(prob, b):
+    """The problem a work tile of batch entry (document) b sees: ``prob`` itself when dense."""
+    if prob.varlen is None:
+        return prob
+    return prob.varlen.doc(prob, b)
+
+
+def batch_coord(prob, b):
+    """The batch coordinate of the tensor maps and stores: a packed batch is one (total, H, D) tensor."""
+    return b if prob.varlen is None else 0
 
 
 @ty.func
@@ -107,6 +132,8 @@ def next_tile(prob, k, persistent, order):
     the hardware's block scheduler balances the rest). Persistent: CTA i takes positions i,
     2G-1-i, 2G+i, ... of the sequence ``work_tile`` decodes.
     """
+    if prob.varlen is not None:
+        return prob.varlen.next_tile(prob, k, persistent, order)
     if persistent:
         pos = tile_position(k)
         m0, h, b, n_tiles = work_tile(prob, pos, order)
@@ -119,7 +146,7 @@ def next_tile(prob, k, persistent, order):
 def key_tiles(prob, m0):
     kv_end = prob.n_k
     if prob.causal != 0:
-        kv_end = ty.minimum(prob.n_k, m0 + prob.block_m)
+        kv_end = ty.minimum(prob.n_k, shift(m0 + prob.block_m, prob.diag))
     return (kv_end + (prob.block_n - 1)) // prob.block_n
 
 
