@@ -12,8 +12,8 @@ import tylopy as ty
 from tylopy import hopper
 
 from tylopy_kernels.attention.sm90 import softmax as softmax
-from tylopy_kernels.attention.sm90.tiles import (ROW_BYTES, bar_at, next_tile, shift, tile_problem, tiles_of_this_cta,
-                                                tma_coords)
+from tylopy_kernels.attention.sm90.tiles import (ROW_BYTES, bar_at, next_tile, shift, skip_tile, tile_problem,
+                                                tiles_of_this_cta, tma_coords)
 
 ROWS = 64                  # query rows per consumer warpgroup
 TURN_THREADS = 256
@@ -196,6 +196,7 @@ def consumer(smem, plan, prob, sched, wg):
     done = no_output(plan, sched) if sched.defer_epilogue else None
     for k in range(tiles_of_this_cta(prob, sched.persistent)):
         valid, m0, h, b, n_tiles = next_tile(prob, k, sched.persistent, sched.tile_order)
+        skip_tile(smem, plan, prob, valid, k, sched.persistent, False)
         if valid:
             done = consumer_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles, done)
             it = it + n_tiles

@@ -38,7 +38,7 @@ from tylopy import hopper
 
 from tylopy_kernels.attention.sm90.consumer import consumer
 from tylopy_kernels.attention.sm90.tiles import (REGISTER_SPLIT, Plan, Problem, Schedule, bar_at, batch_coord, next_tile,
-                                                shift, tile_problem, tiles_of_this_cta, tma_coords)
+                                                shift, skip_tile, tile_problem, tiles_of_this_cta, tma_coords)
 
 
 @ty.func
@@ -85,6 +85,7 @@ def producer(smem, plan, prob, tm_q, tm_k, tm_v, persistent, coord_order, tile_o
             it = 0
             for k in range(tiles_of_this_cta(prob, persistent)):
                 valid, m0, h, b, n_tiles = next_tile(prob, k, persistent, tile_order)
+                skip_tile(smem, plan, prob, valid, k, persistent, True)
                 if valid:
                     tp = tile_problem(prob, b)
                     kv_h = h // prob.kv_group

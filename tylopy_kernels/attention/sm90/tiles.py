@@ -1,6 +1,7 @@
 """Shared pieces of the Hopper attention forward: the compile-time plan (schedule and shared-memory
 layout), the run-time problem, and the order in which CTAs take work tiles."""
 import tylopy as ty
+from tylopy import hopper
 
 ROW_BYTES = 128        # one 64-element 16-bit row of a column chunk: one 128-byte swizzle row
 MAX_SMEM = 232448      # H100/H200 opt-in dynamic shared memory per block
@@ -108,6 +109,23 @@ def tile_problem(prob, b):
     if prob.varlen is None:
         return prob
     return prob.varlen.doc(prob, b)
+
+
+@ty.func
+def skip_tile(smem, plan, prob, valid, k, persistent, producer):
+    """Packed batches, persistent loop: a work tile that is not valid (past its document's end) can
+    come before valid ones, so it still turns the Q buffer's barriers once -- their parity is the
+    loop count k -- the producer arriving on q_full without a load, the consumers on q_empty.
+    Dense problems skip only at the end of the loop and emit nothing here."""
+    if prob.varlen is not None and persistent:
+        if ~valid:
+            if producer:
+                hopper.mbarrier_wait(bar_at(smem, plan.q_empty), (k & 1) ^ 1, "q_empty (skipped tile)")
+                hopper.mbarrier_arrive(bar_at(smem, plan.q_full))
+            else:
+                hopper.mbarrier_wait(bar_at(smem, plan.q_full), k & 1, "q_full (skipped tile)")
+                if (ty.thread_idx() & 127) == 0:
+                    hopper.mbarrier_arrive(bar_at(smem, plan.q_empty))
 
 
 def batch_coord(prob, b):
