@@ -136,3 +136,39 @@ def test_dense_ptx_does_not_change_with_the_varlen_hooks(cx, monkeypatch):
         attention_fwd_sm90.clear_cache()
     assert calls, "the replaced hooks were not traced"
     assert _instructions(with_hooks) == _instructions(without)
+
+
+# -- host checks -----------------------------------------------------------------------------------------
+
+def _meta_args(**change):
+    q = torch.zeros(10, 2, 64, dtype=torch.bfloat16, device="meta")
+    args = dict(q=q, k=q.clone(), v=q.clone(), cu_seqlens_q=prefix_sums([4, 6]), cu_seqlens_k=prefix_sums([4, 6]),
+                max_seqlen_q=6, max_seqlen_k=6)
+    args.update(change)
+    return args
+
+
+HOST_BAD = [
+    ("not from 0", dict(cu_seqlens_q=torch.tensor([1, 4, 10], dtype=torch.int32)), "cu_seqlens_q", "first entry"),
+    ("decreasing", dict(cu_seqlens_k=torch.tensor([0, 7, 6], dtype=torch.int32)), "cu_seqlens_k", "non-decreasing"),
+    ("past the rows", dict(cu_seqlens_q=torch.tensor([0, 5, 11], dtype=torch.int32)), "cu_seqlens_q", "at most"),
+    ("longer than max", dict(max_seqlen_k=5), "max_seqlen_k", "longest"),
+    ("seqused dtype", dict(seqused_k=torch.tensor([1, 2])), "seqused_k", "int32"),
+    ("seqused count", dict(seqused_q=torch.tensor([1, 2, 3], dtype=torch.int32, device="meta")), "seqused_q", "2"),
+]
+
+
+@pytest.mark.parametrize("change,arg,what", [b[1:] for b in HOST_BAD], ids=[b[0] for b in HOST_BAD])
+def test_host_prefix_sums_and_seqused_are_checked_naming_the_argument(change, arg, what):
+    """Prefix sums on the host are checked there (no wait on the GPU), before anything runs."""
+    from tylopy_kernels.attention import attention_varlen
+    with pytest.raises((ValueError, TypeError)) as info:
+        attention_varlen(**_meta_args(**change))
+    text = str(info.value)
+    assert arg in text and what in text and "expects" in text and "but got" in text, text
+
+
+def test_host_prefix_sums_are_moved_to_the_device():
+    from tylopy_kernels.attention import attention_varlen
+    out, lse = attention_varlen(**_meta_args(), return_lse=True)
+    assert out.device.type == "meta" and lse.shape == (2, 10)
