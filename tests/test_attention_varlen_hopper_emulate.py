@@ -64,7 +64,8 @@ def check_varlen(out, lse, q, k, v, lens_q, lens_k, causal, used_q=None, used_k=
 CASES = [
     # name, query lengths, key lengths, H, H_kv, D, causal, used_q, used_k, schedule
     ("D64-ragged", (0, 1, 17, 140, 300), (5, 1, 0, 200, 300), 2, 1, 64, False, None, None, {}),
-    ("D64-causal-bottom-right", (0, 1, 17, 140, 300, 200), (5, 1, 0, 200, 300, 50), 2, 1, 64, True, None, None, {}),
+    ("D64-causal-bottom-right-3-consumers", (0, 1, 17, 140, 300, 200), (5, 1, 0, 200, 300, 50), 2, 1, 64, True, None,
+     None, {"CONSUMERS": 3}),
     ("D128-causal-gqa", (33, 150, 1), (33, 260, 7), 4, 2, 128, True, None, None, {}),
     ("D128-seqused", (40, 130, 9), (60, 200, 9), 2, 2, 128, False, (40, 100, 0), (31, 199, 9), {}),
     ("D64-seqused-causal-f16", (70, 200), (70, 300), 2, 2, 64, True, (64, 190), (70, 129), {"CONSUMERS": 2}),
@@ -172,3 +173,17 @@ def test_host_prefix_sums_are_moved_to_the_device():
     from tylopy_kernels.attention import attention_varlen
     out, lse = attention_varlen(**_meta_args(), return_lse=True)
     assert out.device.type == "meta" and lse.shape == (2, 10)
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("lse,seqused", [(False, False), (True, True)])
+def test_default_schedules_compile_without_spills(D, lse, seqused):
+    """ptxas: what the launcher picks keeps every value in registers (no local memory)."""
+    import tylopy as ty
+    from tylopy_kernels.attention.sm90.varlen_launch import resolve_schedule
+    cx = dict(resolve_schedule(D, True), DTYPE=ty.bf16, HEAD_DIM=D, RETURN_LSE=lse, SEQUSED_Q=seqused,
+              SEQUSED_K=seqused)
+    report = attention_varlen_fwd_sm90.compile(**cx).report
+    if not report.available:
+        pytest.skip("ptxas is not installed")
+    assert not report.has_local_memory, str(report)

@@ -20,7 +20,10 @@ from tylopy_kernels.attention.sm90.varlen_forward import attention_varlen_fwd_sm
 
 # Per head dim: the dense defaults without what a packed batch cannot take (TMA stores clip at
 # the tensor's end, not a document's; the deferred epilogue carries a document's rows across tiles).
-SCHEDULE = {64: {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 3, "EXPONENT": "shared", "PERSISTENT": False},
+# D=64 takes two consumers (128-row query tiles): with three (160 registers a thread) the
+# per-document lengths and offsets spill 4-8 bytes (ptxas), and shorter tiles waste fewer rows at
+# a document's end. Persistent grids spill 8-24 bytes: not the default.
+SCHEDULE = {64: {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 2, "EXPONENT": "shared", "PERSISTENT": False},
             128: {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 2, "EXPONENT": "ffma", "PERSISTENT": False}}
 KERNEL_OPTIONS = ("BLOCK_N", "STAGES", "CONSUMERS", "PERSISTENT", "ORDER", "EXPONENT", "RESCALE_THRESHOLD", "SPLIT_S",
                   "PV_WAIT", "POLY_EXP2", "EARLY_SUMS")
