@@ -57,18 +57,21 @@ def doc_problem(prob, b):
 def varlen_next_tile(prob, k, persistent, order):
     """(valid, first query row in the document, head, document, key tiles): as ``tiles.next_tile``
     over (query blocks of the longest document, heads, documents); a tile past its document's
-    queries, or whose rows see no key, is not valid (its output rows stay as the launcher set
+    queries (block x >= the document's blocks), or whose rows see no key, is not valid (its output rows stay as the launcher set
     them: zeros, LSE -inf)."""
     if persistent:
         pos = tile_position(k)
         m0, h, b, _ = work_tile(prob, pos, order)
         inside = pos < prob.total
         b = ty.minimum(b, prob.n_batch - 1)  # past the last tile: read a real document, then drop it
+        doc = doc_problem(prob, b)
     else:
-        m0 = (ty.grid_dim(0) - 1 - ty.block_idx(0)) * prob.block_m
+        # Block x takes the x-th query block from its document's end: x = 0 is every document's
+        # last (under causal masking its heaviest) block, and the hardware starts low x first.
         h, b = ty.block_idx(1), ty.block_idx(2)
-        inside = ty.cast(1, ty.i1)
-    doc = doc_problem(prob, b)
+        doc = doc_problem(prob, b)
+        m0 = ((doc.n_q + (prob.block_m - 1)) // prob.block_m - 1 - ty.block_idx(0)) * prob.block_m
+        inside = m0 >= 0
     n_tiles = key_tiles(doc, m0)
     return inside & (m0 < doc.n_q) & (n_tiles > 0), m0, h, b, n_tiles
 
