@@ -187,3 +187,11 @@ def test_default_schedules_compile_without_spills(D, lse, seqused):
     if not report.available:
         pytest.skip("ptxas is not installed")
     assert not report.has_local_memory, str(report)
+
+
+def test_host_prefix_sums_may_be_lists():
+    from tylopy_kernels.attention import attention_varlen
+    out = attention_varlen(**_meta_args(cu_seqlens_q=[0, 4, 10], cu_seqlens_k=[0, 4, 10]))
+    assert out.shape == (10, 2, 64)
+    with pytest.raises(ValueError, match="cu_seqlens_k expects non-decreasing"):
+        attention_varlen(**_meta_args(cu_seqlens_k=[0, 7, 6]))

@@ -271,14 +271,17 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     or on the host: checked there, then copied); (out, lse) with ``return_lse``, lse of shape
     (H, total_q). Differentiable as ``attention`` (without seqused_q/seqused_k)."""
     from tylopy_kernels.attention.varlen import check_host_prefix_sums, check_seqused, check_varlen, forward_varlen
-    host = [isinstance(c, torch.Tensor) and c.device.type == "cpu" and q.device.type != "cpu"
-            for c in (cu_seqlens_q, cu_seqlens_k)]
-    scale = check_varlen(q, k, v, *(c.to(q.device) if h else c for c, h in zip((cu_seqlens_q, cu_seqlens_k), host)),
-                         max_seqlen_q, max_seqlen_k, is_causal, scale, enable_gqa)
-    if any(host):
-        check_host_prefix_sums(cu_seqlens_q.cpu(), cu_seqlens_k.cpu(), q.shape[0], k.shape[0], max_seqlen_q,
-                               max_seqlen_k)
-        cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.to(q.device), cu_seqlens_k.to(q.device)
+    on_host = [c if isinstance(c, torch.Tensor) else torch.tensor(c, dtype=torch.int32)  # a list: int32 on the host
+               for c in (cu_seqlens_q, cu_seqlens_k)] if isinstance(q, torch.Tensor) and q.device.type != "cpu" else []
+    on_host = [c for c in on_host if isinstance(c, torch.Tensor) and c.device.type == "cpu"]
+    if len(on_host) == 2:  # checked where they are (no wait on the GPU), then copied to the device
+        scale = check_varlen(q, k, v, *(c.to(q.device) for c in on_host), max_seqlen_q, max_seqlen_k, is_causal,
+                             scale, enable_gqa)
+        check_host_prefix_sums(*on_host, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
+        cu_seqlens_q, cu_seqlens_k = (c.to(q.device) for c in on_host)
+    else:
+        scale = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
+                             enable_gqa)
     seqused = (seqused_q, seqused_k)
     if seqused != (None, None):
         check_seqused(q, seqused_q, seqused_k, cu_seqlens_q.shape[0] - 1)
