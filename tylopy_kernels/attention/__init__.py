@@ -270,17 +270,29 @@ def _hopper_backward(query, key, value, dlse):
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False, scale=None,
-                     enable_gqa=False, return_lse=False):
+                     enable_gqa=False, return_lse=False, seqused_q=None, seqused_k=None):
     """Packed variable-length batches, like ``flash_attn_varlen_func`` (``varlen.py`` says more):
-    q (total_q, H, D), k/v (total_k, H_kv, D), int32 prefix sums cu_seqlens_q/k; (out, lse) with
-    ``return_lse``, lse of shape (H, total_q). Differentiable as ``attention``."""
-    from tylopy_kernels.attention.varlen import check_varlen, device_cu_seqlens, forward_varlen
+    q (total_q, H, D), k/v (total_k, H_kv, D), int32 prefix sums cu_seqlens_q/k (on the device,
+    or on the host: checked there, then copied); (out, lse) with ``return_lse``, lse of shape
+    (H, total_q). ``seqused_q``/``seqused_k`` (int32 (B,), Hopper only): only the first that many
+    tokens of each sequence count. Differentiable as ``attention`` (without seqused_q/seqused_k)."""
+    from tylopy_kernels.attention.varlen import check_seqused, check_varlen, device_cu_seqlens, forward_varlen
     if getattr(q, "dtype", None) is torch.float32:  # fp32 under autocast runs in its dtype, as SDPA
         q, k, v = autocast_inputs(q, k, v)
     scale = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
                          enable_gqa)
     cu_seqlens_q, cu_seqlens_k = device_cu_seqlens(q, cu_seqlens_q, q.shape[0]), device_cu_seqlens(
         q, cu_seqlens_k, k.shape[0])
+    seqused = (seqused_q, seqused_k)
+    if seqused != (None, None):
+        check_seqused(q, seqused_q, seqused_k, cu_seqlens_q.shape[0] - 1)
+        if _through_op(q, k, v):
+            raise NotImplementedError("attention_varlen: seqused_q/seqused_k expects inputs without gradients and "
+                                      "outside torch.compile (the operator does not take them), but got inputs that "
+                                      "need the operator")
+        out, lse = forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
+                                  return_lse, seqused)
+        return (out, lse) if return_lse else out
     if _through_op(q, k, v):
         from tylopy_kernels.attention.autograd import varlen_op
         return varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,

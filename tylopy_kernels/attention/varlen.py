@@ -19,14 +19,21 @@ does: key j takes part for query i when j <= i + n_k - n_q (the usual mask when 
 With ``enable_gqa=True`` H_kv may divide H. ``return_lse=True`` adds the LSE as (H, total_q),
 fp32. Rows past cu_seqlens_q[-1] get zeros (and LSE -inf), their gradients zeros.
 
-It runs the portable kernels (``portable.py``, ``backward_portable.py``), which index each
-sequence by its offsets on a grid of (query blocks, heads, sequences), every CTA past its
-sequence's end returning at once. It is differentiable (``tylopy::attention_varlen_fwd``,
+On Hopper (sm_90) with D = 64 or 128 the forward runs the warp-specialized kernel
+(``sm90/varlen_forward.py``: TMA from each sequence's first row, keys past its end masked, V rows
+past it zeroed in shared memory); it also takes ``seqused_q``/``seqused_k`` (int32 (B,): only
+the first seqused[b] tokens of sequence b count, FlashAttention 3's meaning; without gradients).
+Elsewhere, and for the backward, the portable kernels (``portable.py``, ``backward_portable.py``)
+index each sequence by its offsets on a grid of (query blocks, heads, sequences), every CTA past
+its sequence's end returning at once. Prefix sums on the host (a CPU tensor) are checked there
+and copied to the device; on the device they are never read by the host (lengths are clamped
+to [0, max_seqlen] in the kernel). It is differentiable (``tylopy::attention_varlen_fwd``,
 ``autograd.py``) and traceable by ``torch.compile``. This module holds the checks and the CUDA
 implementations; the entry point is ``tylopy_kernels.attention.attention_varlen``.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -157,14 +164,44 @@ def cu_seqlens_status(device=None, reset: bool = True) -> int:
     return count
 
 
-def forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, return_lse):
-    """(out, lse or None) on CUDA by the portable kernel."""
-    from tylopy_kernels.attention.portable.launch import launch_forward
+def check_seqused(q, seqused_q, seqused_k, n_docs):
+    """seqused_q/k: None or int32 (B,) on the query's device; only the Hopper kernels take them."""
+    for name, t in (("seqused_q", seqused_q), ("seqused_k", seqused_k)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1 or t.shape[0] != n_docs:
+            _fail(TypeError, name, f"None or a 1-D torch.int32 tensor of {n_docs} lengths (one per sequence)",
+                  f"{getattr(t, 'dtype', type(t).__name__)} of shape {tuple(getattr(t, 'shape', ()))}")
+        if t.device != q.device:
+            _fail(ValueError, name, f"the query's device {q.device}", t.device)
+    if (seqused_q is not None or seqused_k is not None) and q.device.type == "cuda" and not hopper_applies(q):
+        raise NotImplementedError(f"attention_varlen: seqused_q/seqused_k expects a Hopper GPU (sm_90) and head_dim 64 "
+                                  f"or 128 (the portable kernels do not take them), but got head_dim {q.shape[2]} on "
+                                  f"compute capability {_capability(q.device.index)}")
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device_index):
+    return torch.cuda.get_device_capability(device_index)
+
+
+def hopper_applies(q) -> bool:
+    """The warp-specialized Hopper kernels run this call: sm_90 and head dim 64 or 128."""
+    return q.device.type == "cuda" and q.shape[2] in (64, 128) and _capability(q.device.index)[0] == 9
+
+
+def forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, return_lse, seqused=(None, None)):
+    """(out, lse or None) on CUDA: Hopper's warp-specialized kernel where it applies, else the portable one."""
     out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), device=q.device) if return_lse else None
     if q.shape[0] * q.shape[1] == 0 or max_q == 0 or max_k == 0:
         return out, lse
     q, scale = _nonpositive_scale(q, scale)
+    if hopper_applies(q):
+        from tylopy_kernels.attention.sm90.varlen_launch import launch_varlen_hopper
+        launch_varlen_hopper(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, out, lse, seqused)
+        return out, lse
+    from tylopy_kernels.attention.portable.launch import launch_forward
     launch_forward(q, k, v, out, lse, scale=scale, is_causal=is_causal, varlen=(cu_q, cu_k, max_q))
     return out, lse
 

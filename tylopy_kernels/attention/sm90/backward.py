@@ -69,6 +69,7 @@ views whose last dim is contiguous and whose other strides are multiples of 16 b
 import tylopy as ty
 from tylopy import hopper
 
+from tylopy_kernels.attention.sm90.tiles import batch_coord, shift
 from tylopy_kernels.attention.sm90.backward_common import (LOG2E, PANEL, REGISTER_SPLIT, ROW_BYTES, bar_at, kmajor_desc, load_tile,
                                      kmajor_step, mask_bounds, masked_exp2, mnmajor_desc, rs_gemm, ss_gemm, stage_of, store_rows,
                                      user_mask_bits, zeros)
@@ -145,6 +146,13 @@ class Problem:
         self.n_q, self.n_k, self.n_heads, self.group, self.n_pad = n_q, n_k, n_heads, group, n_pad
         self.scale, self.causal, self.mask, self.m_strides = scale, causal, mask, m_strides
         self.num_m = (n_q + (block_m - 1)) // block_m
+        # Packed batches (``backward_varlen.py``): the CTA's document. Dense problems keep these
+        # Python zeros and None, which emit nothing.
+        self.varlen = None
+        self.q_start = 0     # the document's first packed rows (queries, keys)
+        self.k_start = 0
+        self.diag = 0        # causal: key j takes part for query i when j <= i + diag
+        self.stat_start = 0  # the document's first row in the padded L/delta/dQ buffers
 
 
 # -- producer ---------------------------------------------------------------------------------------
@@ -155,7 +163,10 @@ def work_range(prob, n0, block_m):
     end before this CTA's first key; GQA walks the group's query heads one after another."""
     m_first = 0
     if prob.causal != 0:
-        m_first = n0 // block_m
+        if prob.varlen is None:
+            m_first = n0 // block_m
+        else:  # the first query that reaches key n0 is n0 - diag (bottom-right diagonal)
+            m_first = ty.maximum(n0 - prob.diag, 0) // block_m
     per_head = ty.maximum(prob.num_m - m_first, 0)   # 0 when every query precedes these keys
     return m_first, per_head, per_head * prob.group
 
@@ -191,24 +202,29 @@ def load_tiles(smem, lay, prob, cfg, tm_q, tm_k, tm_v, tm_do, tm_lse, tm_delta):
     b = ty.block_idx(2)
     kv_full = bar_at(smem, lay.kv_full)
     hopper.mbarrier_arrive_expect_tx(kv_full, 2 * lay.kv_bytes)
-    load_tile(smem, lay.k, tm_k, kv_full, BLOCK_N, cfg.panels, cfg.kv_order, n0, hk, b)
-    load_tile(smem, lay.v, tm_v, kv_full, BLOCK_N, cfg.panels, cfg.kv_order, n0, hk, b)
+    load_tile(smem, lay.k, tm_k, kv_full, BLOCK_N, cfg.panels, cfg.kv_order, shift(n0, prob.k_start), hk,
+              batch_coord(prob, b))
+    load_tile(smem, lay.v, tm_v, kv_full, BLOCK_N, cfg.panels, cfg.kv_order, shift(n0, prob.k_start), hk,
+              batch_coord(prob, b))
     m_first, per_head, total = work_range(prob, n0, cfg.block_m)
     for it in range(total):
         hq, m0 = iteration(prob, hk, m_first, per_head, it, cfg.block_m)
-        stat_row = b * prob.n_heads + hq
+        stat_row = b * prob.n_heads + hq if prob.varlen is None else hq  # packed: (H, padded rows)
         stage, phase = stage_of(it, cfg.stages)
         hopper.mbarrier_wait(bar_at(smem, lay.q_empty + 8 * stage), phase ^ 1, "q_empty", stage)
         q_full = bar_at(smem, lay.q_full + 8 * stage)
         hopper.mbarrier_arrive_expect_tx(q_full, lay.tile_bytes + lay.stat_bytes)
-        load_tile(smem, lay.q + stage * lay.tile_bytes, tm_q, q_full, cfg.block_m, cfg.panels, cfg.q_order, m0, hq, b)
-        hopper.tma_load(smem + (lay.lse + stage * lay.stat_bytes), tm_lse, q_full, m0, stat_row)
+        load_tile(smem, lay.q + stage * lay.tile_bytes, tm_q, q_full, cfg.block_m, cfg.panels, cfg.q_order,
+                  shift(m0, prob.q_start), hq, batch_coord(prob, b))
+        hopper.tma_load(smem + (lay.lse + stage * lay.stat_bytes), tm_lse, q_full, shift(m0, prob.stat_start),
+                        stat_row)
         hopper.mbarrier_wait(bar_at(smem, lay.do_empty + 8 * stage), phase ^ 1, "do_empty", stage)
         do_full = bar_at(smem, lay.do_full + 8 * stage)
         hopper.mbarrier_arrive_expect_tx(do_full, lay.tile_bytes + lay.stat_bytes)
-        load_tile(smem, lay.do + stage * lay.tile_bytes, tm_do, do_full, cfg.block_m, cfg.panels, cfg.q_order, m0, hq,
-                  b)
-        hopper.tma_load(smem + (lay.delta + stage * lay.stat_bytes), tm_delta, do_full, m0, stat_row)
+        load_tile(smem, lay.do + stage * lay.tile_bytes, tm_do, do_full, cfg.block_m, cfg.panels, cfg.q_order,
+                  shift(m0, prob.q_start), hq, batch_coord(prob, b))
+        hopper.tma_load(smem + (lay.delta + stage * lay.stat_bytes), tm_delta, do_full, shift(m0, prob.stat_start),
+                        stat_row)
 
 
 @ty.func
@@ -355,9 +371,10 @@ def dk_product(cfg, base, dk, ds_ops, ds_offset, wi, q_off):
 def dq_tile_index(prob, cfg, b, hq, m0, wi):
     """Index of this consumer's 64x64 sub-tile in the dQ accumulator: (b, h, row tile, col tile)."""
     col_tiles = cfg.head_dim // 64
-    row_tile = m0 // 64 + (wi if cfg.block_m == 128 else 0)
+    row_tile = shift(m0, prob.stat_start) // 64 + (wi if cfg.block_m == 128 else 0)
     col_tile = wi if cfg.block_m == 64 else 0
-    return ((b * prob.n_heads + hq) * (prob.n_pad // 64) + row_tile) * col_tiles + col_tile
+    plane = b * prob.n_heads + hq if prob.varlen is None else hq  # packed: (H, padded rows)
+    return (plane * (prob.n_pad // 64) + row_tile) * col_tiles + col_tile
 
 
 @ty.func
@@ -408,6 +425,8 @@ def consumer_step(smem, lay, prob, cfg, base, wi, it, hq, m0, dv, dk, dq_accum, 
     with_dq = cfg.dq != "none"
 
     hopper.mbarrier_wait(bar_at(smem, lay.q_full + 8 * stage), phase, "q_full", stage)
+    if prob.varlen is not None:  # Q and dO rows past the document's end: zeros before any product
+        prob.varlen.zero_query_tail(smem, lay, prob, cfg, stage, phase, m0, wi)
     s = ss_gemm(atom_s, kmajor_desc(base, lay.k + mine), BLOCK_N, kmajor_desc(base, q_off), cfg.block_m, k_steps)
     hopper.mbarrier_wait(bar_at(smem, lay.do_full + 8 * stage), phase, "do_full", stage)
     dp = ss_gemm(atom_s, kmajor_desc(base, lay.v + mine), BLOCK_N, kmajor_desc(base, do_off), cfg.block_m, k_steps)
@@ -464,6 +483,8 @@ def consumer(smem, lay, prob, cfg, wg, dk_out, dv_out, dq_accum, dk_strides, dv_
     dv = zeros(cfg.head_dim)
     dk = zeros(cfg.head_dim)
     hopper.mbarrier_wait(bar_at(smem, lay.kv_full), 0, "kv_full")
+    if prob.varlen is not None:  # K and V rows past the document's end: zeros before any product
+        prob.varlen.zero_key_tail(smem, lay, prob, cfg, n0, wi)
     m_first, per_head, total = work_range(prob, n0, cfg.block_m)
     for it in range(total):
         hq, m0 = iteration(prob, hk, m_first, per_head, it, cfg.block_m)
@@ -471,6 +492,9 @@ def consumer(smem, lay, prob, cfg, wg, dk_out, dv_out, dq_accum, dk_strides, dv_
     row0 = n0 + KEYS_PER_CONSUMER * wi
     dk_base = ty.cast(b, ty.i64) * dk_strides[0] + ty.cast(hk, ty.i64) * dk_strides[1]
     dv_base = ty.cast(b, ty.i64) * dv_strides[0] + ty.cast(hk, ty.i64) * dv_strides[1]
+    if prob.varlen is not None:
+        dk_base = dk_base + ty.cast(prob.k_start, ty.i64) * dk_strides[2]
+        dv_base = dv_base + ty.cast(prob.k_start, ty.i64) * dv_strides[2]
     store_rows(dk * prob.scale, dk_out, row0, prob.n_k, dk_base, dk_strides[2], 0, cfg.dtype)
     store_rows(dv, dv_out, row0, prob.n_k, dv_base, dv_strides[2], 0, cfg.dtype)
 

@@ -9,6 +9,8 @@ An operand is K-major when its reduction dimension runs along the stored rows, M
 import tylopy as ty
 from tylopy import hopper
 
+from tylopy_kernels.attention.sm90.tiles import shift
+
 PANEL = 64                    # elements in one 128-byte swizzle row
 ROW_BYTES = 128
 LOG2E = 1.4426950408889634
@@ -159,7 +161,7 @@ def mask_bounds(prob, row0, col0, keys_on_rows):
     for h in range(2):  # this thread's rows g and g + 8 of its warp's 16
         row = row0 + 16 * warp + (lane >> 2) + 8 * h
         if keys_on_rows:
-            low = ty.select(prob.causal != 0, row - col0 - t2, -BIG)
+            low = ty.select(prob.causal != 0, shift(row, -getattr(prob, "diag", 0)) - col0 - t2, -BIG)
             low = ty.select(row < prob.n_k, low, BIG)
             bounds.append(ty.cast(low, ty.f32) * (-2.0 * MASK_UNIT))
         else:

@@ -12,7 +12,8 @@ import tylopy as ty
 from tylopy import hopper
 
 from tylopy_kernels.attention.sm90 import softmax as softmax
-from tylopy_kernels.attention.sm90.tiles import ROW_BYTES, bar_at, next_tile, tiles_of_this_cta, tma_coords
+from tylopy_kernels.attention.sm90.tiles import (ROW_BYTES, bar_at, next_tile, shift, skip_tile, tile_problem,
+                                                tiles_of_this_cta, tma_coords)
 
 ROWS = 64                  # query rows per consumer warpgroup
 TURN_THREADS = 256
@@ -115,7 +116,7 @@ def mask_scores(s, row0, col0, prob, mask_base, has_mask):
     for i in range(len(s)):
         row = rows[slots[i]]
         col = col0 + s.layout.coord(warp, lane, i)[1]
-        ok = (col < prob.n_k) & ((prob.causal == 0) | (col <= row))
+        ok = (col < prob.n_k) & ((prob.causal == 0) | (col <= shift(row, prob.diag)))
         if has_mask:
             flag = ty.load(row_ptrs[slots[i]] + ty.cast(col, ty.i64) * prob.m_strides[3], mask=ok & (row < prob.n_q))
             ok = ok & (flag != 0)
@@ -195,6 +196,7 @@ def consumer(smem, plan, prob, sched, wg):
     done = no_output(plan, sched) if sched.defer_epilogue else None
     for k in range(tiles_of_this_cta(prob, sched.persistent)):
         valid, m0, h, b, n_tiles = next_tile(prob, k, sched.persistent, sched.tile_order)
+        skip_tile(smem, plan, prob, valid, k, sched.persistent, False)
         if valid:
             done = consumer_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles, done)
             it = it + n_tiles
@@ -206,12 +208,21 @@ def consumer(smem, plan, prob, sched, wg):
 
 
 @ty.func
-def pass_dead_tiles(smem, plan, first, n_tiles, turn, leader):
+def before_turn(smem, plan, prob, turn, j, it_j):
+    """Packed batches only: the first consumer zeroes the rows of key tile j (ring iteration
+    ``it_j``) past the document's end in V before any PV product reads them (0 * NaN is NaN)."""
+    if prob.varlen is not None:
+        prob.varlen.zero_v_tail(smem, plan, prob, turn.mine, j, it_j)
+
+
+@ty.func
+def pass_dead_tiles(smem, plan, prob, it, first, n_tiles, turn, leader):
     """Tiles wholly in this consumer's causal future: no math, but every stage and turn protocol
     step the other consumers and the producer count on."""
     for j in range(first, n_tiles):
         stage, phase = stage_of(j, plan.stages)
         hopper.mbarrier_wait(bar_at(smem, plan.k_full + 8 * stage), phase, "k_full (dead tile)", stage)
+        before_turn(smem, plan, prob, turn, j - it, j)
         ty.barrier_sync(turn.mine, TURN_THREADS)
         ty.barrier_arrive(turn.next, TURN_THREADS)
         release(smem, plan.k_empty, j, plan.stages, leader)
@@ -226,7 +237,9 @@ def first_masked_tile(prob, row0, has_mask):
         return 0
     first = prob.n_k // prob.block_n
     if prob.causal != 0:
-        first = ty.minimum(first, (row0 + 1) // prob.block_n)
+        first = ty.minimum(first, shift(row0 + 1, prob.diag) // prob.block_n)
+    if prob.varlen is not None:  # a row before the diagonal's start: (negative) // block_n rounds to 0 or up
+        first = ty.maximum(first, 0)
     return first
 
 
@@ -238,6 +251,7 @@ def consumer_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles, d
     ``done`` is the previous tile's output (``no_output``'s structure); with DEFER_EPILOGUE it is
     written under this tile's first S product. Returns this tile's output, live unless written.
     """
+    prob = tile_problem(prob, b)
     block_n = plan.block_n
     sm = softmax.Softmax(prob.scale, sched.dtype.name, sched.exponent, sched.threshold, sched.poly)
     row0 = m0 + (wg - 1) * ROWS
@@ -247,11 +261,14 @@ def consumer_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles, d
     # Under causal masking this consumer's last useful tile ends at its own last row.
     my_tiles = n_tiles
     if prob.causal != 0:
-        my_tiles = ty.minimum(n_tiles, (ty.minimum(prob.n_k, row0 + ROWS) + (block_n - 1)) // block_n)
+        my_tiles = ty.minimum(n_tiles, (ty.minimum(prob.n_k, shift(row0 + ROWS, prob.diag)) + (block_n - 1)) // block_n)
+        if prob.varlen is not None:  # rows before a document's diagonal start still take tile 0 (all masked)
+            my_tiles = ty.maximum(my_tiles, 1)
     mask_from = first_masked_tile(prob, row0, sched.has_mask)
     hopper.mbarrier_wait(bar_at(smem, plan.q_full), k & 1, "q_full")
 
     # Tile 0: scores and softmax only; its PV product is issued with tile 1's scores.
+    before_turn(smem, plan, prob, turn, 0, it)
     parts = issue_scores(smem, plan, sched, descs, it, turn)
     ty.barrier_arrive(turn.next, TURN_THREADS)
     if sched.defer_epilogue:  # the previous tile's output goes out while S_0 is on the tensor cores
@@ -268,6 +285,7 @@ def consumer_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles, d
 
     # Tile j: S_j and O += P_{j-1} V_{j-1} in flight together; the softmax of S_j overlaps the PV.
     for j in range(1, my_tiles):
+        before_turn(smem, plan, prob, turn, j, it + j)
         cur = issue_scores(smem, plan, sched, descs, it + j, turn)
         o = issue_pv(smem, plan, sched, descs, o, pa, it + j - 1)
         ty.barrier_arrive(turn.next, TURN_THREADS)
@@ -306,7 +324,7 @@ def consumer_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles, d
     o = issue_pv(smem, plan, sched, descs, o, pa, it + my_tiles - 1)
     o, pa = hopper.wgmma_wait(0, o, pa)
     release(smem, plan.v_empty, it + my_tiles - 1, plan.stages, leader)
-    pass_dead_tiles(smem, plan, it + my_tiles, it + n_tiles, turn, leader)
+    pass_dead_tiles(smem, plan, prob, it, it + my_tiles, it + n_tiles, turn, leader)
     inv, lse = softmax.finish(sm, st, sched.return_lse)
     o = o.with_data(softmax.scale_rows(o.values, inv))
     store_lse(prob, lse, row0, h, b)  # two values a row: not worth carrying into the next tile
@@ -343,6 +361,8 @@ def store_direct(prob, sched, o, row0, h, b):
     lane = ty.lane_id()
     vals = o.values
     o_base = ty.cast(b, ty.i64) * prob.o_strides[0] + ty.cast(h, ty.i64) * prob.o_strides[1]
+    if prob.varlen is not None:
+        o_base = o_base + ty.cast(prob.q_start, ty.i64) * prob.o_strides[2]
     out_words = ty.ptr_cast(prob.out, ty.b32)
     for i in range(0, len(vals), 2):
         r, c = o.layout.coord(warp, lane, i)
@@ -359,7 +379,10 @@ def store_lse(prob, lse, row0, h, b):
         lane = ty.lane_id()
         warp = ty.warp_idx() & 3  # a shuffle: the whole warp computes it
         if (lane & 3) == 0:
-            base = (ty.cast(b, ty.i64) * ty.cast(prob.n_heads, ty.i64) + ty.cast(h, ty.i64)) * ty.cast(prob.n_q, ty.i64)
+            if prob.varlen is None:
+                base = (ty.cast(b, ty.i64) * ty.cast(prob.n_heads, ty.i64) + ty.cast(h, ty.i64)) * ty.cast(prob.n_q, ty.i64)
+            else:  # (H, total_q)
+                base = ty.cast(h, ty.i64) * prob.varlen.total_q + ty.cast(prob.q_start, ty.i64)
             for r in range(2):
                 row = row0 + 16 * warp + (lane >> 2) + 8 * r
                 if row < prob.n_q:

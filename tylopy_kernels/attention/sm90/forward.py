@@ -37,7 +37,8 @@ import tylopy as ty
 from tylopy import hopper
 
 from tylopy_kernels.attention.sm90.consumer import consumer
-from tylopy_kernels.attention.sm90.tiles import REGISTER_SPLIT, Plan, Problem, Schedule, bar_at, next_tile, tiles_of_this_cta, tma_coords
+from tylopy_kernels.attention.sm90.tiles import (REGISTER_SPLIT, Plan, Problem, Schedule, bar_at, batch_coord, next_tile,
+                                                shift, skip_tile, tile_problem, tiles_of_this_cta, tma_coords)
 
 
 @ty.func
@@ -84,16 +85,19 @@ def producer(smem, plan, prob, tm_q, tm_k, tm_v, persistent, coord_order, tile_o
             it = 0
             for k in range(tiles_of_this_cta(prob, persistent)):
                 valid, m0, h, b, n_tiles = next_tile(prob, k, persistent, tile_order)
+                skip_tile(smem, plan, prob, valid, k, persistent, True)
                 if valid:
+                    tp = tile_problem(prob, b)
                     kv_h = h // prob.kv_group
-                    kv_b = b * prob.kv_batch
+                    kv_b = batch_coord(prob, b) * prob.kv_batch
                     # Q has one buffer: the next tile's Q lands while the consumers finish this one.
                     hopper.mbarrier_wait(bar_at(smem, plan.q_empty), (k & 1) ^ 1, "q_empty")
                     q_full = bar_at(smem, plan.q_full)
                     hopper.mbarrier_arrive_expect_tx(q_full, plan.q_bytes)
-                    load_rows(smem, plan, plan.q, plan.q_chunk, tm_q, q_full, m0, h, b, coord_order)
+                    load_rows(smem, plan, plan.q, plan.q_chunk, tm_q, q_full, shift(m0, tp.q_start), h,
+                              batch_coord(prob, b), coord_order)
                     for j in range(n_tiles):
-                        row = j * prob.block_n
+                        row = shift(j * prob.block_n, tp.k_start)
                         load_tile(smem, plan, tm_k, plan.k, plan.k_full, plan.k_empty, it + j, row, kv_h, kv_b,
                                   coord_order)
                         load_tile(smem, plan, tm_v, plan.v, plan.v_full, plan.v_empty, it + j, row, kv_h, kv_b,

@@ -1,6 +1,7 @@
 """Shared pieces of the Hopper attention forward: the compile-time plan (schedule and shared-memory
 layout), the run-time problem, and the order in which CTAs take work tiles."""
 import tylopy as ty
+from tylopy import hopper
 
 ROW_BYTES = 128        # one 64-element 16-bit row of a column chunk: one 128-byte swizzle row
 MAX_SMEM = 232448      # H100/H200 opt-in dynamic shared memory per block
@@ -88,6 +89,48 @@ class Problem:
         self.block_m, self.block_n = block_m, block_n
         self.num_m = (n_q + (block_m - 1)) // block_m
         self.total = self.num_m * n_heads * n_batch
+        # Packed batches (``varlen_tiles``): the per-document view a tile works in. Dense problems keep
+        # these Python zeros, so ``shift`` emits nothing for them.
+        self.varlen = None
+        self.q_start = 0   # first packed row of the tile's document (queries, keys)
+        self.k_start = 0
+        self.diag = 0      # causal diagonal offset: key j takes part for query i when j <= i + diag
+
+
+def shift(x, offset):
+    """x + offset, or x itself for a Python 0 (the dense kernel's code stays what it was)."""
+    if isinstance(offset, int) and offset == 0:
+        return x
+    return x + offset
+
+
+def tile_problem(prob, b):
+    """The problem a work tile of batch entry (document) b sees: ``prob`` itself when dense."""
+    if prob.varlen is None:
+        return prob
+    return prob.varlen.doc(prob, b)
+
+
+@ty.func
+def skip_tile(smem, plan, prob, valid, k, persistent, producer):
+    """Packed batches, persistent loop: a work tile that is not valid (past its document's end) can
+    come before valid ones, so it still turns the Q buffer's barriers once -- their parity is the
+    loop count k -- the producer arriving on q_full without a load, the consumers on q_empty.
+    Dense problems skip only at the end of the loop and emit nothing here."""
+    if prob.varlen is not None and persistent:
+        if ~valid:
+            if producer:
+                hopper.mbarrier_wait(bar_at(smem, plan.q_empty), (k & 1) ^ 1, "q_empty (skipped tile)")
+                hopper.mbarrier_arrive(bar_at(smem, plan.q_full))
+            else:
+                hopper.mbarrier_wait(bar_at(smem, plan.q_full), k & 1, "q_full (skipped tile)")
+                if (ty.thread_idx() & 127) == 0:
+                    hopper.mbarrier_arrive(bar_at(smem, plan.q_empty))
+
+
+def batch_coord(prob, b):
+    """The batch coordinate of the tensor maps and stores: a packed batch is one (total, H, D) tensor."""
+    return b if prob.varlen is None else 0
 
 
 @ty.func
@@ -107,6 +150,8 @@ def next_tile(prob, k, persistent, order):
     the hardware's block scheduler balances the rest). Persistent: CTA i takes positions i,
     2G-1-i, 2G+i, ... of the sequence ``work_tile`` decodes.
     """
+    if prob.varlen is not None:
+        return prob.varlen.next_tile(prob, k, persistent, order)
     if persistent:
         pos = tile_position(k)
         m0, h, b, n_tiles = work_tile(prob, pos, order)
@@ -119,7 +164,7 @@ def next_tile(prob, k, persistent, order):
 def key_tiles(prob, m0):
     kv_end = prob.n_k
     if prob.causal != 0:
-        kv_end = ty.minimum(prob.n_k, m0 + prob.block_m)
+        kv_end = ty.minimum(prob.n_k, shift(m0 + prob.block_m, prob.diag))
     return (kv_end + (prob.block_n - 1)) // prob.block_n
 
 

@@ -1,0 +1,76 @@
+"""Host side of the Hopper attention backward over packed batches (``backward_varlen.py``).
+
+``plan_varlen_backward(q, k, v, out, dout, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, ...)``
+takes the packed (total, H, D) tensors, lse as (H, total_q) fp32 (natural log) and device prefix
+sums, and returns the three launches (statistics, dK/dV with dQ partials by TMA reduce-add, dQ
+conversion) as ``Step``s; with ``encode=False`` the tensor maps are specs and the steps run in the
+emulator. dq, dk, dv are written only in the documents' rows (the caller zeroes them). The
+non-deterministic mode only: dQ's fp32 sums run in whatever order CTAs reach them (the portable
+backward serves ``torch.use_deterministic_algorithms``). Nothing reads cu_seqlens on the host.
+"""
+from __future__ import annotations
+
+import torch
+
+import tylopy as ty
+
+from tylopy_kernels.attention.sm90.backward import BLOCK_N, SUPPORTED
+from tylopy_kernels.attention.sm90.backward_launch import SCHEDULE, Step, _map, _same_order, _stat_map, _tile_map
+from tylopy_kernels.attention.sm90.backward_varlen import (attention_bwd_varlen_dq_convert,
+                                                           attention_bwd_varlen_preprocess, attention_bwd_varlen_sm90,
+                                                           padded_rows)
+
+PAD = 128
+
+
+def _as_batch(t):
+    return t.unsqueeze(0).transpose(1, 2)  # (total, H, D) -> (1, H, total, D)
+
+
+def plan_varlen_backward(q, k, v, out, dout, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, *, is_causal, scale,
+                         schedule=None, encode=True) -> list[Step]:
+    total_q, H, D = q.shape
+    total_k, H_kv = k.shape[0], k.shape[1]
+    n_docs = cu_q.shape[0] - 1
+    if n_docs < 1 or max_q == 0 or max_k == 0 or total_q * H == 0 or total_k == 0:
+        return []
+    sched = dict(SCHEDULE[D], **(schedule or {}))
+    block_m = sched["BLOCK_M"]
+    if (D, block_m) not in SUPPORTED:
+        raise ValueError(f"attention_varlen backward: schedule BLOCK_M expects a (head dim, BLOCK_M) pair in "
+                         f"{sorted(SUPPORTED)}, but got {(D, block_m)}")
+    dtype = ty.bf16 if q.dtype == torch.bfloat16 else ty.f16
+    dev = q.device
+    n_pad = padded_rows(total_q, n_docs)
+    max_pad = -(-max_q // PAD) * PAD
+    qb, dob, q_order = _same_order(_as_batch(q), _as_batch(dout))
+    kb, vb, kv_order = _same_order(_as_batch(k), _as_batch(v))
+    delta = torch.empty((H, n_pad), dtype=torch.float32, device=dev)
+    lse_log2 = torch.empty((H, n_pad), dtype=torch.float32, device=dev)
+    i16 = torch.int16
+    steps = [Step(attention_bwd_varlen_preprocess, (max_pad // (128 // (D // 8)), H, n_docs),
+                  (out.view(i16), dout.view(i16), lse, delta, lse_log2, cu_q, max_q, total_q, n_pad, out.stride(1),
+                   out.stride(0), dout.stride(1), dout.stride(0), lse.stride(0)), dict(DTYPE=dtype, HEAD_DIM=D))]
+    tm_q, tm_do = (_tile_map(t, block_m, q_order, encode) for t in (qb, dob))
+    tm_k, tm_v = (_tile_map(t, BLOCK_N, kv_order, encode) for t in (kb, vb))
+    tm_lse, tm_delta = (_stat_map(t, block_m, encode) for t in (lse_log2, delta))
+    dq_accum = torch.zeros(H * n_pad * D, dtype=torch.float32, device=dev)
+    dq_mode = sched["DQ"]
+    tm_dq = _map(dq_accum, [256, dq_accum.numel() // 256], [1024], [256, 16], "f32", 0, encode) \
+        if dq_mode == "tma" else tm_lse
+    steps.append(Step(attention_bwd_varlen_sm90, (-(-max_k // BLOCK_N), H_kv, n_docs),
+                      (tm_q, tm_k, tm_v, tm_do, tm_lse, tm_delta, tm_dq, dk.view(i16), dv.view(i16), dq_accum, cu_q,
+                       cu_k, max_q, max_k, total_q, total_k, H, H // H_kv, n_pad, float(scale), int(is_causal),
+                       dk.stride(1), dk.stride(0), dv.stride(1), dv.stride(0)),
+                      dict(DTYPE=dtype, HEAD_DIM=D, BLOCK_M=block_m, STAGES=sched["STAGES"], DQ=dq_mode,
+                           DQ_ORDER=sched["DQ_ORDER"], DK_SMEM=sched["DK_SMEM"], Q_ORDER=q_order, KV_ORDER=kv_order)))
+    steps.append(Step(attention_bwd_varlen_dq_convert, (-(-max_q // 64) * (D // 64), H, n_docs),
+                      (dq_accum, dq.view(i16), cu_q, max_q, total_q, n_pad, float(scale), dq.stride(1), dq.stride(0)),
+                      dict(DTYPE=dtype, HEAD_DIM=D)))
+    return steps
+
+
+def launch_varlen_backward(*args, **kwargs) -> None:
+    """Run ``plan_varlen_backward``'s launches on the current stream (no host synchronization)."""
+    for step in plan_varlen_backward(*args, **kwargs):
+        step.launch()

@@ -1,0 +1,89 @@
+"""Host side of the Hopper attention forward over packed batches (``varlen_forward.py``).
+
+``launch_varlen_hopper(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, out, lse)`` takes
+q (total_q, H, D), k/v (total_k, H_kv, D) with H_kv dividing H, D in {64, 128}, int32 prefix
+sums cu_q/cu_k of B + 1 entries on the device, and writes the documents' rows of out (which the
+caller zeroes) and of lse (H, total_q) float32 or None (which the caller fills with -inf). The
+packed tensors are mapped as (1, H, total, D) views, so a work tile's TMA box starts at any row
+and the rows past a document's end are masked in the kernel. It never reads cu_seqlens on the
+host. ``plan_varlen_launch`` builds the same launch without a GPU (the emulator runs it).
+"""
+from __future__ import annotations
+
+import torch
+
+import tylopy as ty
+
+from tylopy_kernels.attention.sm90 import launch as dense
+from tylopy_kernels.attention.sm90.tiles import Plan
+from tylopy_kernels.attention.sm90.varlen_forward import attention_varlen_fwd_sm90
+
+# Per head dim: the dense defaults without what a packed batch cannot take (TMA stores clip at
+# the tensor's end, not a document's; the deferred epilogue carries a document's rows across tiles).
+# D=64 takes two consumers (128-row query tiles): with three (160 registers a thread) the
+# per-document lengths and offsets spill 4-8 bytes (ptxas), and shorter tiles waste fewer rows at
+# a document's end. Persistent grids spill 8-24 bytes: not the default.
+SCHEDULE = {64: {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 2, "EXPONENT": "shared", "PERSISTENT": False},
+            128: {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 2, "EXPONENT": "ffma", "PERSISTENT": False}}
+KERNEL_OPTIONS = ("BLOCK_N", "STAGES", "CONSUMERS", "PERSISTENT", "ORDER", "EXPONENT", "RESCALE_THRESHOLD", "SPLIT_S",
+                  "PV_WAIT", "POLY_EXP2", "EARLY_SUMS")
+
+
+def _as_batch(t: torch.Tensor) -> torch.Tensor:
+    """(total, H, D) -> a (1, H, total, D) view: the dense launcher's geometry over the same memory."""
+    return t.unsqueeze(0).transpose(1, 2)
+
+
+def resolve_schedule(D, is_causal, schedule=None) -> dict:
+    sched = dict(SCHEDULE[D])
+    for key, val in (schedule or {}).items():
+        if key not in KERNEL_OPTIONS:
+            raise ValueError(f"launch_varlen_hopper: schedule expects keys among {KERNEL_OPTIONS}, but got {key!r}")
+        sched[key] = val
+    sched.setdefault("ORDER", "lpt" if (is_causal and sched["PERSISTENT"]) else "heads")
+    return sched
+
+
+def plan_varlen_launch(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, out, lse, seqused=(None, None),
+                       schedule=None, make_map=None, sm_count=None) -> dense.Launch:
+    """The grid, arguments and constexprs of one launch (``make_map(t, dims, strides, box)``)."""
+    total_q, H, D = q.shape
+    if H % k.shape[1] or k.shape[1] != v.shape[1]:
+        raise ValueError(f"launch_varlen_hopper: key/value heads expects a divisor of the {H} query heads (the same "
+                         f"for both), but got {k.shape[1]} and {v.shape[1]}")
+    sched = resolve_schedule(D, is_causal, schedule)
+    make_map = make_map or dense.device_map
+    qb, kb, vb = _as_batch(q), _as_batch(k), _as_batch(v)
+    order = dense._coord_order(qb)
+    if not all(dense._fits(t, order) for t in (qb, kb, vb)):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        qb, kb, vb = _as_batch(q), _as_batch(k), _as_batch(v)
+        order = dense._coord_order(qb)
+    block_m = 64 * sched["CONSUMERS"]
+    maps = [make_map(t, *dense._map_geometry(t, rows, order)) for t, rows in ((qb, block_m), (kb, sched["BLOCK_N"]),
+                                                                              (vb, sched["BLOCK_N"]))]
+    n_docs = cu_q.shape[0] - 1
+    num_m = (max_q + block_m - 1) // block_m
+    used_q, used_k = seqused
+    lse_t = lse if lse is not None else torch.empty(1, dtype=torch.float32, device=q.device)
+    if sched["PERSISTENT"]:
+        grid = (max(1, min(num_m * H * n_docs, sm_count or 132)),)
+    else:
+        grid = (num_m, H, n_docs)
+    args = (*maps, out.view(torch.int16), lse_t, cu_q, cu_k, cu_q if used_q is None else used_q,
+            cu_k if used_k is None else used_k, max_q, max_k, H, n_docs, H // k.shape[1], total_q, 0, scale,
+            int(is_causal), out.stride(1), out.stride(0))
+    cx = dict(sched, DTYPE=ty.bf16 if q.dtype == torch.bfloat16 else ty.f16, HEAD_DIM=D, RETURN_LSE=lse is not None,
+              COORD_ORDER=order, SEQUSED_Q=used_q is not None, SEQUSED_K=used_k is not None)
+    Plan(D, cx["BLOCK_N"], cx["STAGES"], cx["CONSUMERS"], False)  # fails early on too much smem
+    return dense.Launch(grid, args, cx)
+
+
+def launch_varlen_hopper(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, out, lse, seqused=(None, None),
+                         schedule=None):
+    """Run the kernel (see the module's docstring); returns nothing, never synchronizes."""
+    if max_q == 0 or max_k == 0 or cu_q.shape[0] < 2 or q.shape[0] * q.shape[1] == 0:
+        return
+    launch = plan_varlen_launch(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, out, lse, seqused, schedule,
+                                sm_count=dense._sm_count(q.device))
+    attention_varlen_fwd_sm90[launch.grid](*launch.args, **launch.constexprs)
