@@ -46,14 +46,15 @@ def f64_bound(a, b, sa, sb):
     return s * (k / 32 + 2) * 34 * 2.0 ** -12 * mag.cpu() + 2.0 ** -8 * (s * mag.cpu()) + 1e-30
 
 
-@pytest.mark.parametrize("m, n, k, block_n, promote", [
-    (150, 136, 272, 128, False),   # ragged M and K (TMA zero fill), two N tiles, 3 k-blocks
-    (64, 264, 128, 256, False),    # one k-block; N past the tile
-    (130, 72, 400, 128, True),     # promotion, 4 k-blocks, persistence over 2 CTAs
+@pytest.mark.parametrize("m, n, k, block_n, promote, grid", [
+    (150, 136, 272, 128, False, 2),   # ragged M and K (TMA zero fill), two N tiles, 3 k-blocks
+    (64, 264, 128, 256, False, 2),    # one k-block; N past the tile
+    (130, 72, 400, 128, True, 2),     # promotion, 4 k-blocks, persistence over 2 CTAs
+    (200, 256, 1040, 256, False, 1),  # one CTA, two tiles of 9 k-blocks: the 4-stage ring wraps 4 times
 ])
-def test_emulated_fp8_gemm_is_the_model_and_near_float64(m, n, k, block_n, promote):
+def test_emulated_fp8_gemm_is_the_model_and_near_float64(m, n, k, block_n, promote, grid):
     a, b, sa, sb = inputs(m, n, k, seed=m + n)
-    c = G.scaled_mm(a, b, sa, sb, block_n=block_n, promote=promote, emulate=True)
+    c = G.scaled_mm(a, b, sa, sb, block_n=block_n, promote=promote, emulate=True, grid=grid)
     np.testing.assert_array_equal(c.float().numpy(), model(a, b, sa, sb, promote))
     exact = sa.item() * sb.item() * (a.double() @ b.double().T)
     assert bool(((c.double() - exact).abs() <= f64_bound(a, b, sa, sb)).all())
