@@ -98,6 +98,15 @@ def run(fmt: str, device: str = "cpu") -> dict:
     return res
 
 
+@ty.kernel(threads=32, arch="sm_90a")
+def copy16(src: ty.tensor(ty.e4m3, 1), dst: ty.ptr(ty.e4m3), n: ty.i32):
+    """16 codes per thread, one 16-byte load and store each (a float8 tensor parameter)."""
+    i = ty.thread_idx()
+    if 16 * i < n:
+        vals = ty.load(src.ptr + 16 * i, vec=16)
+        ty.store(dst + 16 * i, vals)
+
+
 def mma_fp8_kernel(a_dt, b_dt, arch="sm_89"):
     """One mma.sync m16n8k32 fp8 tile: A (16 x 32) and B^T (8 x 32) row-major codes, C and D f32."""
     @ty.kernel(threads=32, arch=arch, name=f"mma_k32_{a_dt.name}_{b_dt.name}")

@@ -46,22 +46,25 @@ def f64_bound(a, b, sa, sb):
     return s * (k / 32 + 2) * 34 * 2.0 ** -12 * mag.cpu() + 2.0 ** -8 * (s * mag.cpu()) + 1e-30
 
 
-@pytest.mark.parametrize("m, n, k, block_n, promote", [
-    (150, 136, 272, 128, False),   # ragged M and K (TMA zero fill), two N tiles, 3 k-blocks
-    (64, 264, 128, 256, False),    # one k-block; N past the tile
-    (130, 72, 400, 128, True),     # promotion, 4 k-blocks, persistence over 2 CTAs
+@pytest.mark.parametrize("m, n, k, block_n, promote, grid", [
+    (150, 136, 272, 128, False, 2),   # ragged M and K (TMA zero fill), two N tiles, 3 k-blocks
+    (64, 264, 128, 256, False, 2),    # one k-block; N past the tile
+    (130, 72, 400, 128, True, 2),     # promotion, 4 k-blocks, persistence over 2 CTAs
+    (200, 256, 1040, 256, False, 1),  # one CTA, two tiles of 9 k-blocks: the 4-stage ring wraps 4 times
 ])
-def test_emulated_fp8_gemm_is_the_model_and_near_float64(m, n, k, block_n, promote):
+@pytest.mark.parametrize("store", ["tma", "direct"])
+def test_emulated_fp8_gemm_is_the_model_and_near_float64(m, n, k, block_n, promote, grid, store):
     a, b, sa, sb = inputs(m, n, k, seed=m + n)
-    c = G.scaled_mm(a, b, sa, sb, block_n=block_n, promote=promote, emulate=True)
+    c = G.scaled_mm(a, b, sa, sb, block_n=block_n, promote=promote, emulate=True, grid=grid, store=store)
     np.testing.assert_array_equal(c.float().numpy(), model(a, b, sa, sb, promote))
     exact = sa.item() * sb.item() * (a.double() @ b.double().T)
     assert bool(((c.double() - exact).abs() <= f64_bound(a, b, sa, sb)).all())
 
 
-@pytest.mark.parametrize("block_n, promote", [(256, False), (128, False), (128, True), (64, False)])
-def test_every_schedule_assembles_without_spills_or_serialized_wgmma(block_n, promote):
-    ck = G.gemm_fp8.compile(BLOCK_N=block_n, STAGES=G.stages_for(block_n), PROMOTE=promote)
+@pytest.mark.parametrize("block_n, promote, store", [(256, False, "tma"), (256, False, "direct"), (128, False, "tma"),
+                                                     (128, True, "tma"), (64, False, "direct")])
+def test_every_schedule_assembles_without_spills_or_serialized_wgmma(block_n, promote, store):
+    ck = G.gemm_fp8.compile(BLOCK_N=block_n, STAGES=G.stages_for(block_n, store), PROMOTE=promote, STORE=store)
     assert f"wgmma.mma_async.sync.aligned.m64n{block_n}k32.f32.e4m3.e4m3" in ck.ptx
     if ck.report.available:
         assert ck.report.spills == 0 and "C7515" not in ck.report.codes()
@@ -79,12 +82,12 @@ def test_host_checks_name_the_argument():
 
 @pytest.mark.gpu
 @requires_sm90
-@pytest.mark.parametrize("m, n, k, block_n, promote", [
-    (1000, 1032, 1056, 256, False), (1000, 1032, 1056, 128, True), (4096, 4096, 4096, 256, False),
-    (77, 8, 16, 256, False)])
-def test_gpu_fp8_gemm_is_the_model_and_near_torch(m, n, k, block_n, promote):
+@pytest.mark.parametrize("m, n, k, block_n, promote, store", [
+    (1000, 1032, 1056, 256, False, "tma"), (1000, 1032, 1056, 256, False, "direct"),
+    (1000, 1032, 1056, 128, True, "tma"), (4096, 4096, 4096, 256, False, "tma"), (77, 8, 16, 256, False, "tma")])
+def test_gpu_fp8_gemm_is_the_model_and_near_torch(m, n, k, block_n, promote, store):
     a, b, sa, sb = inputs(m, n, k, seed=k, device="cuda")
-    c = G.scaled_mm(a, b, sa, sb, block_n=block_n, promote=promote)
+    c = G.scaled_mm(a, b, sa, sb, block_n=block_n, promote=promote, store=store)
     exact = sa.item() * sb.item() * (a.double() @ b.double().T).cpu()
     assert bool(((c.double().cpu() - exact).abs() <= f64_bound(a, b, sa, sb)).all())
     ref = torch._scaled_mm(a, b.t(), sa, sb, out_dtype=torch.bfloat16)

@@ -167,28 +167,19 @@ def test_packed_conversions_check_their_arguments():
         bad.compile(CASE=1)
 
 
-@ty.kernel(threads=32, arch="sm_90a")
-def copy16(src: ty.tensor(ty.e4m3, 1), dst: ty.ptr(ty.e4m3), n: ty.i32):
-    """16 codes per thread, one 16-byte load and store each."""
-    i = ty.thread_idx()
-    if 16 * i < n:
-        vals = ty.load(src.ptr + 16 * i, vec=16)
-        ty.store(dst + 16 * i, vals)
-
-
 def test_float8_tensors_and_16_byte_vector_accesses():
     gen = torch.Generator().manual_seed(5)
     x = (torch.randn(512, generator=gen) * 30).to(torch.float8_e4m3fn)
     y = torch.full((512,), float("nan")).to(torch.float8_e4m3fn)
-    copy16.emulate(x, y, 512, grid=(1,))
+    F.copy16.emulate(x, y, 512, grid=(1,))
     assert torch.equal(x.view(torch.uint8), y.view(torch.uint8))
-    ck = copy16.compile()
+    ck = F.copy16.compile()
     assert "ld.global.v4.b32" in ck.ptx or "ld.global.v4.u32" in ck.ptx or "ld.global.nc.v4" in ck.ptx, ck.ptx
     assert "st.global.v4" in ck.ptx
     with pytest.raises(LaunchTypeError, match="src"):
-        copy16.emulate(x.float(), y, 512, grid=(1,))
+        F.copy16.emulate(x.float(), y, 512, grid=(1,))
     with pytest.raises(LaunchTypeError, match="float8_e4m3fn"):
-        copy16.emulate(x, y.view(torch.uint8), 512, grid=(1,))
+        F.copy16.emulate(x, y.view(torch.uint8), 512, grid=(1,))
 
 
 # -- mma.sync m16n8k32 with fp8 operands (sm_89+) --------------------------------------------------------

@@ -61,3 +61,12 @@ def test_mma_sync_k32_fp8_matches_the_emulator(a_fmt, b_fmt, capsys):
     with capsys.disabled():
         print(f"\n[mma.sync m16n8k32 {a_fmt}x{b_fmt}] {bad} of {8 * 128} outputs differ from the emulator")
     assert bad == 0
+
+
+def test_float8_tensor_arguments_and_16_byte_accesses_on_the_gpu():
+    arch = _arch()
+    x = (torch.randn(512, device="cuda") * 30).to(torch.float8_e4m3fn)
+    y = torch.zeros(512, device="cuda").to(torch.float8_e4m3fn)
+    F.copy16.with_arch(arch)[(1,)](x, y, 512)
+    torch.cuda.synchronize()
+    assert torch.equal(x.view(torch.uint8), y.view(torch.uint8))

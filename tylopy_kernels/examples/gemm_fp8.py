@@ -14,9 +14,11 @@ One persistent CTA per SM, 384 threads, warp-specialized like the bf16 GEMM of
 2. Warpgroups 1 and 2 (consumers) take more registers and share every BLOCK_M x BLOCK_N tile,
    each 64 rows: per k-block, four m64 n{BLOCK_N} k32 SS wgmmas (the descriptor moves 32 bytes
    per k32 step), commit, wait until only this k-block is in flight, release the previous stage.
-3. Epilogue: scale by scale_a * scale_b (read once from two one-element f32 tensors), round to
-   bf16 and store column pairs straight from the accumulator registers; rows >= M and columns
-   >= N are not stored. TMA zero-fills rows and k past the operands' ends.
+3. Epilogue: scale by scale_a * scale_b (read once from two one-element f32 tensors) and round
+   to bf16. ``STORE="tma"``: each consumer writes 64-column chunks into two alternating
+   128-byte-swizzled shared buffers and TMA-stores them (the TMA clips rows >= M and columns
+   >= N); ``STORE="direct"``: column pairs straight from the registers, rows >= M and columns
+   >= N skipped. TMA zero-fills rows and k past the operands' ends.
 
 ``PROMOTE=True`` adds each k-block's wgmma result (started from zero) into a separate f32
 accumulator with ordinary FADDs, as DeepSeek-V3 does against the tensor cores' limited FP8
@@ -37,15 +39,21 @@ ROW = 128                # bytes per operand row in shared memory
 CONSUMERS = 2
 THREADS = 128 * (1 + CONSUMERS)
 REGISTERS = (40, 232)    # setmaxnreg split: 128 * 40 + 256 * 232 = 384 * 168
+EPI_COLS = 64            # bf16 columns of one 128-byte staging row
+EPI_BUF = 64 * ROW       # one consumer's staging buffer: its 64 rows x 128 bytes
+EPILOGUE_BARRIER = 1     # named barriers 1 and 2: consumer c's staging buffers
+SMEM_LIMIT = 232448      # H100/H200 opt-in dynamic shared memory per block
 
 
-def smem_layout(block_m, block_n, stages):
-    """Byte offsets of the A ring, the B ring, the full and empty barriers, and the total."""
+def smem_layout(block_m, block_n, stages, store="tma"):
+    """Byte offsets of the A ring, the B ring, the full and empty barriers, the total and the
+    epilogue's staging buffers (two per consumer with STORE="tma")."""
     a_bytes, b_bytes = block_m * ROW, block_n * ROW
     b = stages * a_bytes
-    full = b + stages * b_bytes
+    epi = b + stages * b_bytes
+    full = epi + (CONSUMERS * 2 * EPI_BUF if store == "tma" else 0)
     empty = full + 8 * stages
-    return a_bytes, b_bytes, b, full, empty, empty + 8 * stages
+    return a_bytes, b_bytes, b, full, empty, empty + 8 * stages, epi
 
 
 @ty.func
@@ -74,7 +82,7 @@ def my_tiles(total):
 
 @ty.func
 def producer(smem, tm_a, tm_b, num_m, num_n, k_blocks, lay, block_m, block_n, stages, group_m):
-    a_bytes, b_bytes, b_off, full, empty, total = lay
+    a_bytes, b_bytes, b_off, full, empty = lay[:5]
     hopper.setmaxnreg(REGISTERS[0], increase=False)
     if (ty.warp_idx() & 3) == 0:
         if hopper.elect_one():
@@ -114,7 +122,7 @@ def add_into(total, part):
 @ty.func
 def kblock(smem, base, atom, acc, it, lay, row_off, stages):
     """Wait for ring iteration ``it``'s stage and issue its four k32 steps (one commit group)."""
-    a_bytes, b_bytes, b_off, full, empty, total_bytes = lay
+    a_bytes, b_bytes, b_off, full, empty = lay[:5]
     stage = it % stages
     hopper.mbarrier_wait(bar_at(smem, full + 8 * stage), (it // stages) & 1, "stage full", stage)
     hopper.wgmma_fence()
@@ -175,30 +183,70 @@ def store(acc, out, ldc, m, n, row0, col0, scale, block_n):
 
 
 @ty.func
-def consumer(smem, out, ldc, m, n, num_m, num_n, k_blocks, scale, lay, block_m, block_n, stages, group_m, promote):
+def store_tma(acc, tm_c, smem, epi, seq, row0, col0, scale, block_n):
+    """Stage 64-column chunks in the 128-byte-swizzled image TMA expects (row r at 128 r, 16-byte
+    piece p at p ^ (r % 8)) in two alternating buffers and TMA-store each. Register i holds column
+    8(i >> 2) + 2t + (i & 1) of row 16w + g + 8((i >> 1) & 1), so a pair of 8-column group q lands
+    at piece q ^ g. ``seq`` counts this consumer's chunks so far (the buffer parity)."""
+    c = ty.warpgroup_idx() - 1
+    w = ty.warp_idx() & 3
+    g = ty.lane_id() >> 2
+    t = ty.lane_id() & 3
+    leader = (ty.thread_idx() & 127) == 0
+    vals = acc.values
+    for j in range(block_n // EPI_COLS):
+        buf = smem + (epi + (2 * c) * EPI_BUF) + ((seq + j) & 1) * EPI_BUF
+        if leader:
+            hopper.bulk_wait(1, read=True)   # the store that last read this buffer is done reading
+        ty.barrier_sync(EPILOGUE_BARRIER + c, 128)
+        for q in range(EPI_COLS // 8):
+            for half in range(2):
+                i = 4 * (8 * j + q) + 2 * half
+                at = buf + ((16 * w + g + 8 * half) * ROW + (q ^ g) * 16 + 4 * t)
+                ty.store(ty.ptr_cast(at, ty.b32), ty.pack2(vals[i] * scale, vals[i + 1] * scale, ty.bf16))
+        hopper.fence_proxy_async()
+        ty.barrier_sync(EPILOGUE_BARRIER + c, 128)
+        if leader:
+            hopper.tma_store(tm_c, buf, col0 + EPI_COLS * j, row0)
+            hopper.bulk_commit()
+    return seq + block_n // EPI_COLS
+
+
+@ty.func
+def consumer(smem, dst, num_m, num_n, k_blocks, scale, lay, block_m, block_n, stages, group_m, promote):
     hopper.setmaxnreg(REGISTERS[1], increase=True)
     c = ty.warpgroup_idx() - 1
     base = ty.address(smem)
     atom = hopper.WgmmaAtom(block_n, ty.e4m3, "ss")
     row_off = c * (block_m // CONSUMERS)
+    out, tm_c, ldc, m, n, how = dst
     it = 0
+    seq = 0
     for local in range(my_tiles(num_m * num_n)):
         tm, tn = tile_of(ty.block_idx(0) + local * ty.grid_dim(0), num_m, num_n, group_m)
         acc = mainloop(smem, base, atom, it, k_blocks, lay, row_off, stages, promote)
-        store(acc, out, ldc, m, n, tm * block_m + row_off, tn * block_n, scale, block_n)
+        if how == "tma":
+            seq = store_tma(acc, tm_c, smem, lay[6], seq, tm * block_m + row_off, tn * block_n, scale, block_n)
+        else:
+            store(acc, out, ldc, m, n, tm * block_m + row_off, tn * block_n, scale, block_n)
         it = it + k_blocks
+    if how == "tma":
+        if (ty.thread_idx() & 127) == 0:
+            hopper.bulk_wait(0)   # the staging buffers must outlive the last stores' reads
 
 
 @ty.kernel(threads=THREADS, min_blocks_per_sm=1, noalias=True, arch="sm_90a")
-def gemm_fp8(tm_a: ty.tensormap, tm_b: ty.tensormap, out: ty.ptr(ty.bf16), scale_a: ty.ptr(ty.f32),
-             scale_b: ty.ptr(ty.f32), m: ty.i32, n: ty.i32, k: ty.i32, ldc: ty.i64,
+def gemm_fp8(tm_a: ty.tensormap, tm_b: ty.tensormap, tm_c: ty.tensormap, out: ty.ptr(ty.bf16),
+             scale_a: ty.ptr(ty.f32), scale_b: ty.ptr(ty.f32), m: ty.i32, n: ty.i32, k: ty.i32, ldc: ty.i64,
              BLOCK_N: ty.constexpr = 256, STAGES: ty.constexpr = 4, GROUP_M: ty.constexpr = 8,
-             PROMOTE: ty.constexpr = False):
+             PROMOTE: ty.constexpr = False, STORE: ty.constexpr = "tma"):
     """C = scale_a scale_b A B^T with A (M x K) and B (N x K) e4m3 behind the tensor maps."""
     block_m = 64 * CONSUMERS
     if PROMOTE and BLOCK_N > 128:
         raise ValueError(f"PROMOTE=True keeps two accumulators: it expects BLOCK_N <= 128, but got {BLOCK_N}")
-    lay = smem_layout(block_m, BLOCK_N, STAGES)
+    if STORE not in ("tma", "direct"):
+        raise ValueError(f"STORE expects 'tma' or 'direct', but got {STORE!r}")
+    lay = smem_layout(block_m, BLOCK_N, STAGES, STORE)
     smem = ty.dynamic_shared(ty.u8, lay[5], align=1024)
     full, empty = lay[3], lay[4]
     if ty.thread_idx() == 0:
@@ -215,16 +263,16 @@ def gemm_fp8(tm_a: ty.tensormap, tm_b: ty.tensormap, out: ty.ptr(ty.bf16), scale
         producer(smem, tm_a, tm_b, num_m, num_n, k_blocks, lay, block_m, BLOCK_N, STAGES, GROUP_M)
     else:
         scale = scale_a[0] * scale_b[0]
-        consumer(smem, out, ldc, m, n, num_m, num_n, k_blocks, scale, lay, block_m, BLOCK_N, STAGES, GROUP_M,
-                 PROMOTE)
+        consumer(smem, (out, tm_c, ldc, m, n, STORE), num_m, num_n, k_blocks, scale, lay, block_m, BLOCK_N, STAGES,
+                 GROUP_M, PROMOTE)
 
 
 # -- host side ------------------------------------------------------------------------------------------
 
-def stages_for(block_n: int) -> int:
+def stages_for(block_n: int, store: str = "tma") -> int:
     """The deepest ring (up to 6) that fits the 227 KB of shared memory."""
     for stages in range(6, 1, -1):
-        if smem_layout(64 * CONSUMERS, block_n, stages)[5] <= 232448:
+        if smem_layout(64 * CONSUMERS, block_n, stages, store)[5] <= SMEM_LIMIT:
             return stages
     return 2
 
@@ -248,17 +296,18 @@ def check_inputs(a, b, scale_a, scale_b) -> None:
                             f"{s.dtype} with {s.numel()} elements")
 
 
-def _maps(a, b, block_m, block_n, emulate):
+def _maps(a, b, c, block_m, block_n, emulate):
+    """Tensor maps of A and B (k-blocks of 128 codes) and C (64 x 64 bf16 store boxes)."""
     from tylopy.runtime.tensormap import TensorMap, TensorMapSpec
     out = []
-    for t, rows in ((a, block_m), (b, block_n)):
-        geometry = ((t.shape[1], t.shape[0]), (t.stride(0),), (BLOCK_K, rows), "e4m3", 128)
+    for t, box, dt in ((a, (BLOCK_K, block_m), "e4m3"), (b, (BLOCK_K, block_n), "e4m3"), (c, (EPI_COLS, 64), "bf16")):
+        geometry = ((t.shape[1], t.shape[0]), (t.stride(0) * t.element_size(),), box, dt, 128)
         out.append(TensorMapSpec(t, *geometry) if emulate else TensorMap.cached(t, *geometry))
     return out
 
 
 def scaled_mm(a, b, scale_a, scale_b, block_n: int = 256, promote: bool = False, emulate: bool = False,
-              grid: int | None = None):
+              grid: int | None = None, store: str = "tma"):
     """bf16 ``scale_a * scale_b * (a @ b.T)`` for e4m3 ``a`` (M x K) and ``b`` (N x K)."""
     import torch
     check_inputs(a, b, scale_a, scale_b)
@@ -273,9 +322,9 @@ def scaled_mm(a, b, scale_a, scale_b, block_n: int = 256, promote: bool = False,
     if grid is None:
         grid = 2 if emulate else torch.cuda.get_device_properties(a.device).multi_processor_count
     grid = max(1, min(grid, tiles))
-    tm_a, tm_b = _maps(a, b, 64 * CONSUMERS, block_n, emulate)
-    args = (tm_a, tm_b, c, scale_a, scale_b, m, n, k, n)
-    cfg = dict(BLOCK_N=block_n, STAGES=stages_for(block_n), PROMOTE=promote)
+    tm_a, tm_b, tm_c = _maps(a, b, c, 64 * CONSUMERS, block_n, emulate)
+    args = (tm_a, tm_b, tm_c, c, scale_a, scale_b, m, n, k, n)
+    cfg = dict(BLOCK_N=block_n, STAGES=stages_for(block_n, store), PROMOTE=promote, STORE=store)
     if emulate:
         gemm_fp8.emulate(*args, grid=(grid,), **cfg)
     else:
@@ -308,6 +357,7 @@ def main(argv=None):
     p.add_argument("--sizes", type=int, nargs="+", default=[4096, 8192])
     p.add_argument("--block-n", type=int, default=256)
     p.add_argument("--promote", action="store_true")
+    p.add_argument("--store", choices=("tma", "direct"), default="tma")
     args = p.parse_args(argv)
     for s in args.sizes:
         gen = torch.Generator(device="cuda").manual_seed(s)
@@ -315,10 +365,11 @@ def main(argv=None):
         b = torch.randn(s, s, device="cuda", generator=gen).to(torch.float8_e4m3fn)
         sa = torch.tensor([0.5], device="cuda")
         sb = torch.tensor([2.0], device="cuda")
-        ours = scaled_mm(a, b, sa, sb, block_n=args.block_n, promote=args.promote)
+        cfg = dict(block_n=args.block_n, promote=args.promote, store=args.store)
+        ours = scaled_mm(a, b, sa, sb, **cfg)
         flops = 2 * s ** 3
         row = [f"{s}^3"]
-        for name, fn in (("tylopy", lambda: scaled_mm(a, b, sa, sb, block_n=args.block_n, promote=args.promote)),
+        for name, fn in (("tylopy", lambda: scaled_mm(a, b, sa, sb, **cfg)),
                          ("torch", lambda: torch._scaled_mm(a, b.t(), sa, sb, out_dtype=torch.bfloat16)),
                          ("torch fast_accum", lambda: torch._scaled_mm(a, b.t(), sa, sb, out_dtype=torch.bfloat16,
                                                                        use_fast_accum=True))):
