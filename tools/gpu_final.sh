@@ -49,7 +49,7 @@ if [[ " $* " == *" tests "* ]]; then
   want host-overhead && step host-overhead 90 python3 tools/bench_host_overhead.py --output "$LOG/host-overhead.json"
   want ncu-forward && step ncu-forward ${NCU_SECONDS:-60} $NCU --launch-skip 3 --launch-count 1 \
     -k regex:attention_fwd_sm90 tylopy bench attention --once --d 64 --n 16384 ${FWD_SCHEDULE:+--schedule $FWD_SCHEDULE}
-  want pytest-gpu && TYLOPY_REQUIRE_GPU=1 step pytest-gpu ${TEST_SECONDS:-280} python3 -m pytest -q -m gpu -p no:cacheprovider \
+  want pytest-gpu && TYLOPY_REQUIRE_GPU=1 step pytest-gpu ${TEST_SECONDS:-280} python3 -m pytest -q -m "${GPU_MARK:-gpu}" -p no:cacheprovider \
     -n ${WORKERS:-8} --timeout=240 --timeout-method=thread tests
   want ncu-backward && step ncu-backward ${NCU_SECONDS:-60} $NCU --launch-count 1 -k regex:attention_bwd_sm90 \
     tylopy bench attention_backward --once --d 128 --n 8192
