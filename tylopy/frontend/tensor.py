@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from ..errors import LaunchTypeError, LaunchValueError
 from ..ir.types import SCALAR_TYPES, PointerType, ScalarType, i32, i64
+from ..ir.arguments import strided
 from ..runtime.launch import check_index_range  # (imports neither torch nor the driver)
 from .builder import current_builder
 from .proxy import RuntimeValue, as_value, emit, emit1
@@ -209,7 +210,9 @@ def expand_tensor_args(kname: str, params, args) -> tuple:
             out.append(x)
             continue
         shape, strides = _shape_and_strides(kname, name, kind, x)
-        out.append(x)
+        # The strides travel with the pointer, so the pointer slot takes any last stride: a fresh view
+        # carries that mark (the caller's tensor object is left unmarked).
+        out.append(strided(x[...]) if hasattr(x, "stride") and callable(x.stride) else x)
         out.extend(shape)
         out.extend(strides[:-1] if kind.contiguous else strides)
     return tuple(out)

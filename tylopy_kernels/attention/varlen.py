@@ -113,7 +113,7 @@ def check_prefix_sums(name, cu, total: int, max_name: str, max_len: int) -> None
     ``total`` rows, no sequence longer than ``max_len`` (the grid is sized by it)."""
     values = cu.tolist()
     if values[0] != 0:
-        _fail(ValueError, name, "prefix sums starting at 0", f"{values[0]} first")
+        _fail(ValueError, name, "prefix sums starting at 0", f"{values[0]} as the first entry")
     lengths = [b - a for a, b in zip(values, values[1:])]
     for i, n in enumerate(lengths):
         if n < 0:

@@ -85,5 +85,5 @@ def launch_varlen_hopper(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, ou
     if max_q == 0 or max_k == 0 or cu_q.shape[0] < 2 or q.shape[0] * q.shape[1] == 0:
         return
     launch = plan_varlen_launch(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, out, lse, seqused, schedule,
-                                sm_count=dense._sm_count(q.device))
+                                sm_count=dense.sm_count(q.device))
     attention_varlen_fwd_sm90[launch.grid](*launch.args, **launch.constexprs)
