@@ -231,7 +231,8 @@ def make_variant_id(B, H, n_q, n_k, device, *, is_causal=False, causal_align="to
         _same_device("attn_mask", attn_mask, device)
         if is_causal:
             _fail(ValueError, "attn_mask", "None when is_causal=True (as SDPA)", "a mask")
-        tensors.append(attn_mask if mask_kind == "bool" else attn_mask.float())
+        keep_dtype = mask_kind == "bool" or attn_mask.dtype in (torch.float32, torch.float64)
+        tensors.append(attn_mask if keep_dtype else attn_mask.float())
         names.append("attn_mask")
     bm = None
     if block_mask is not None:

@@ -212,8 +212,10 @@ def scores(prob, s, row0, col0, b, h, is_partial, slope, mask_rows):
     rows = [row0 + s.layout.coord(warp, lane, i)[0] for i in first]
     vals = list(s.values)
     forget_loads(vp)
-    need = ty.cast(1, ty.i1)  # keys past n_k are always masked: a position mask is always there
-    if not (vp.v.attn_mask or vp.v.mask_mod is not None):
+    # Position masks (key range, causal, window) only on tiles they may cut; a bool mask everywhere;
+    # mask_mod everywhere, or with a block mask on its partial tiles only (full tiles never ask it).
+    need = ty.cast(1, ty.i1)
+    if vp.v.attn_mask != "bool":
         need = _mask_needed(prob, row0, col0, 64, s.layout.shape[1])
     if vp.kv.transforms:
         out = []
@@ -226,7 +228,13 @@ def scores(prob, s, row0, col0, b, h, is_partial, slope, mask_rows):
             out.append(_transform(prob, vals[i] * prob.scale, b, h, row, col, mval, slope))
         vals = out
     if need:
-        vals = _apply_masks(prob, s, vals, rows, slots, col0, b, h, is_partial, mask_rows)
+        vals = _apply_masks(prob, s, vals, rows, slots, col0, b, h, mask_rows)
+    if vp.v.mask_mod is not None:
+        if vp.v.block_mask is not None:
+            if is_partial:
+                vals = _apply_mask_mod(prob, s, vals, rows, slots, col0, b, h)
+        else:
+            vals = _apply_mask_mod(prob, s, vals, rows, slots, col0, b, h)
     return vals
 
 
@@ -259,9 +267,9 @@ def _mask_at(prob, row_ptr, row, col, ok=None):
 
 
 @ty.func
-def _apply_masks(prob, s, vals, rows, slots, col0, b, h, is_partial, mask_rows):
+def _apply_masks(prob, s, vals, rows, slots, col0, b, h, mask_rows):
+    """Position masks and the bool attn_mask."""
     vp = prob.variant
-    forget_loads(vp)
     warp = ty.warp_idx() & 3
     lane = ty.lane_id()
     out = []
@@ -271,12 +279,22 @@ def _apply_masks(prob, s, vals, rows, slots, col0, b, h, is_partial, mask_rows):
         ok = _visible(prob, row, col)
         if vp.v.attn_mask == "bool":
             ok = ok & (_mask_at(prob, mask_rows[slots[i]], row, col, ok) != 0)
-        if vp.v.mask_mod is not None:
-            keep = mods.call_traced("mask_mod", vp.kv.live.mask_mod, vp.kv.live, vp.aux, (b, h, row, col))
-            if vp.v.block_mask is not None:
-                keep = keep | ~is_partial  # full tiles: mask_mod is not asked
-            ok = ok & keep
         out.append(ty.select(ok, vals[i], NEG_INF))
+    return out
+
+
+@ty.func
+def _apply_mask_mod(prob, s, vals, rows, slots, col0, b, h):
+    """The user's mask_mod on every element (keys past n_k are -inf already, whatever it says)."""
+    vp = prob.variant
+    forget_loads(vp)  # a new block: loads traced elsewhere do not dominate it
+    warp = ty.warp_idx() & 3
+    lane = ty.lane_id()
+    out = []
+    for i in range(len(vals)):
+        col = col0 + s.layout.coord(warp, lane, i)[1]
+        keep = mods.call_traced("mask_mod", vp.kv.live.mask_mod, vp.kv.live, vp.aux, (b, h, rows[slots[i]], col))
+        out.append(ty.select(keep, vals[i], NEG_INF))
     return out
 
 
