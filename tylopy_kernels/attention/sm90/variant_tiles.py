@@ -214,9 +214,12 @@ def scores(prob, s, row0, col0, b, h, is_partial, slope, mask_rows):
     forget_loads(vp)
     # Position masks (key range, causal, window) only on tiles they may cut; a bool mask everywhere;
     # mask_mod everywhere, or with a block mask on its partial tiles only (full tiles never ask it).
+    # (One pass over the tile: a second branch for mask_mod keeps S live across it and spills at D=128.)
     need = ty.cast(1, ty.i1)
-    if vp.v.attn_mask != "bool":
+    if vp.v.attn_mask != "bool" and (vp.v.mask_mod is None or vp.v.block_mask is not None):
         need = _mask_needed(prob, row0, col0, 64, s.layout.shape[1])
+        if vp.v.mask_mod is not None:
+            need = need | is_partial
     if vp.kv.transforms:
         out = []
         for i in range(len(vals)):
@@ -228,13 +231,7 @@ def scores(prob, s, row0, col0, b, h, is_partial, slope, mask_rows):
             out.append(_transform(prob, vals[i] * prob.scale, b, h, row, col, mval, slope))
         vals = out
     if need:
-        vals = _apply_masks(prob, s, vals, rows, slots, col0, b, h, mask_rows)
-    if vp.v.mask_mod is not None:
-        if vp.v.block_mask is not None:
-            if is_partial:
-                vals = _apply_mask_mod(prob, s, vals, rows, slots, col0, b, h)
-        else:
-            vals = _apply_mask_mod(prob, s, vals, rows, slots, col0, b, h)
+        vals = _apply_masks(prob, s, vals, rows, slots, col0, b, h, is_partial, mask_rows)
     return vals
 
 
@@ -267,9 +264,11 @@ def _mask_at(prob, row_ptr, row, col, ok=None):
 
 
 @ty.func
-def _apply_masks(prob, s, vals, rows, slots, col0, b, h, mask_rows):
-    """Position masks and the bool attn_mask."""
+def _apply_masks(prob, s, vals, rows, slots, col0, b, h, is_partial, mask_rows):
+    """Position masks, the bool attn_mask and mask_mod (its answer counts on partial tiles only:
+    a block mask's full tiles take every key)."""
     vp = prob.variant
+    forget_loads(vp)  # a new block: loads traced elsewhere do not dominate it
     warp = ty.warp_idx() & 3
     lane = ty.lane_id()
     out = []
@@ -279,22 +278,12 @@ def _apply_masks(prob, s, vals, rows, slots, col0, b, h, mask_rows):
         ok = _visible(prob, row, col)
         if vp.v.attn_mask == "bool":
             ok = ok & (_mask_at(prob, mask_rows[slots[i]], row, col, ok) != 0)
+        if vp.v.mask_mod is not None:
+            keep = mods.call_traced("mask_mod", vp.kv.live.mask_mod, vp.kv.live, vp.aux, (b, h, row, col))
+            if vp.v.block_mask is not None:
+                keep = keep | ~is_partial
+            ok = ok & keep
         out.append(ty.select(ok, vals[i], NEG_INF))
-    return out
-
-
-@ty.func
-def _apply_mask_mod(prob, s, vals, rows, slots, col0, b, h):
-    """The user's mask_mod on every element (keys past n_k are -inf already, whatever it says)."""
-    vp = prob.variant
-    forget_loads(vp)  # a new block: loads traced elsewhere do not dominate it
-    warp = ty.warp_idx() & 3
-    lane = ty.lane_id()
-    out = []
-    for i in range(len(vals)):
-        col = col0 + s.layout.coord(warp, lane, i)[1]
-        keep = mods.call_traced("mask_mod", vp.kv.live.mask_mod, vp.kv.live, vp.aux, (b, h, rows[slots[i]], col))
-        out.append(ty.select(keep, vals[i], NEG_INF))
     return out
 
 
