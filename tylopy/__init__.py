@@ -25,6 +25,8 @@ from .errors import (ArchMismatchError, CaptureError, CompileError, CompileOptio
 from .frontend.kernel import CompiledKernel, Kernel, __version__, func, kernel
 from .ir.arguments import strided
 from .runtime.launch import PreparedLaunch
+from .runtime.tensormap import TensorMap
+from .runtime.tensormap_api import tensor_map
 from .runtime.hooks import CompileEvent, LaunchEvent, observe
 from .runtime.plancache import PlanCache, clear_caches
 from .frontend.autotune import Config, autotune
@@ -48,7 +50,7 @@ from .tile import (MMA_SYNC_A, MMA_SYNC_B, MMA_SYNC_C, QUAD, WARP, WARPGROUP, WG
 
 _logging.configure_from_environment()
 
-__all__ = ["kernel", "func", "configure_logging", "Kernel", "CompiledKernel", "PreparedLaunch", "strided", "observe", "CompileEvent", "LaunchEvent", "PlanCache", "clear_caches",
+__all__ = ["kernel", "func", "tensor_map", "TensorMap", "configure_logging", "Kernel", "CompiledKernel", "PreparedLaunch", "strided", "observe", "CompileEvent", "LaunchEvent", "PlanCache", "clear_caches",
            "CompileOptions", "TylopyError", "KernelSourceError",
            "CompileError", "CompileOptionError", "CaptureError", "DriverError", "NoDriverError", "LaunchTypeError",
            "ArchMismatchError",
