@@ -140,6 +140,7 @@ class Builder:
         self.arch = arch
         self.options = options
         self.threads = None  # threads per block (the kernel's launch bound), for block-wide library code
+        self.kernel_name = ""
         self._next_id = 0
         self._blocks: list[_BlockBuilder] = [_BlockBuilder()]
         self.shared_allocs: list = []

@@ -346,6 +346,7 @@ class Kernel:
         bounds = self._launch_bounds(cx)
         bld = Builder(options.arch, options)
         bld.threads = bounds.max_threads
+        bld.kernel_name = self.name
         params, args = [], []
         for n, k, _ in self.signature:
             if isinstance(k, _Constexpr):
