@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from ..codegen.targets import SUPPORTED_ARCHS
 from ..errors import (CompileError, IRVerificationError, KernelSourceError, LaunchTypeError, LayoutError,
-                      ResourceLimitError, TylopyError)
+                      ResourceLimitError, TylopyError, user_facing)
 from ..ir.printer import format_ir
 from ..ir.types import PointerType, ScalarType, Type
 from ..ir.values import KernelIR, LaunchBounds, Param
@@ -143,11 +143,17 @@ class CompiledKernel:
         return self._launcher
 
     def __call__(self, grid, *args, stream=None):
-        return self.launcher().launch(grid, args, stream)
+        try:
+            return self.launcher().launch(grid, args, stream)
+        except TylopyError as e:
+            raise user_facing(e)  # tylopy's own frames hidden (TYLOPY_TRACEBACK=1 shows them)
 
     def prepare(self, grid, *args):
         """This specialization's launch with ``args`` checked and packed once (``PreparedLaunch``)."""
-        return self.launcher().prepare(grid, args)
+        try:
+            return self.launcher().prepare(grid, args)
+        except TylopyError as e:
+            raise user_facing(e)  # tylopy's own frames hidden (TYLOPY_TRACEBACK=1 shows them)
 
 
 class Kernel:
@@ -340,6 +346,13 @@ class Kernel:
     def trace(self, options: CompileOptions | None = None, recorder: capture.Recorder | None = None,
               **constexprs) -> KernelIR:
         """The verified IR of one specialization."""
+        try:
+            return self._trace(options, recorder, **constexprs)
+        except TylopyError as e:
+            raise user_facing(e)  # tylopy's own frames hidden (TYLOPY_TRACEBACK=1 shows them)
+
+    def _trace(self, options: CompileOptions | None = None, recorder: capture.Recorder | None = None,
+               **constexprs) -> KernelIR:
         cx = self._constexprs(constexprs)
         options = options or self.options()
         traceable = self._rewritten()
@@ -427,7 +440,10 @@ class Kernel:
             key = fast = None
         if fast is not None and fast._env == environment_snapshot() and fast._guards.valid():
             return fast
-        ck = self._compile(constexprs)
+        try:
+            ck = self._compile(constexprs)
+        except TylopyError as e:
+            raise user_facing(e)  # tylopy's own frames hidden (TYLOPY_TRACEBACK=1 shows them)
         if key is not None:
             try:
                 self._fast[key] = ck
@@ -528,16 +544,19 @@ class Kernel:
         """Run the kernel on the CPU, lane by lane (see ``tylopy.emulate``). Tensor arguments are CPU
         torch tensors (or numpy arrays); a tensor of open dtype specializes on the argument's dtype."""
         from ..emulate import emulate_kernel
-        if not self._runtime_names.isdisjoint(kwargs):
-            args, kwargs = self.bind_keywords(args, kwargs)
-        if any(isinstance(k, TensorSpec) for _, k in self.runtime_params):
-            kwargs = dict(kwargs)
-            for i, n in self._open_tensors:
-                if n not in kwargs and i < len(args):
-                    kwargs[n] = argument_dtype(self.name, n, args[i])
-            spec = {n: v for n, v in kwargs.items() if n in self.constexpr_names}
-            args = expand_tensor_args(self.name, self.runtime_params_for(self._constexprs(spec)), args)
-        return emulate_kernel(self, args, grid, **kwargs)
+        try:
+            if not self._runtime_names.isdisjoint(kwargs):
+                args, kwargs = self.bind_keywords(args, kwargs)
+            if any(isinstance(k, TensorSpec) for _, k in self.runtime_params):
+                kwargs = dict(kwargs)
+                for i, n in self._open_tensors:
+                    if n not in kwargs and i < len(args):
+                        kwargs[n] = argument_dtype(self.name, n, args[i])
+                spec = {n: v for n, v in kwargs.items() if n in self.constexpr_names}
+                args = expand_tensor_args(self.name, self.runtime_params_for(self._constexprs(spec)), args)
+            return emulate_kernel(self, args, grid, **kwargs)
+        except TylopyError as e:
+            raise user_facing(e)  # tylopy's own frames hidden (TYLOPY_TRACEBACK=1 shows them)
 
 
 _defined: dict[str, weakref.WeakSet] = {}
