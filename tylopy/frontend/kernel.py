@@ -106,6 +106,7 @@ class CompiledKernel:
     from_cache: bool = False
     options: CompileOptions | None = None
     wait_sites: tuple = ()
+    cluster: tuple | None = None  # (x, y, z) CTAs per cluster: launched with cuLaunchKernelEx
     _ir: KernelIR | None = None
     _llvm_ir: str | None = None
     _llvm_ir_optimized: str | None = None
@@ -487,7 +488,7 @@ class Kernel:
             ck = CompiledKernel(self.name, options.arch, self._launch_bounds(cx).max_threads,
                                 self.runtime_params_for(cx), cx, entry.ptx, entry.cubin, entry.report,
                                 entry.dynamic_shared_bytes, key, from_cache=True, options=options,
-                                wait_sites=entry.wait_sites,
+                                wait_sites=entry.wait_sites, cluster=self.cluster,
                                 _retrace=functools.partial(self.trace, options, **cx))
             ck._guards = guards.Guards.build(resolved, cells)
         else:
@@ -527,7 +528,7 @@ class Kernel:
         return CompiledKernel(self.name, options.arch, kir.launch.max_threads,
                               self.runtime_params_for(cx), cx, ptx, cubin, report,
                               kir.dynamic_shared_bytes, key, options=options, wait_sites=kir.wait_sites,
-                              _ir=kir, _llvm_ir=llvm_text, _llvm_ir_optimized=optimized)
+                              cluster=kir.launch.cluster, _ir=kir, _llvm_ir=llvm_text, _llvm_ir_optimized=optimized)
 
     def cache_explain(self, **constexprs) -> str:
         """Why this specialization would miss (or hit) the disk cache."""
