@@ -217,12 +217,15 @@ def _same(x, y):
     return x == y
 
 
-def _first(args, idx, mask, got, want, what):
+def _first(args, outputs, idx, mask, got, want, what):
     k = int(np.flatnonzero(~mask)[0])
-    ins = ", ".join(f"arg{j}={a[k]!r}" for j, a in enumerate(args) if isinstance(a, np.ndarray) and j != idx
-                    and len(a) > k)
-    return (f"output arg{idx}: {int((~mask).sum())} of {len(mask)} elements differ; first at [{k}] ({ins}): "
-            f"expects {want[k]!r} ({what}), but got {got[k]!r}")
+    if k >= N:
+        return (f"output arg{idx} written past its end at [{k}]: expects the padding {want[k]!r} ({what}), "
+                f"but got {got[k]!r}")
+    ins = ", ".join(f"arg{j}={a[k].item()!r}" for j, a in enumerate(args)
+                    if isinstance(a, np.ndarray) and j not in outputs and len(a) > k)
+    return (f"output arg{idx}: {int((~mask).sum())} of {N} elements differ; first at [{k}] ({ins}): "
+            f"expects {want[k].item()!r} ({what}), but got {got[k].item()!r}")
 
 
 def check_case(case: Case, seed: int) -> None:
@@ -238,15 +241,14 @@ def check_case(case: Case, seed: int) -> None:
     for idx in expected:
         same = _same(host_args[idx], emu_args[idx])
         if not same.all():
-            raise Caught("host_llvm vs emulator",
-                         f"{case.name} (seed {seed}) " + _first(args, idx, same, host_args[idx], emu_args[idx],
-                                                                "emulator"))
+            where = _first(args, expected, idx, same, host_args[idx], emu_args[idx], "emulator")
+            raise Caught("host_llvm vs emulator", f"{case.name} (seed {seed}) {where}")
     for idx, want in expected.items():
         got = host_args[idx][:N]
         same = _same(got, want.astype(got.dtype))
         if not same.all():
-            raise Caught("host_llvm vs numpy", f"{case.name} (seed {seed}) " + _first(args, idx, same, got, want,
-                                                                                    "numpy"))
+            where = _first(args, expected, idx, same, got, want, "numpy")
+            raise Caught("host_llvm vs numpy", f"{case.name} (seed {seed}) {where}")
         tail = _same(host_args[idx][N:], args[idx][N:])
         if not tail.all():
             raise Caught("guard past the end", f"{case.name} (seed {seed}): output arg{idx} written past its end "
