@@ -17,7 +17,11 @@ def _for_condition(B, signed: bool, iv, hi, step):
     if not signed:
         return B.icmp_unsigned("<", iv, hi)
     if isinstance(step, ir.Constant):
-        return B.icmp_signed("<" if int(step.constant) > 0 else ">", iv, hi)
+        # constants are stored as their unsigned bits (lower_const): -1 is 0xFFFFFFFF, read it back signed
+        bits = step.type.width
+        value = int(step.constant) & ((1 << bits) - 1)
+        negative = value >= 1 << (bits - 1)
+        return B.icmp_signed(">" if negative else "<", iv, hi)
     zero = ir.Constant(step.type, 0)
     up = B.and_(B.icmp_signed(">", step, zero), B.icmp_signed("<", iv, hi))
     down = B.and_(B.icmp_signed("<", step, zero), B.icmp_signed(">", iv, hi))
