@@ -56,6 +56,11 @@ def scale_form(m, n, k, scale_a, scale_b) -> str:
     _fail(ValueError, "scale_a", forms, f"shape {sa} (scale_b {sb})")
 
 
+def _address_known(t) -> bool:
+    """Whether ``t`` has a data pointer (not a meta or fake tensor, not under a trace)."""
+    return type(t) is torch.Tensor and not t.is_meta and not torch.compiler.is_compiling()
+
+
 def _check_tensor(name, t, dtypes, what):
     if not isinstance(t, torch.Tensor):
         _fail(TypeError, name, "a torch.Tensor", type(t).__name__)
@@ -89,10 +94,10 @@ def check_inputs(a, b, scale_a, scale_b, bias=None, out_dtype=torch.bfloat16, us
               "weight (FP8 wgmma reads B K-major; b.t().contiguous().t() makes one, a pass over B)",
               f"strides {tuple(b.stride())}")
     for name, t, lead in (("a", a, a.stride(0) if m > 1 else 16), ("b", b, b.stride(1) if n > 1 else 16)):
-        if k and (lead % 16 or t.data_ptr() % 16):
+        if k and (lead % 16 or (_address_known(t) and t.data_ptr() % 16)):
             _fail(ValueError, name, "16-byte aligned rows of K (TMA): a data pointer and a "
                   f"{'row' if name == 'a' else 'column'} stride that are multiples of 16",
-                  f"strides {tuple(t.stride())} at an address {t.data_ptr() % 16} bytes past 16")
+                  f"strides {tuple(t.stride())}, address {t.data_ptr() % 16} mod 16")
     for name, s in (("scale_a", scale_a), ("scale_b", scale_b)):
         _check_tensor(name, s, (torch.float32,), "dtype torch.float32")
     form = scale_form(m, n, k, scale_a, scale_b)
@@ -183,6 +188,14 @@ def scale_strides(form, scale_a, scale_b) -> tuple:
     return scale_a.stride(0), scale_a.stride(1), scale_b.stride(0), scale_b.stride(1)
 
 
+def _by_strides(s):
+    """A scale tensor for a ``ty.ptr`` parameter: the kernel addresses it through the strides it
+    gets (a view marked as such when its last dimension is not contiguous)."""
+    if s.dim() and s.shape[-1] > 1 and s.stride(-1) != 1:
+        return ty.strided(s.as_strided(s.shape, s.stride()))
+    return s
+
+
 class LaunchPlan:
     """Everything about a launch that depends only on shapes, strides, dtypes and the schedule;
     a call then looks up tensor maps for the tensors' addresses and launches."""
@@ -210,7 +223,7 @@ class LaunchPlan:
         else:
             maps = [TensorMap.cached(t, *g) for t, g in ((a, self.ga), (b, self.gb), (out, self.gc))]
         b_ptr = bias.view(torch.uint8) if bias is not None else a.view(torch.uint8)  # a placeholder without bias
-        return (*maps, b_ptr, scale_a, scale_b, self.m, self.n, self.k, *self.strides)
+        return (*maps, b_ptr, _by_strides(scale_a), _by_strides(scale_b), self.m, self.n, self.k, *self.strides)
 
     def __call__(self, a, b, out, scale_a, scale_b, bias):
         if self._launcher is None:
