@@ -133,9 +133,19 @@ def test_operator_fake_and_compiled_fullgraph_match_the_reference():
     sa, sb = scales("block", m, n, k)
     meta = tylopy.scaled_matmul(a.to("meta"), b.to("meta"), sa.to("meta"), sb.to("meta"), out_dtype=torch.float16)
     assert meta.shape == (m, n) and meta.dtype == torch.float16 and meta.is_meta
-    fn = torch.compile(lambda *t: tylopy.scaled_matmul(*t, out_dtype=torch.float32), backend="aot_eager",
-                       fullgraph=True)
+    calls = []
+
+    def backend(gm, inputs):
+        calls.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    fn = torch.compile(lambda *t: tylopy.scaled_matmul(*t, out_dtype=torch.float32), backend=backend, fullgraph=True)
     got = fn(a, b, sa, sb)
-    from tylopy_kernels.gemm.fp8_ops import reference
+    assert [c for c in calls if "tylopy" in c] == ["tylopy.scaled_matmul.default"], calls
+    from tylopy_kernels.gemm.fp8_ops import reference, scaled_matmul_op
     want = reference(a, b, sa, sb, None, torch.float64, torch.float64)
     assert float((got.double() - want).abs().max()) <= 1e-5 * float(want.abs().max())
+    # test_schema compares inputs before and after with arithmetic torch lacks for fp8 on the CPU
+    torch.library.opcheck(scaled_matmul_op, (a, b, sa, sb, torch.ones(n), torch.float32, False, ""),
+                          test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
