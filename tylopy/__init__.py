@@ -13,7 +13,8 @@
 The namespace holds the kernel language (``tylopy.frontend.lang``), the tile library
 (``tylopy.tile``: fragments, layouts, MMA atoms, online softmax), Hopper's instructions
 (``ty.hopper``) and the errors; and the functions built from tylopy's kernels:
-``ty.attention``, ``ty.attention_varlen``, ``ty.attention_decode``, ``ty.matmul`` (``tylopy.functions``)
+``ty.attention``, ``ty.attention_varlen``, ``ty.attention_decode``, ``ty.matmul``, ``ty.scaled_matmul``
+(``tylopy.functions``)
 and ``ty.distributed.ring_attention`` (``tylopy.distributed``), whose torch operators this import
 registers (docs/pytorch.md).
 """
@@ -63,7 +64,7 @@ __all__ = ["kernel", "func", "tensor_map", "TensorMap", "configure_logging", "Ke
            "cp_async_commit", "cp_async_wait",
            *_lang_all, *_atomics_all, *_warp_all, "printf", "device_assert",
            "exp", "log", "sigmoid", "tanh", "floor", "ceil", "where",
-           "attention", "attention_varlen", "attention_decode", "matmul", "distributed",
+           "attention", "attention_varlen", "attention_decode", "matmul", "scaled_matmul", "distributed",
            "e4m3", "e5m2", "MMA_SYNC_A_K32", "MMA_SYNC_B_K32", "WGMMA_A_RS_FP8", "pack_fp8x2", "pack_fp8x4",
            "unpack_fp8x2", "unpack_fp8x4", "block_reduce", "block_scan", "warp_scan", "warp_sort", "warp_topk"]
 
@@ -93,5 +94,5 @@ _OTHER_NAMES = {
 # which import this package for the kernel language. Loading them registers the tylopy:: torch
 # operators, so an exported program runs after `import tylopy` alone; no kernel is traced or
 # compiled here (tylopy/functions.py).
-from .functions import attention, attention_varlen, attention_decode, matmul  # noqa: E402
+from .functions import attention, attention_varlen, attention_decode, matmul, scaled_matmul  # noqa: E402
 from . import distributed  # noqa: E402
