@@ -64,7 +64,8 @@ __all__ = ["kernel", "func", "tensor_map", "TensorMap", "configure_logging", "Ke
            "cp_async_commit", "cp_async_wait",
            *_lang_all, *_atomics_all, *_warp_all, "printf", "device_assert",
            "exp", "log", "sigmoid", "tanh", "floor", "ceil", "where",
-           "attention", "attention_varlen", "attention_decode", "matmul", "scaled_matmul", "distributed",
+           "attention", "attention_varlen", "attention_decode", "matmul", "scaled_matmul", "create_block_mask",
+           "BlockMask", "distributed",
            "e4m3", "e5m2", "MMA_SYNC_A_K32", "MMA_SYNC_B_K32", "WGMMA_A_RS_FP8", "pack_fp8x2", "pack_fp8x4",
            "unpack_fp8x2", "unpack_fp8x4", "block_reduce", "block_scan", "warp_scan", "warp_sort", "warp_topk"]
 
@@ -95,4 +96,5 @@ _OTHER_NAMES = {
 # operators, so an exported program runs after `import tylopy` alone; no kernel is traced or
 # compiled here (tylopy/functions.py).
 from .functions import attention, attention_varlen, attention_decode, matmul, scaled_matmul  # noqa: E402
+from .functions import create_block_mask, BlockMask  # noqa: E402
 from . import distributed  # noqa: E402

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 from tylopy_kernels import ops as _ops  # noqa: F401  (registers the tylopy:: operators)
 from tylopy_kernels.attention import attention, attention_varlen
+from tylopy_kernels.attention.block_mask import BlockMask, create_block_mask
 from tylopy_kernels.attention.decode.api import attention_decode
 from tylopy_kernels.gemm import matmul
 from tylopy_kernels.gemm.fp8_ops import scaled_matmul
 
-__all__ = ["attention", "attention_varlen", "attention_decode", "matmul", "scaled_matmul"]
+__all__ = ["attention", "attention_varlen", "attention_decode", "matmul", "scaled_matmul", "create_block_mask",
+           "BlockMask"]
