@@ -117,7 +117,7 @@ def branching_mod(s, i, table):
 
 
 @pytest.mark.parametrize("fn, expected", [
-    (bitcast_mod, "the op 'bitcast' has a differentiated operand, but it has no derivative rule"),
+    (bitcast_mod, "the op 'bitcast' reads a value that depends on the differentiated input and it has no derivative rule"),
     (branching_mod, "run-time control flow"),
 ], ids=["bitcast", "runtime-loop"])
 def test_ops_without_a_derivative_name_the_op_and_line(fn, expected):

@@ -114,7 +114,7 @@ class _Tangents:
             return _select(a[0], t(1), t(2))
         if name == "rem":
             if ins[1] is not None:
-                self._fail(op, "a float remainder is differentiated in its first operand only")
+                self._fail(op, "a float remainder is differentiated in its first operand only")  # noqa
             return ins[0]
         if name == "convert":
             to = op.attr("to")
@@ -127,7 +127,7 @@ class _Tangents:
 
     def _fail(self, op, why):
         what = ("run-time control flow (a run-time if, for or while) reads a value that depends on the "
-                "differentiated input" if op.regions else f"the op '{op.opcode}' has a differentiated operand, but {why}")
+                "differentiated input" if op.regions else f"the op '{op.opcode}' reads a value that depends on the differentiated input and {why}")
         raise KernelSourceError(f"ty.jvp expects differentiable operations, but {what}", op.loc,
                                 "write the computation with +, -, *, /, ty.exp, ty.exp2, ty.log, ty.tanh, ty.sigmoid, "
                                 "ty.where, ty.minimum/ty.maximum, abs and casts between float types"
