@@ -10,10 +10,10 @@ Per (key, query) element of a consumer's S^T tile (``variants.py`` numbers the s
     dS = P (dP - delta) t'                            (dQ = c dS K and dK = c dS^T Q as in the dense kernel)
 
 ``t'`` comes from ``ty.value_and_derivative`` over the same DSL transform that gives ``t``
-(``mod_grad.py``), or from the user's ``score_mod_bwd``. When ``t' = 1`` (no softcap, no
-score_mod) the element work is the dense kernel's plus the masks. Otherwise P is packed into
-dV's operand as soon as it is known and ``P t'`` is kept in f32 instead of P, so the tile costs
-half a register more per element than the dense one.
+(``mod_grad.py``), or from the user's ``score_mod_bwd``. Without a transform (masks only) the
+element work is the dense kernel's plus the masks, and it overlaps the dP^T product. With one, the
+consumer waits for dP^T first and finishes every element at once (P, t', dS, both packed): an f32
+tile of P t' beside dP^T's accumulator would not fit the 240 registers (ptxas spills).
 
 Work: without a block mask, a CTA walks the query tiles that can reach its keys under the causal
 diagonal and the window (``diag`` = 0 top-left, N_k - N bottom-right). With a block mask, the
@@ -21,6 +21,9 @@ host lists per (batch, key/value head, key tile) the (query head, query tile) pa
 lists, each with a flag for a full tile (mask_mod is not evaluated there), in
 ``backward_variant_launch.work_list``; empty tiles are never visited.
 """
+import dataclasses
+import hashlib
+
 import tylopy as ty
 from tylopy import hopper
 
@@ -30,6 +33,31 @@ from tylopy_kernels.attention.sm90.backward_common import LOG2E, NEG_INF, mask_b
 from tylopy_kernels.attention.sm90.mod_grad import score_and_grad, transform_has_slope
 
 HQ_SHIFT = 16            # a work entry: (query head << 16) | (query tile << 1) | full
+
+
+class CompiledVariant:
+    """The VARIANT constexpr: the call's Variant, fingerprinted by value for the compile cache (its
+    mods by their code, constants and captured values; not by their registry ids)."""
+
+    def __init__(self, variant):
+        self.variant = variant
+
+    def __eq__(self, other):
+        return isinstance(other, CompiledVariant) and self.__tylopy_fingerprint__() == other.__tylopy_fingerprint__()
+
+    def __hash__(self):
+        return hash(self.__tylopy_fingerprint__())
+
+    def __tylopy_fingerprint__(self):
+        v = self.variant
+        parts = [repr(dataclasses.replace(v, score_mod=None, mask_mod=None))]
+        for ref in (v.score_mod, v.mask_mod):
+            if ref is not None:
+                code = ref.code
+                digest = hashlib.sha256(code.co_code + repr((code.co_consts, code.co_names, code.co_varnames,
+                                                             code.co_filename, ref.captured)).encode())
+                parts.append(f"{ref.qualname}:{digest.hexdigest()[:24]}")
+        return "|".join(parts)
 
 
 class VariantBwd:
@@ -126,47 +154,50 @@ def score_grads(s, dp, smem, lay, prob, cfg, stage, key0, m0, hq, b, it, bits):
     if var.block_mask is not None and var.mask_mod is not None:
         full = (work_entry(prob, it) & 1) != 0
     with_grad = transform_has_slope(var) or vb.score_mod_bwd is not None
+    fused = with_grad or var.transforms_scores   # (a transform's registers: no f32 P tile beside dP^T)
+    if fused:
+        # dS needs t' beside P: wait for dP^T first and finish each element at once (P, t', dS,
+        # both packed), so no f32 tile of P t' waits beside dP^T's registers (that spills).
+        dp = hopper.wgmma_wait(0, dp)
     vals = list(s.values)
-    p_keep = []    # f32 P (t' = 1) or packed P words (otherwise)
-    pd = []        # f32 P t' (otherwise)
+    dv = dp.values if fused else None
+    p_f32 = []     # t' = 1: f32 P until dP^T is there
+    p_words = []
+    ds_words = []
     for j in range(len(vals) // 4):
         lse = column_stats(smem, lay.lse + stage * lay.stat_bytes, j)
-        pair = []
+        delta = column_stats(smem, lay.delta + stage * lay.stat_bytes, j) if fused else None
+        ps = []
+        ds = []
         for e in range(4):
             i = 4 * j + e
             r, c = s.layout.coord(warp, lane, i)
             ki = key0 + r
             qi = m0 + c
-            x = vals[i] * prob.scale
-            t, grad = score_and_grad(prob, b, hq, qi, ki, x, with_grad)
+            t, grad = score_and_grad(prob, b, hq, qi, ki, vals[i] * prob.scale, with_grad)
             keep = visible(prob, b, hq, qi, ki, full)
             if bits is not None:
                 h, w, bit = mask_bit(i)
                 keep = keep & ((bits[h][w] & (1 << bit)) != 0)
             p = ty.exp2(ty.select(keep, ty.fma(t, LOG2E, -lse[e & 1]), NEG_INF))
-            if with_grad:
-                pd.append(p * grad)
-                pair.append(p)
-                if e & 1:
-                    p_keep.append(ty.pack2(pair[0], pair[1], cfg.dtype))
-                    pair = []
-            else:
-                p_keep.append(p)
-    dp = hopper.wgmma_wait(0, dp)
-    dv = dp.values
-    p_words = []
-    ds_words = []
-    for j in range(len(vals) // 4):
-        delta = column_stats(smem, lay.delta + stage * lay.stat_bytes, j)
-        if with_grad:
-            ds = [pd[4 * j + e] * (dv[4 * j + e] - delta[e & 1]) for e in range(4)]
-            p_words += [p_keep[2 * j], p_keep[2 * j + 1]]
-        else:
-            ds = [p_keep[4 * j + e] * (dv[4 * j + e] - delta[e & 1]) for e in range(4)]
+            ps.append(p)
+            if fused:
+                ds.append((p * grad if with_grad else p) * (dv[i] - delta[e & 1]))
+        if fused:
             for h in range(2):
-                p_words.append(ty.pack2(p_keep[4 * j + 2 * h], p_keep[4 * j + 2 * h + 1], cfg.dtype))
-        for h in range(2):
-            ds_words.append(ty.pack2(ds[2 * h], ds[2 * h + 1], cfg.dtype))
+                p_words.append(ty.pack2(ps[2 * h], ps[2 * h + 1], cfg.dtype))
+                ds_words.append(ty.pack2(ds[2 * h], ds[2 * h + 1], cfg.dtype))
+        else:
+            p_f32 += ps
+    if not fused:
+        dp = hopper.wgmma_wait(0, dp)
+        dv = dp.values
+        for j in range(len(vals) // 4):
+            delta = column_stats(smem, lay.delta + stage * lay.stat_bytes, j)
+            ds = [p_f32[4 * j + e] * (dv[4 * j + e] - delta[e & 1]) for e in range(4)]
+            for h in range(2):
+                p_words.append(ty.pack2(p_f32[4 * j + 2 * h], p_f32[4 * j + 2 * h + 1], cfg.dtype))
+                ds_words.append(ty.pack2(ds[2 * h], ds[2 * h + 1], cfg.dtype))
     p_ops = [ty.Fragment(tuple(p_words[4 * kk: 4 * kk + 4]), ty.WGMMA_A_RS, pack=2, dtype=cfg.dtype)
              for kk in range(len(p_words) // 4)]
     ds_ops = [ty.Fragment(tuple(ds_words[4 * kk: 4 * kk + 4]), ty.WGMMA_A_RS, pack=2, dtype=cfg.dtype)
@@ -203,7 +234,7 @@ def attention_bwd_variant_sm90(
     prob = Problem(n_q, n_k, n_heads, group, n_pad, scale, 0, mask_bits, (mb_stride_b, mb_stride_h, mb_stride_row),
                    BLOCK_M)
     prob.diag = diag
-    prob.variant = VariantBwd(VARIANT, n_q, n_k, diag, slopes, slope_stride_b, fmask,
+    prob.variant = VariantBwd(VARIANT.variant, n_q, n_k, diag, slopes, slope_stride_b, fmask,
                               (fm_stride_b, fm_stride_h, fm_stride_q, fm_stride_k), work, work_count, work_stride,
                               n_kv_tiles, n_kv_heads, SCORE_MOD_BWD)
     init_barriers(smem, lay, STAGES)

@@ -24,7 +24,7 @@ import torch
 
 from tylopy_kernels.attention.sm90.backward import attention_bwd_sm90
 from tylopy_kernels.attention.sm90.backward_launch import BLOCK_N, plan_backward_hopper, supports as dense_supports
-from tylopy_kernels.attention.sm90.backward_variant import HQ_SHIFT, attention_bwd_variant_sm90
+from tylopy_kernels.attention.sm90.backward_variant import HQ_SHIFT, CompiledVariant, attention_bwd_variant_sm90
 from tylopy_kernels.attention.common import placeholder
 
 BLOCK_SIZE = 128              # the block mask's tile: one key tile of the dK/dV kernel
@@ -115,7 +115,7 @@ def _variant_step(step, q, variant, tensors, score_mod_bwd):
         work, count = work_list(variant, tensors, B, H, H_kv, n_q, n_k, step.constexprs["BLOCK_M"], dev)
         work_stride = work.shape[-1]
     cx = dict(step.constexprs)
-    cx.update(VARIANT=variant, SCORE_MOD_BWD=score_mod_bwd)
+    cx.update(VARIANT=CompiledVariant(variant), SCORE_MOD_BWD=score_mod_bwd)
     args = (*head, bits, slopes, fmask, work, count, n_q, n_k, H, group, n_pad, scale, variant.diag(n_q, n_k),
             slope_stride_b, work_stride, n_kv_tiles, H_kv, *dk_s, *dv_s, *mb_s, *fm_s)
     return Step(attention_bwd_variant_sm90, step.grid, args, cx)
