@@ -61,7 +61,7 @@ __all__ = ["kernel", "func", "configure_logging", "Kernel", "CompiledKernel", "P
            "cp_async_commit", "cp_async_wait",
            *_lang_all, *_atomics_all, *_warp_all, "printf", "device_assert",
            "exp", "log", "sigmoid", "tanh", "floor", "ceil", "where", "jvp", "value_and_derivative",
-           "attention", "attention_varlen", "attention_decode", "matmul", "distributed",
+           "attention", "attention_varlen", "attention_decode", "matmul", "create_block_mask", "BlockMask", "distributed",
            "e4m3", "e5m2", "MMA_SYNC_A_K32", "MMA_SYNC_B_K32", "WGMMA_A_RS_FP8", "pack_fp8x2", "pack_fp8x4",
            "unpack_fp8x2", "unpack_fp8x4"]
 
@@ -91,5 +91,5 @@ _OTHER_NAMES = {
 # which import this package for the kernel language. Loading them registers the tylopy:: torch
 # operators, so an exported program runs after `import tylopy` alone; no kernel is traced or
 # compiled here (tylopy/functions.py).
-from .functions import attention, attention_varlen, attention_decode, matmul  # noqa: E402
+from .functions import attention, attention_varlen, attention_decode, matmul, create_block_mask, BlockMask  # noqa: E402,E501
 from . import distributed  # noqa: E402

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from tylopy_kernels import ops as _ops  # noqa: F401  (registers the tylopy:: operators)
 from tylopy_kernels.attention import attention, attention_varlen
+from tylopy_kernels.attention.block_mask import BlockMask, create_block_mask
 from tylopy_kernels.attention.decode.api import attention_decode
 from tylopy_kernels.gemm import matmul
 
-__all__ = ["attention", "attention_varlen", "attention_decode", "matmul"]
+__all__ = ["attention", "attention_varlen", "attention_decode", "matmul", "create_block_mask", "BlockMask"]

@@ -540,26 +540,28 @@ def reference_forward(q, k, v, variant: Variant, tensors, scale):
 
 
 def reference_backward(dout, q, k, v, out, lse, variant: Variant, tensors, scale, dlse=None):
-    """(dq, dk, dv, dsinks) of ``reference_forward`` by autograd, in fp32 (fp64 for fp64 inputs);
-    dsinks is fp32 (H,) with sinks, else an empty (0,) tensor. ``out``/``lse`` are not read (the
-    forward is recomputed): this is the definition the kernels are tested against."""
+    """(dq, dk, dv, dsinks) of ``reference_forward`` (a vector-Jacobian product through it, so it
+    also runs inside an operator, where autograd is off), in fp32 (fp64 for fp64 inputs); dsinks
+    is fp32 (H,) with sinks, else an empty (0,) tensor. ``out``/``lse`` are not read (the forward
+    is recomputed): this is the definition the kernels are tested against."""
     import torch
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
-    with torch.enable_grad():
-        qq, kk, vv = (t.detach().to(work).requires_grad_() for t in (q, k, v))
+    si = variant.index("sinks") if variant.sinks else None
+
+    def fwd(qq, kk, vv, *sink):
         ts = list(tensors)
-        leaves = [qq, kk, vv]
-        if variant.sinks:
-            si = variant.index("sinks")
-            ts[si] = ts[si].detach().to(work).requires_grad_()
-            leaves.append(ts[si])
-        o, l = reference_forward(qq, kk, vv, variant, ts, scale)
-        total = (o * dout.to(work)).sum()
-        if dlse is not None:
-            total = total + (l.masked_fill(torch.isinf(l), 0.0) * dlse.to(work)).sum()
-        grads = torch.autograd.grad(total, leaves, allow_unused=True)
-    dq, dk, dv = (torch.zeros_like(t) if g is None else g.to(t.dtype) for g, t in zip(grads[:3], (q, k, v)))
-    dsinks = grads[3].float() if variant.sinks else torch.empty(0, dtype=torch.float32, device=q.device)
+        if sink:
+            ts[si] = sink[0]
+        return reference_forward(qq, kk, vv, variant, ts, scale)
+
+    leaves = [t.detach().to(work) for t in (q, k, v)]
+    if si is not None:
+        leaves.append(tensors[si].detach().to(work))
+    (o, l), pull = torch.func.vjp(fwd, *leaves)
+    dl = torch.zeros_like(l) if dlse is None else dlse.to(l.dtype).masked_fill(torch.isinf(l), 0.0)
+    grads = pull((dout.to(o.dtype), dl))
+    dq, dk, dv = (g.to(t.dtype) for g, t in zip(grads[:3], (q, k, v)))
+    dsinks = grads[3].float() if si is not None else torch.empty(0, dtype=torch.float32, device=q.device)
     return dq, dk, dv, dsinks
 
 
