@@ -42,6 +42,7 @@ from .frontend.atomics import __all__ as _atomics_all
 from .frontend.debug import device_assert, printf
 from .frontend.fp8 import e4m3, e5m2, pack_fp8x2, pack_fp8x4, unpack_fp8x2, unpack_fp8x4
 from .frontend.elementwise import ceil, exp, floor, log, sigmoid, tanh, where
+from .frontend.derivative import jvp, value_and_derivative
 from .frontend.warp import *  # noqa: F401,F403  (ty.vote_all, ty.ballot, ty.warp_reduce, ...)
 from .frontend.warp import __all__ as _warp_all
 from .tile import block_reduce, block_scan, warp_scan, warp_sort, warp_topk
@@ -63,7 +64,7 @@ __all__ = ["kernel", "func", "tensor_map", "TensorMap", "configure_logging", "Ke
            "autotune", "Config", "mma", "MMA_SYNC_K8_A", "MMA_SYNC_K8_B", "ldmatrix", "stmatrix", "cp_async",
            "cp_async_commit", "cp_async_wait",
            *_lang_all, *_atomics_all, *_warp_all, "printf", "device_assert",
-           "exp", "log", "sigmoid", "tanh", "floor", "ceil", "where",
+           "exp", "log", "sigmoid", "tanh", "floor", "ceil", "where", "jvp", "value_and_derivative",
            "attention", "attention_varlen", "attention_decode", "matmul", "scaled_matmul", "create_block_mask",
            "BlockMask", "distributed",
            "e4m3", "e5m2", "MMA_SYNC_A_K32", "MMA_SYNC_B_K32", "WGMMA_A_RS_FP8", "pack_fp8x2", "pack_fp8x4",
