@@ -40,6 +40,8 @@ from .tile.mma_sync import MMA_SYNC_K8_A, MMA_SYNC_K8_B, mma
 from .frontend.atomics import *  # noqa: F401,F403  (ty.atomic_add, ty.red_add, ...)
 from .frontend.atomics import __all__ as _atomics_all
 from .frontend.debug import device_assert, printf
+from .frontend.cluster import *  # noqa: F401,F403  (ty.cluster_ctarank, ty.cluster_sync, ty.cluster_map, ...)
+from .frontend.cluster import __all__ as _cluster_all
 from .frontend.fp8 import e4m3, e5m2, pack_fp8x2, pack_fp8x4, unpack_fp8x2, unpack_fp8x4
 from .frontend.elementwise import ceil, exp, floor, log, sigmoid, tanh, where
 from .frontend.derivative import jvp, value_and_derivative
@@ -63,7 +65,7 @@ __all__ = ["kernel", "func", "tensor_map", "TensorMap", "configure_logging", "Ke
            "softmax_update", "softmax_normalize", "softmax_merge", "softmax_lse", "pack_operand_a", "hopper",
            "autotune", "Config", "mma", "MMA_SYNC_K8_A", "MMA_SYNC_K8_B", "ldmatrix", "stmatrix", "cp_async",
            "cp_async_commit", "cp_async_wait",
-           *_lang_all, *_atomics_all, *_warp_all, "printf", "device_assert",
+           *_lang_all, *_atomics_all, *_warp_all, *_cluster_all, "printf", "device_assert",
            "exp", "log", "sigmoid", "tanh", "floor", "ceil", "where", "jvp", "value_and_derivative",
            "attention", "attention_varlen", "attention_decode", "matmul", "scaled_matmul", "create_block_mask",
            "BlockMask", "distributed",

@@ -56,7 +56,11 @@ def _store(ts, attrs):
 
 
 SPECIAL_REGS = ("tid.x", "tid.y", "tid.z", "ntid.x", "ntid.y", "ntid.z", "ctaid.x", "ctaid.y", "ctaid.z",
-                "nctaid.x", "nctaid.y", "nctaid.z", "laneid", "warpid", "clock", "globaltimer_lo")
+                "nctaid.x", "nctaid.y", "nctaid.z", "laneid", "warpid", "clock", "globaltimer_lo",
+                # thread-block clusters (sm_90): a launch without clusters is one CTA per cluster
+                "cluster.ctarank", "cluster.nctarank", "clusterid.x", "clusterid.y", "clusterid.z",
+                "nclusterid.x", "nclusterid.y", "nclusterid.z", "cluster.ctaid.x", "cluster.ctaid.y",
+                "cluster.ctaid.z", "cluster.nctaid.x", "cluster.nctaid.y", "cluster.nctaid.z")
 
 
 def _special(ts, attrs):
