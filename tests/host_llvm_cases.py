@@ -10,6 +10,9 @@ and raises ``Caught`` naming the check that saw a difference:
 * ``host_llvm vs numpy``: the host run differs from the numpy reference;
 * ``guard past the end``: the host run wrote the NaN/sentinel padding past an output's end.
 
+A lowering that divides by -1 without its guard traps on the host (SIGFPE) for MIN / -1, which LLVM
+leaves undefined: ``int_division`` then ends the process rather than failing.
+
 Every buffer is padded so that a lowering that runs one step too far writes inside the allocation
 (the guard check sees it) instead of corrupting the host process.
 """
@@ -90,6 +93,29 @@ def conversions(f: ty.ptr(ty.f32), i: ty.ptr(ty.i32), u: ty.ptr(ty.u32), fu: ty.
         u_to_f[k] = ty.cast(u[k], ty.f32)
         f_to_u[k] = ty.cast(fu[k], ty.u32)
         i_to_d[k] = ty.cast(i[k], ty.f64)
+
+
+@ty.kernel(threads=32)
+def int_division(a: ty.ptr(ty.i32), b: ty.ptr(ty.i32), q: ty.ptr(ty.i32), r: ty.ptr(ty.i32),
+                 q_by_minus_one: ty.ptr(ty.i32), r_by_minus_one: ty.ptr(ty.i32), q_by_seven: ty.ptr(ty.i32),
+                 n: ty.i32):
+    """Run-time divisors (0, -1 and MIN among them) and constant ones (-1 needs the same guard)."""
+    for i in ty.range(ty.thread_idx(), n, 32):
+        q[i] = a[i] // b[i]
+        r[i] = a[i] % b[i]
+        q_by_minus_one[i] = a[i] // -1
+        r_by_minus_one[i] = a[i] % -1
+        q_by_seven[i] = a[i] // -7
+
+
+@ty.kernel(threads=32)
+def int_shifts(a: ty.ptr(ty.i32), s: ty.ptr(ty.i32), shl: ty.ptr(ty.i32), sar: ty.ptr(ty.i32),
+               shr: ty.ptr(ty.u32), n: ty.i32):
+    """Run-time shift amounts, the type's width and more among them (PTX clamps, LLVM would not)."""
+    for i in ty.range(ty.thread_idx(), n, 32):
+        shl[i] = a[i] << s[i]
+        sar[i] = a[i] >> s[i]
+        shr[i] = ty.cast(a[i], ty.u32) >> ty.cast(s[i], ty.u32)
 
 
 # -- inputs: random values with each type's edges mixed in -----------------------------------------
@@ -192,6 +218,49 @@ def conversion_reference(args):
             7: np.trunc(fu).astype(np.uint32), 8: i.astype(np.float64)}
 
 
+INT_EDGES = [-2**31, 2**31 - 1, -1, 0, 1, 7, -7]
+
+
+def division_inputs(rng):
+    a = _mix(rng, rng.integers(-2**31, 2**31, N, dtype=np.int64).astype(np.int32), INT_EDGES)
+    b = _mix(rng, rng.integers(-50, 50, N).astype(np.int32), INT_EDGES)
+    return [_pad(a), _pad(b)] + [_out(np.int32) for _ in range(5)] + [N]
+
+
+def _c_division(a, b):
+    """C's truncating a / b and a % b with PTX's results for b = 0 (all ones, a) and MIN / -1 (MIN, 0)."""
+    a, b = a.astype(np.int64), b.astype(np.int64)
+    safe = np.where(b == 0, 1, b)
+    q = np.abs(a) // np.abs(safe) * np.sign(a) * np.sign(safe)
+    q = np.where(b == 0, -1, q)
+    r = np.where(b == 0, a, a - q * b)
+    return q.astype(np.uint32).view(np.int32), r.astype(np.uint32).view(np.int32)  # wraps MIN / -1 to MIN
+
+
+def division_reference(args):
+    a, b = args[0][:N], args[1][:N]
+    q, r = _c_division(a, b)
+    qm, rm = _c_division(a, np.full(N, -1, np.int32))
+    q7, _ = _c_division(a, np.full(N, -7, np.int32))
+    return {2: q, 3: r, 4: qm, 5: rm, 6: q7}
+
+
+def shift_inputs(rng):
+    a = _mix(rng, rng.integers(-2**31, 2**31, N, dtype=np.int64).astype(np.int32), INT_EDGES)
+    s = _mix(rng, rng.integers(0, 40, N).astype(np.int32), [0, 1, 31, 32, 33, 64, 255])
+    return [_pad(a), _pad(s), _out(np.int32), _out(np.int32), _out(np.uint32), N]
+
+
+def shift_reference(args):
+    a, s = args[0][:N].astype(np.int64), args[1][:N].astype(np.int64)
+    big = s >= 32
+    t = np.minimum(s, 31)
+    shl = np.where(big, 0, (a << t) & 0xFFFFFFFF).astype(np.uint32).view(np.int32)
+    sar = (a >> t).astype(np.int32)  # by 31 or more: the sign
+    shr = np.where(big, 0, (a & 0xFFFFFFFF) >> t).astype(np.uint32)
+    return {2: shl, 3: sar, 4: shr}
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
@@ -207,6 +276,8 @@ CASES = [
     Case("select_pairs", select_pairs, select_inputs, select_reference),
     Case("range_sums", range_sums, range_inputs, range_reference),
     Case("conversions", conversions, conversion_inputs, conversion_reference),
+    Case("int_division", int_division, division_inputs, division_reference),
+    Case("int_shifts", int_shifts, shift_inputs, shift_reference),
 ]
 
 
