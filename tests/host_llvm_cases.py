@@ -118,6 +118,21 @@ def int_shifts(a: ty.ptr(ty.i32), s: ty.ptr(ty.i32), shl: ty.ptr(ty.i32), sar: t
         shr[i] = ty.cast(a[i], ty.u32) >> ty.cast(s[i], ty.u32)
 
 
+@ty.kernel(threads=32)
+def float_arith(a: ty.ptr(ty.f32), b: ty.ptr(ty.f32), c: ty.ptr(ty.f32), mul_add: ty.ptr(ty.f32),
+                quotient: ty.ptr(ty.f32), low: ty.ptr(ty.f32), high: ty.ptr(ty.f32), fused: ty.ptr(ty.f32),
+                root: ty.ptr(ty.f32), negated: ty.ptr(ty.f32), n: ty.i32):
+    """The correctly rounded float ops (the approximate ones are NVVM intrinsics the host cannot run)."""
+    for i in ty.range(ty.thread_idx(), n, 32):
+        mul_add[i] = a[i] + b[i] * c[i]
+        quotient[i] = a[i] / b[i]
+        low[i] = ty.minimum(a[i], b[i])
+        high[i] = ty.maximum(a[i], b[i])
+        fused[i] = ty.fma(a[i], b[i], c[i])
+        root[i] = ty.sqrt(a[i])
+        negated[i] = -ty.abs(a[i]) - b[i]
+
+
 # -- inputs: random values with each type's edges mixed in -----------------------------------------
 
 def _mix(rng, random, edges):
@@ -261,12 +276,37 @@ def shift_reference(args):
     return {2: shl, 3: sar, 4: shr}
 
 
+FLOAT_EDGES = [0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 3.4e38, -3.4e38, 1e-38]
+
+
+def float_inputs(rng):
+    a, b, c = (_mix(rng, rng.standard_normal(N).astype(np.float32), FLOAT_EDGES) for _ in range(3))
+    b[::9] = a[::9]  # ties for min/max, x / x
+    b[1::9] = -a[1::9]
+    # min/max of +0 and -0 left out: llvm.minnum/maxnum may return either zero (the host gives the
+    # other one than the emulator); tests/test_host_llvm_gpu.py compares the device on them
+    zeros = (a == 0) & (b == 0)
+    b[zeros] = a[zeros]
+    return [_pad(a), _pad(b), _pad(c)] + [_out(np.float32) for _ in range(7)] + [N]
+
+
+def float_reference(args):
+    a, b, c = (x[:N].astype(np.float64) for x in args[:3])
+    f = np.float32
+    with np.errstate(all="ignore"):
+        return {3: (a + (b * c).astype(f)).astype(f), 4: (a / b).astype(f),
+                5: np.fmin(a, b).astype(f), 6: np.fmax(a, b).astype(f),
+                7: None,  # fma: float64 then float32 rounds twice; the emulator's fma is the reference
+                8: np.sqrt(a).astype(f), 9: (-np.abs(a) - b).astype(f)}
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
     kernel: object
     make: Callable  # rng -> the argument list (numpy arrays and ints)
-    reference: Callable  # args -> {argument index: expected first N elements}
+    reference: Callable  # args -> {argument index: expected first N elements, or None: the emulator's only}
+    nan_bits: bool = True  # compare NaN payloads (False: x86 and PTX make different NaNs from arithmetic)
 
 
 CASES = [
@@ -278,13 +318,16 @@ CASES = [
     Case("conversions", conversions, conversion_inputs, conversion_reference),
     Case("int_division", int_division, division_inputs, division_reference),
     Case("int_shifts", int_shifts, shift_inputs, shift_reference),
+    Case("float_arith", float_arith, float_inputs, float_reference, nan_bits=False),
 ]
 
 
-def _same(x, y):
-    """Elementwise equality, bit for bit (NaN equals NaN of the same bits, -0.0 differs from 0.0)."""
+def _same(x, y, nan_bits=True):
+    """Elementwise equality, bit for bit (NaN equals NaN of the same bits, or any NaN without
+    ``nan_bits``; -0.0 differs from 0.0)."""
     if x.dtype.kind == "f":
-        return x.view(f"u{x.itemsize}") == y.view(f"u{y.itemsize}")
+        same = x.view(f"u{x.itemsize}") == y.view(f"u{y.itemsize}")
+        return same if nan_bits else same | (np.isnan(x) & np.isnan(y))
     return x == y
 
 
@@ -299,24 +342,37 @@ def _first(args, outputs, idx, mask, got, want, what):
             f"expects {want[k].item()!r} ({what}), but got {got[k].item()!r}")
 
 
+_EMULATED: dict = {}
+
+
+def _emulated(case: Case, seed: int):
+    """(inputs, the emulator's outputs, numpy's) of a case and seed, made once per process: code
+    generation (what the mutation tests change) plays no part in them."""
+    key = (case.name, seed)
+    if key not in _EMULATED:
+        args = case.make(np.random.default_rng(seed))
+        emu_args = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+        case.kernel.emulate(*emu_args, grid=(1,))
+        _EMULATED[key] = (args, emu_args, case.reference(args))
+    return _EMULATED[key]
+
+
 def check_case(case: Case, seed: int) -> None:
     """One case on one seed's inputs: host run against the emulator, numpy and the padding."""
-    rng = np.random.default_rng(seed)
-    args = case.make(rng)
+    args, emu_args, expected = _emulated(case, seed)
     host = HostKernel(case.kernel.trace())
     host_args = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
-    emu_args = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
     host.run(host_args, grid=1)
-    case.kernel.emulate(*emu_args, grid=(1,))
-    expected = case.reference(args)
     for idx in expected:
-        same = _same(host_args[idx], emu_args[idx])
+        same = _same(host_args[idx], emu_args[idx], case.nan_bits)
         if not same.all():
             where = _first(args, expected, idx, same, host_args[idx], emu_args[idx], "emulator")
             raise Caught("host_llvm vs emulator", f"{case.name} (seed {seed}) {where}")
     for idx, want in expected.items():
         got = host_args[idx][:N]
-        same = _same(got, want.astype(got.dtype))
+        if want is None:
+            want = emu_args[idx][:N]
+        same = _same(got, want.astype(got.dtype), case.nan_bits)
         if not same.all():
             where = _first(args, expected, idx, same, got, want, "numpy")
             raise Caught("host_llvm vs numpy", f"{case.name} (seed {seed}) {where}")
