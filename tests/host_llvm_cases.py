@@ -10,6 +10,9 @@ and raises ``Caught`` naming the check that saw a difference:
 * ``host_llvm vs numpy``: the host run differs from the numpy reference;
 * ``guard past the end``: the host run wrote the NaN/sentinel padding past an output's end.
 
+A lowering that divides by -1 without its guard traps on the host (SIGFPE) for MIN / -1, which LLVM
+leaves undefined: ``int_division`` then ends the process rather than failing.
+
 Every buffer is padded so that a lowering that runs one step too far writes inside the allocation
 (the guard check sees it) instead of corrupting the host process.
 """
@@ -90,6 +93,44 @@ def conversions(f: ty.ptr(ty.f32), i: ty.ptr(ty.i32), u: ty.ptr(ty.u32), fu: ty.
         u_to_f[k] = ty.cast(u[k], ty.f32)
         f_to_u[k] = ty.cast(fu[k], ty.u32)
         i_to_d[k] = ty.cast(i[k], ty.f64)
+
+
+@ty.kernel(threads=32)
+def int_division(a: ty.ptr(ty.i32), b: ty.ptr(ty.i32), q: ty.ptr(ty.i32), r: ty.ptr(ty.i32),
+                 q_by_minus_one: ty.ptr(ty.i32), r_by_minus_one: ty.ptr(ty.i32), q_by_seven: ty.ptr(ty.i32),
+                 n: ty.i32):
+    """Run-time divisors (0, -1 and MIN among them) and constant ones (-1 needs the same guard)."""
+    for i in ty.range(ty.thread_idx(), n, 32):
+        q[i] = a[i] // b[i]
+        r[i] = a[i] % b[i]
+        q_by_minus_one[i] = a[i] // -1
+        r_by_minus_one[i] = a[i] % -1
+        q_by_seven[i] = a[i] // -7
+
+
+@ty.kernel(threads=32)
+def int_shifts(a: ty.ptr(ty.i32), s: ty.ptr(ty.i32), shl: ty.ptr(ty.i32), sar: ty.ptr(ty.i32),
+               shr: ty.ptr(ty.u32), n: ty.i32):
+    """Run-time shift amounts, the type's width and more among them (PTX clamps, LLVM would not)."""
+    for i in ty.range(ty.thread_idx(), n, 32):
+        shl[i] = a[i] << s[i]
+        sar[i] = a[i] >> s[i]
+        shr[i] = ty.cast(a[i], ty.u32) >> ty.cast(s[i], ty.u32)
+
+
+@ty.kernel(threads=32)
+def float_arith(a: ty.ptr(ty.f32), b: ty.ptr(ty.f32), c: ty.ptr(ty.f32), mul_add: ty.ptr(ty.f32),
+                quotient: ty.ptr(ty.f32), low: ty.ptr(ty.f32), high: ty.ptr(ty.f32), fused: ty.ptr(ty.f32),
+                root: ty.ptr(ty.f32), negated: ty.ptr(ty.f32), n: ty.i32):
+    """The correctly rounded float ops (the approximate ones are NVVM intrinsics the host cannot run)."""
+    for i in ty.range(ty.thread_idx(), n, 32):
+        mul_add[i] = a[i] + b[i] * c[i]
+        quotient[i] = a[i] / b[i]
+        low[i] = ty.minimum(a[i], b[i])
+        high[i] = ty.maximum(a[i], b[i])
+        fused[i] = ty.fma(a[i], b[i], c[i])
+        root[i] = ty.sqrt(a[i])
+        negated[i] = -ty.abs(a[i]) - b[i]
 
 
 # -- inputs: random values with each type's edges mixed in -----------------------------------------
@@ -192,12 +233,80 @@ def conversion_reference(args):
             7: np.trunc(fu).astype(np.uint32), 8: i.astype(np.float64)}
 
 
+INT_EDGES = [-2**31, 2**31 - 1, -1, 0, 1, 7, -7]
+
+
+def division_inputs(rng):
+    a = _mix(rng, rng.integers(-2**31, 2**31, N, dtype=np.int64).astype(np.int32), INT_EDGES)
+    b = _mix(rng, rng.integers(-50, 50, N).astype(np.int32), INT_EDGES)
+    return [_pad(a), _pad(b)] + [_out(np.int32) for _ in range(5)] + [N]
+
+
+def _c_division(a, b):
+    """C's truncating a / b and a % b with PTX's results for b = 0 (all ones, a) and MIN / -1 (MIN, 0)."""
+    a, b = a.astype(np.int64), b.astype(np.int64)
+    safe = np.where(b == 0, 1, b)
+    q = np.abs(a) // np.abs(safe) * np.sign(a) * np.sign(safe)
+    q = np.where(b == 0, -1, q)
+    r = np.where(b == 0, a, a - q * b)
+    return q.astype(np.uint32).view(np.int32), r.astype(np.uint32).view(np.int32)  # wraps MIN / -1 to MIN
+
+
+def division_reference(args):
+    a, b = args[0][:N], args[1][:N]
+    q, r = _c_division(a, b)
+    qm, rm = _c_division(a, np.full(N, -1, np.int32))
+    q7, _ = _c_division(a, np.full(N, -7, np.int32))
+    return {2: q, 3: r, 4: qm, 5: rm, 6: q7}
+
+
+def shift_inputs(rng):
+    a = _mix(rng, rng.integers(-2**31, 2**31, N, dtype=np.int64).astype(np.int32), INT_EDGES)
+    s = _mix(rng, rng.integers(0, 40, N).astype(np.int32), [0, 1, 31, 32, 33, 64, 255])
+    return [_pad(a), _pad(s), _out(np.int32), _out(np.int32), _out(np.uint32), N]
+
+
+def shift_reference(args):
+    a, s = args[0][:N].astype(np.int64), args[1][:N].astype(np.int64)
+    big = s >= 32
+    t = np.minimum(s, 31)
+    shl = np.where(big, 0, (a << t) & 0xFFFFFFFF).astype(np.uint32).view(np.int32)
+    sar = (a >> t).astype(np.int32)  # by 31 or more: the sign
+    shr = np.where(big, 0, (a & 0xFFFFFFFF) >> t).astype(np.uint32)
+    return {2: shl, 3: sar, 4: shr}
+
+
+FLOAT_EDGES = [0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 3.4e38, -3.4e38, 1e-38]
+
+
+def float_inputs(rng):
+    a, b, c = (_mix(rng, rng.standard_normal(N).astype(np.float32), FLOAT_EDGES) for _ in range(3))
+    b[::9] = a[::9]  # ties for min/max, x / x
+    b[1::9] = -a[1::9]
+    # min/max of +0 and -0 left out: llvm.minnum/maxnum may return either zero (the host gives the
+    # other one than the emulator); tests/test_host_llvm_gpu.py compares the device on them
+    zeros = (a == 0) & (b == 0)
+    b[zeros] = a[zeros]
+    return [_pad(a), _pad(b), _pad(c)] + [_out(np.float32) for _ in range(7)] + [N]
+
+
+def float_reference(args):
+    a, b, c = (x[:N].astype(np.float64) for x in args[:3])
+    f = np.float32
+    with np.errstate(all="ignore"):
+        return {3: (a + (b * c).astype(f)).astype(f), 4: (a / b).astype(f),
+                5: np.fmin(a, b).astype(f), 6: np.fmax(a, b).astype(f),
+                7: None,  # fma: float64 then float32 rounds twice; the emulator's fma is the reference
+                8: np.sqrt(a).astype(f), 9: (-np.abs(a) - b).astype(f)}
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
     kernel: object
     make: Callable  # rng -> the argument list (numpy arrays and ints)
-    reference: Callable  # args -> {argument index: expected first N elements}
+    reference: Callable  # args -> {argument index: expected first N elements, or None: the emulator's only}
+    nan_bits: bool = True  # compare NaN payloads (False: x86 and PTX make different NaNs from arithmetic)
 
 
 CASES = [
@@ -207,13 +316,18 @@ CASES = [
     Case("select_pairs", select_pairs, select_inputs, select_reference),
     Case("range_sums", range_sums, range_inputs, range_reference),
     Case("conversions", conversions, conversion_inputs, conversion_reference),
+    Case("int_division", int_division, division_inputs, division_reference),
+    Case("int_shifts", int_shifts, shift_inputs, shift_reference),
+    Case("float_arith", float_arith, float_inputs, float_reference, nan_bits=False),
 ]
 
 
-def _same(x, y):
-    """Elementwise equality, bit for bit (NaN equals NaN of the same bits, -0.0 differs from 0.0)."""
+def _same(x, y, nan_bits=True):
+    """Elementwise equality, bit for bit (NaN equals NaN of the same bits, or any NaN without
+    ``nan_bits``; -0.0 differs from 0.0)."""
     if x.dtype.kind == "f":
-        return x.view(f"u{x.itemsize}") == y.view(f"u{y.itemsize}")
+        same = x.view(f"u{x.itemsize}") == y.view(f"u{y.itemsize}")
+        return same if nan_bits else same | (np.isnan(x) & np.isnan(y))
     return x == y
 
 
@@ -228,24 +342,37 @@ def _first(args, outputs, idx, mask, got, want, what):
             f"expects {want[k].item()!r} ({what}), but got {got[k].item()!r}")
 
 
+_EMULATED: dict = {}
+
+
+def _emulated(case: Case, seed: int):
+    """(inputs, the emulator's outputs, numpy's) of a case and seed, made once per process: code
+    generation (what the mutation tests change) plays no part in them."""
+    key = (case.name, seed)
+    if key not in _EMULATED:
+        args = case.make(np.random.default_rng(seed))
+        emu_args = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+        case.kernel.emulate(*emu_args, grid=(1,))
+        _EMULATED[key] = (args, emu_args, case.reference(args))
+    return _EMULATED[key]
+
+
 def check_case(case: Case, seed: int) -> None:
     """One case on one seed's inputs: host run against the emulator, numpy and the padding."""
-    rng = np.random.default_rng(seed)
-    args = case.make(rng)
+    args, emu_args, expected = _emulated(case, seed)
     host = HostKernel(case.kernel.trace())
     host_args = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
-    emu_args = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
     host.run(host_args, grid=1)
-    case.kernel.emulate(*emu_args, grid=(1,))
-    expected = case.reference(args)
     for idx in expected:
-        same = _same(host_args[idx], emu_args[idx])
+        same = _same(host_args[idx], emu_args[idx], case.nan_bits)
         if not same.all():
             where = _first(args, expected, idx, same, host_args[idx], emu_args[idx], "emulator")
             raise Caught("host_llvm vs emulator", f"{case.name} (seed {seed}) {where}")
     for idx, want in expected.items():
         got = host_args[idx][:N]
-        same = _same(got, want.astype(got.dtype))
+        if want is None:
+            want = emu_args[idx][:N]
+        same = _same(got, want.astype(got.dtype), case.nan_bits)
         if not same.all():
             where = _first(args, expected, idx, same, got, want, "numpy")
             raise Caught("host_llvm vs numpy", f"{case.name} (seed {seed}) {where}")

@@ -3,6 +3,8 @@ emulator and numpy, what it cannot run is refused by name, and the bug it found 
 run-time loop with a negative compile-time step was lowered as counting up)."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -72,3 +74,13 @@ def test_control_flow_kernels_with_negative_steps_agree():
         assert (host == emu).all(), (lo, hi, step, host, emu)
     host, emu = _host_and_emulator(CF.zero_runtime_step, 32, 0)
     assert (host == 0).all() and (emu == 0).all()
+
+
+def test_a_constant_minus_one_divisor_is_guarded():
+    """``a // -1`` and ``a % -1`` on i32: the constant's bits (0xFFFFFFFF) are read signed, so the
+    lowering takes the guarded path (MIN // -1 wraps to MIN as PTX gives it) instead of a plain
+    ``sdiv`` by -1, which LLVM leaves undefined for MIN (on the host it traps)."""
+    text = str(lower_kernel(cases.int_division.trace()))
+    assert re.search(r"(sdiv|srem) i32 %\S+, 4294967289", text), "a // -7 takes the plain division"
+    assert not re.search(r"(sdiv|srem) i32 %\S+, 4294967295", text), text
+    cases.check_case(cases.CASES[[c.name for c in cases.CASES].index("int_division")], 3)

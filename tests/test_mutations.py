@@ -4,7 +4,8 @@ emulator and numpy on random inputs with each type's edges) catches it, while th
 generation passes. ``pytest -s`` prints one line per mutation: "mutation X: caught by <check>".
 
 Each mutation patches the lowering the way the bug would be written: a table entry, a lowering
-function, or the emitted LLVM text.
+function, or the emitted LLVM text. (A division that loses its guard against MIN / -1 is not among
+them: the host traps on it, ending the process; ``test_host_llvm.py`` checks the guard in the text.)
 """
 from __future__ import annotations
 
@@ -75,6 +76,14 @@ def _float_to_int_rounds_to_nearest(monkeypatch):
     _convert_with(monkeypatch, change)
 
 
+def _shift_not_clamped(monkeypatch):
+    """Shifts lowered as LLVM's plain shl/ashr/lshr (PTX clamps an amount of the width or more; LLVM
+    leaves it undefined and x86 takes it modulo the width)."""
+    def shift(L, name, a, b, t):
+        return L.b.shl(a, b) if name == "shl" else (L.b.ashr(a, b) if t.is_signed else L.b.lshr(a, b))
+    monkeypatch.setattr(llvm, "_shift", shift)
+
+
 def _text(old, new):
     """A mutation of the emitted LLVM text (every occurrence of ``old``)."""
     def plant(monkeypatch):
@@ -96,6 +105,7 @@ MUTATIONS = {
     "int-to-float-wrong-signedness": _int_to_float_wrong_signedness,
     "float-to-unsigned-as-signed": _float_to_unsigned_as_signed,
     "float-to-int-rounds-to-nearest": _float_to_int_rounds_to_nearest,
+    "shift-not-clamped": _shift_not_clamped,
 }
 
 
