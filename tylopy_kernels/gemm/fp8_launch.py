@@ -203,7 +203,7 @@ class LaunchPlan:
     def __init__(self, a, b, out_dtype, form, scale_a, scale_b, bias, cfg, sms):
         m, k = a.shape
         n = b.shape[1]
-        self.m, self.n, self.k = m, n, k
+        self.m, self.n, self.k, self.out_dtype = m, n, k, out_dtype
         promote = cfg["PROMOTE"]
         self.ga = ((k, m), (_lead(a, 0),), (BLOCK_K, BLOCK_M), FP8[a.dtype])
         self.gb = ((k, n), (_lead(b, 1),), (BLOCK_K, cfg["BLOCK_N"]), FP8[b.dtype])
