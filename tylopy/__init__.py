@@ -26,6 +26,8 @@ from .errors import (ArchMismatchError, CaptureError, CompileError, CompileOptio
 from .frontend.kernel import CompiledKernel, Kernel, __version__, func, kernel
 from .ir.arguments import strided
 from .runtime.launch import PreparedLaunch
+from .runtime.tensormap import TensorMap
+from .runtime.tensormap_api import tensor_map
 from .runtime.hooks import CompileEvent, LaunchEvent, observe
 from .runtime.plancache import PlanCache, clear_caches
 from .frontend.autotune import Config, autotune
@@ -42,6 +44,7 @@ from .frontend.fp8 import e4m3, e5m2, pack_fp8x2, pack_fp8x4, unpack_fp8x2, unpa
 from .frontend.elementwise import ceil, exp, floor, log, sigmoid, tanh, where
 from .frontend.warp import *  # noqa: F401,F403  (ty.vote_all, ty.ballot, ty.warp_reduce, ...)
 from .frontend.warp import __all__ as _warp_all
+from .tile import block_reduce, block_scan, warp_scan, warp_sort, warp_topk
 from .tile import MMA_SYNC_A_K32, MMA_SYNC_B_K32, WGMMA_A_RS_FP8
 from .tile import (MMA_SYNC_A, MMA_SYNC_B, MMA_SYNC_C, QUAD, WARP, WARPGROUP, WGMMA_A_RS, Fragment, Layout,
                    LocalOwnership, MmaSyncAtom, Ownership, SoftmaxState, SoftmaxUpdate, WgmmaAtom, pack_operand_a,
@@ -49,7 +52,7 @@ from .tile import (MMA_SYNC_A, MMA_SYNC_B, MMA_SYNC_C, QUAD, WARP, WARPGROUP, WG
 
 _logging.configure_from_environment()
 
-__all__ = ["kernel", "func", "configure_logging", "Kernel", "CompiledKernel", "PreparedLaunch", "strided", "observe", "CompileEvent", "LaunchEvent", "PlanCache", "clear_caches",
+__all__ = ["kernel", "func", "tensor_map", "TensorMap", "configure_logging", "Kernel", "CompiledKernel", "PreparedLaunch", "strided", "observe", "CompileEvent", "LaunchEvent", "PlanCache", "clear_caches",
            "CompileOptions", "TylopyError", "KernelSourceError",
            "CompileError", "CompileOptionError", "CaptureError", "DriverError", "NoDriverError", "LaunchTypeError",
            "ArchMismatchError",
@@ -63,7 +66,7 @@ __all__ = ["kernel", "func", "configure_logging", "Kernel", "CompiledKernel", "P
            "exp", "log", "sigmoid", "tanh", "floor", "ceil", "where",
            "attention", "attention_varlen", "attention_decode", "matmul", "scaled_matmul", "distributed",
            "e4m3", "e5m2", "MMA_SYNC_A_K32", "MMA_SYNC_B_K32", "WGMMA_A_RS_FP8", "pack_fp8x2", "pack_fp8x4",
-           "unpack_fp8x2", "unpack_fp8x4"]
+           "unpack_fp8x2", "unpack_fp8x4", "block_reduce", "block_scan", "warp_scan", "warp_sort", "warp_topk"]
 
 
 def __getattr__(name):

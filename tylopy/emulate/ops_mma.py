@@ -183,6 +183,5 @@ def make_stmatrix(prog, op):
         rows[:, _G, 2 * _T + 1] = (words >> np.uint32(16)).astype(np.uint16)
         if trans:
             rows = rows.transpose(0, 2, 1)
-        w.cta.smem.store(addrs, np.ascontiguousarray(rows.reshape(8 * num, 8)), np.dtype(np.uint16), op, w, lanes,
-                         w.wid, w.cta.vc[w.wid], w.tids[lanes])
+        w.cta.smem.store(addrs, np.ascontiguousarray(rows.reshape(8 * num, 8)), np.dtype(np.uint16), op, w, lanes)
     return False, run

@@ -345,6 +345,8 @@ class Kernel:
         traceable = self._rewritten()
         bounds = self._launch_bounds(cx)
         bld = Builder(options.arch, options)
+        bld.threads = bounds.max_threads
+        bld.kernel_name = self.name
         params, args = [], []
         for n, k, _ in self.signature:
             if isinstance(k, _Constexpr):
