@@ -22,6 +22,8 @@ def check(m, n, k, form, fast=False, block_n=128, a_dt=E4, b_dt=E4, out=torch.bf
     bias = None if bias_dt is None else (torch.randn(n, generator=torch.Generator().manual_seed(seed)) * 8).to(bias_dt)
     c = L.emulate(a, b, sa, sb, bias, out, use_fast_accum=fast, schedule=dict(BLOCK_N=block_n), grid=grid)
     assert c.dtype == out and c.shape == (m, n)
+    padded = c.as_strided((m, c.stride(0)), (c.stride(0), 1))  # the output's rows are padded to 16 bytes
+    assert bool(padded[:, n:].isnan().all()), "the kernel wrote past N"
     np.testing.assert_array_equal(c.float().numpy(), model(a, b, sa, sb, bias, out, promote=not fast))
     bound, exact = f64_bound(a, b, sa, sb, bias, out, promote=not fast)
     assert bool(((c.double() - exact).abs() <= bound).all())
@@ -35,12 +37,12 @@ def check(m, n, k, form, fast=False, block_n=128, a_dt=E4, b_dt=E4, out=torch.bf
     (64, 264, 128, "tensor", True, 256, E5, E4, torch.float16, None),
     # per row / column: f32 out and bias, 64-wide tiles, 4 k-blocks
     (130, 72, 400, "row", False, 64, E4, E5, torch.float32, torch.float32),
-    # per row / column, fast accumulation
-    (96, 200, 160, "row", True, 128, E4, E4, torch.bfloat16, torch.float16),
+    # per row / column, fast accumulation, an odd N (the output rows padded, the padding untouched)
+    (96, 203, 160, "row", True, 128, E4, E4, torch.bfloat16, torch.float16),
     # 128-blocks: two column groups of scale_b, a partial last k-block, bf16 bias
     (150, 200, 400, "block", False, 128, E4, E4, torch.bfloat16, torch.bfloat16),
     # 128-blocks with 64-wide tiles (two tiles per scale_b column group), e5m2 x e5m2, f32 out
-    (70, 264, 256, "block", False, 64, E5, E5, torch.float32, None),
+    (70, 261, 256, "block", False, 64, E5, E5, torch.float32, None),
 ])
 def test_emulated_kernel_is_the_model_and_near_float64(m, n, k, form, fast, block_n, a_dt, b_dt, out, bias_dt):
     check(m, n, k, form, fast, block_n, a_dt, b_dt, out, bias_dt, seed=m + n + k)
@@ -50,6 +52,17 @@ def test_block_scales_in_any_strides_and_use_fast_accum_is_ignored_for_them():
     """Column-major scale tensors (as torch's blockwise forms store them) are read through their
     strides; block scales promote whatever use_fast_accum says."""
     check(100, 130, 384, "block", fast=True, transposed=True, seed=3)
+
+
+def test_operands_inside_wider_buffers_are_read_through_their_strides():
+    """a's rows and b's columns 16-byte aligned but spaced wider than K (slices of bigger tensors)."""
+    m, n, k = 72, 40, 160
+    big_a, big_b = operands(m, n, k + 48, seed=9)
+    a, b = big_a[:, 16:16 + k], big_b[32:32 + k]
+    assert a.stride(0) == k + 48 and b.stride(1) == k + 48
+    sa, sb = scales("row", m, n, k, seed=9)
+    c = L.emulate(a, b, sa, sb, None, torch.float32, schedule=dict(BLOCK_N=64), grid=1)
+    np.testing.assert_array_equal(c.numpy(), model(a, b, sa, sb, None, torch.float32))
 
 
 @pytest.mark.slow

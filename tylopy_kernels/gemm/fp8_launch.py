@@ -203,7 +203,7 @@ class LaunchPlan:
     def __init__(self, a, b, out_dtype, form, scale_a, scale_b, bias, cfg, sms):
         m, k = a.shape
         n = b.shape[1]
-        self.m, self.n, self.k = m, n, k
+        self.m, self.n, self.k, self.out_dtype = m, n, k, out_dtype
         promote = cfg["PROMOTE"]
         self.ga = ((k, m), (_lead(a, 0),), (BLOCK_K, BLOCK_M), FP8[a.dtype])
         self.gb = ((k, n), (_lead(b, 1),), (BLOCK_K, cfg["BLOCK_N"]), FP8[b.dtype])
@@ -238,7 +238,7 @@ def emulate(a, b, scale_a, scale_b, bias=None, out_dtype=torch.bfloat16, use_fas
     promote = form == "block" or not use_fast_accum
     cfg = full_schedule(schedule or {}, promote)
     out = output_buffer(m, n, out_dtype, a.device)
-    out.fill_(float("nan"))
+    out.as_strided((m, out.stride(0)), (out.stride(0), 1)).fill_(float("nan"))  # the row padding too
     p = LaunchPlan(a, b, out_dtype, form, scale_a, scale_b, bias, cfg, sms=grid)
     gemm_fp8_sm90.emulate(*p.args(a, b, out, scale_a, scale_b, bias, spec=True), grid=p.grid, **p.cx)
     return out

@@ -117,7 +117,7 @@ def launch_scaled_matmul(a, b, scale_a, scale_b, bias=None, out_dtype=torch.bflo
     except (AttributeError, TypeError):  # not tensors, or an unhashable argument: the checks say why
         sig = plan = None
     if plan is not None:
-        out = output_buffer(plan.m, plan.n, out_dtype, a.device)
+        out = output_buffer(plan.m, plan.n, plan.out_dtype, a.device)
         plan(a, b, out, scale_a, scale_b, bias)
         return out if out.is_contiguous() else out.contiguous()
     from tylopy_kernels.gemm.fp8_launch import check_inputs, full_schedule, make_plan, run
