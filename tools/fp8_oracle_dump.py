@@ -2,6 +2,9 @@
 accumulation model offline (tylopy/semantics/tensorcore.py):
 
     python tools/fp8_oracle_dump.py OUT.npz      # on a GPU machine; then fit on any machine
+    python tools/fp8_oracle_dump.py --compact OUT.npz tests/data/fp8_tensorcore_h200.npz
+
+``--compact`` keeps the subset that tests/test_fp8_tensorcore_replay.py replays (a few hundred KB).
 
 Saves, per case, the fp8 codes of A and B, the initial accumulator C and the GPU's D:
 mma.sync m16n8k32 (f32 accumulator, four format mixes, 8 seeds) and wgmma k32 with f16 and f32
@@ -42,5 +45,28 @@ def main(path):
     print(f"{len(out) // 4} cases written to {path}")
 
 
+def compact(path, out_path):
+    """Every mma.sync case; of the wgmma cases rows 0..15 of A, C, D and 32 of the 64 columns (B's
+    rows; outputs of a GEMM are independent per row and column), f16 accumulators of every seed
+    (C, D stored as f16) and f32 ones of seed 0."""
+    z, out = np.load(path), {}
+    for key in z.files:
+        v = z[key]
+        if key.startswith("wgmma_"):
+            name, part = key.rsplit("_", 1)
+            acc = name.split("_")[3]
+            if acc == "f32" and not name.endswith("_0"):
+                continue
+            v = v[:16] if part == "a" else v[:32] if part == "b" else v[:16, :32]
+            if acc == "f16" and part in ("c", "d"):
+                v = v.astype(np.float16)
+        out[key] = v
+    np.savez_compressed(out_path, **out)
+    print(f"{len(out) // 4} cases written to {out_path}")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "--compact":
+        compact(sys.argv[2], sys.argv[3])
+    else:
+        main(sys.argv[1])
