@@ -13,7 +13,8 @@
 The namespace holds the kernel language (``tylopy.frontend.lang``), the tile library
 (``tylopy.tile``: fragments, layouts, MMA atoms, online softmax), Hopper's instructions
 (``ty.hopper``) and the errors; and the functions built from tylopy's kernels:
-``ty.attention``, ``ty.attention_varlen``, ``ty.attention_decode``, ``ty.matmul`` (``tylopy.functions``)
+``ty.attention``, ``ty.attention_varlen``, ``ty.attention_decode``, ``ty.matmul``, ``ty.scaled_matmul``
+(``tylopy.functions``)
 and ``ty.distributed.ring_attention`` (``tylopy.distributed``), whose torch operators this import
 registers (docs/pytorch.md).
 """
@@ -43,6 +44,7 @@ from .frontend.cluster import *  # noqa: F401,F403  (ty.cluster_ctarank, ty.clus
 from .frontend.cluster import __all__ as _cluster_all
 from .frontend.fp8 import e4m3, e5m2, pack_fp8x2, pack_fp8x4, unpack_fp8x2, unpack_fp8x4
 from .frontend.elementwise import ceil, exp, floor, log, sigmoid, tanh, where
+from .frontend.derivative import jvp, value_and_derivative
 from .frontend.warp import *  # noqa: F401,F403  (ty.vote_all, ty.ballot, ty.warp_reduce, ...)
 from .frontend.warp import __all__ as _warp_all
 from .tile import block_reduce, block_scan, warp_scan, warp_sort, warp_topk
@@ -64,8 +66,9 @@ __all__ = ["kernel", "func", "tensor_map", "TensorMap", "configure_logging", "Ke
            "autotune", "Config", "mma", "MMA_SYNC_K8_A", "MMA_SYNC_K8_B", "ldmatrix", "stmatrix", "cp_async",
            "cp_async_commit", "cp_async_wait",
            *_lang_all, *_atomics_all, *_warp_all, *_cluster_all, "printf", "device_assert",
-           "exp", "log", "sigmoid", "tanh", "floor", "ceil", "where",
-           "attention", "attention_varlen", "attention_decode", "matmul", "distributed",
+           "exp", "log", "sigmoid", "tanh", "floor", "ceil", "where", "jvp", "value_and_derivative",
+           "attention", "attention_varlen", "attention_decode", "matmul", "scaled_matmul", "create_block_mask",
+           "BlockMask", "distributed",
            "e4m3", "e5m2", "MMA_SYNC_A_K32", "MMA_SYNC_B_K32", "WGMMA_A_RS_FP8", "pack_fp8x2", "pack_fp8x4",
            "unpack_fp8x2", "unpack_fp8x4", "block_reduce", "block_scan", "warp_scan", "warp_sort", "warp_topk"]
 
@@ -95,5 +98,6 @@ _OTHER_NAMES = {
 # which import this package for the kernel language. Loading them registers the tylopy:: torch
 # operators, so an exported program runs after `import tylopy` alone; no kernel is traced or
 # compiled here (tylopy/functions.py).
-from .functions import attention, attention_varlen, attention_decode, matmul  # noqa: E402
+from .functions import attention, attention_varlen, attention_decode, matmul, scaled_matmul  # noqa: E402
+from .functions import create_block_mask, BlockMask  # noqa: E402
 from . import distributed  # noqa: E402

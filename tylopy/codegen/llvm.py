@@ -21,7 +21,7 @@ from .lower_async_copy import LOWER_ASYNC_COPY
 from .lower_matrix import LOWER_MATRIX
 from .lower_rounding import rounding_lowerings
 from .lower_fp8 import LOWER_FP8, convert_fp8
-from .llvm_types import llvm_type
+from .llvm_types import llvm_type, signed_constant
 from .lower_atomics import LOWERINGS as ATOMIC_LOWERINGS
 from .lower_control import LOWERINGS as CONTROL_LOWERINGS
 from .lower_cluster import LOWERINGS as CLUSTER_LOWERINGS
@@ -251,7 +251,7 @@ def _divide(L: _Lowering, name: str, a, b, t: ScalarType):
     signed = t.is_signed
     div = B.sdiv if signed else B.udiv
     rem = B.srem if signed else B.urem
-    if isinstance(b, ir.Constant) and int(b.constant) != 0 and not (signed and int(b.constant) == -1):
+    if isinstance(b, ir.Constant) and int(b.constant) != 0 and not (signed and signed_constant(b) == -1):
         return div(a, b) if name == "div" else rem(a, b)
     zero = B.icmp_unsigned("==", b, ir.Constant(b.type, 0))
     bad = zero

@@ -9,7 +9,7 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from ..ir.values import Block, Op
-from .llvm_types import llvm_type
+from .llvm_types import llvm_type, signed_constant
 
 
 def _for_condition(B, signed: bool, iv, hi, step):
@@ -17,7 +17,7 @@ def _for_condition(B, signed: bool, iv, hi, step):
     if not signed:
         return B.icmp_unsigned("<", iv, hi)
     if isinstance(step, ir.Constant):
-        return B.icmp_signed("<" if int(step.constant) > 0 else ">", iv, hi)
+        return B.icmp_signed(">" if signed_constant(step) < 0 else "<", iv, hi)
     zero = ir.Constant(step.type, 0)
     up = B.and_(B.icmp_signed(">", step, zero), B.icmp_signed("<", iv, hi))
     down = B.and_(B.icmp_signed("<", step, zero), B.icmp_signed(">", iv, hi))

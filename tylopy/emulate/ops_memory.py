@@ -154,7 +154,7 @@ def mem_store(w, op, space, addrs, lanes, vals, dt):
             mem_store(w, op, "global", addrs[~sh], lanes[~sh], vals[~sh], dt)
         return
     if space == "shared":
-        cta.smem.store(addrs.astype(np.int64), vals, dt, op, who, lanes, w.wid, cta.vc[w.wid], w.tids[lanes])
+        cta.smem.store(addrs.astype(np.int64), vals, dt, op, who, lanes)
     else:
         cta.launch.gmem.store(addrs, vals, dt, op, who, lanes)
 

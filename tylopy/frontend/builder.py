@@ -237,6 +237,18 @@ class Builder:
     def resume_block(self, block: _BlockBuilder):
         self._blocks.append(block)
 
+    def op_mark(self) -> tuple:
+        """A position in the innermost block: ``ops_since`` gives what is appended after it."""
+        blk = self._blocks[-1]
+        return blk, len(blk.ops)
+
+    def ops_since(self, mark: tuple) -> list[Op]:
+        """The ops appended to the block of ``mark`` after it (ops in regions stay inside theirs)."""
+        blk, n = mark
+        if blk is not self._blocks[-1]:
+            raise RuntimeError("ops_since: the block of the mark is no longer the innermost one")
+        return blk.ops[n:]
+
     @property
     def next_id(self) -> int:
         """The id the next value will get (values made later have larger ids)."""
