@@ -148,6 +148,14 @@ def _backward(ctx, dout, dlse):
     grads = [None] * len(tensors)
     if variant.sinks:
         grads[variant.index("sinks")] = dsinks
+    if variant.attn_mask == "float":
+        # d mask = the logits' gradient P (dP - delta) (the mask is added last, with derivative 1),
+        # recomputed in torch; the caller's expand/float of the mask sums it over broadcast dims.
+        # ALiBi slopes get none: as FlashAttention's, they are constants.
+        from tylopy_kernels.attention.sm90.backward_variant_launch import float_mask_grad
+        d = dlse if ctx.return_lse else None
+        grads[variant.index("attn_mask")] = float_mask_grad(dout, q, k, v, out, lse, variant, tensors, ctx.scale,
+                                                            d).to(tensors[variant.index("attn_mask")].dtype)
     return dq, dk, dv, grads, None, None, None
 
 
