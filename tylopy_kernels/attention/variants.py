@@ -277,7 +277,7 @@ def describe(causal, causal_align, window, softcap, alibi, sinks, mask_kind, sco
         first = sum(1 for n in names if n.startswith("aux"))
         ref, captured = mod_ref(fn, arg, first, takes_aux)
         for k, t in enumerate(captured):
-            if str(t.device) != device and not (t.device.type == "cuda" and device.startswith("cuda")
+            if device != "None" and str(t.device) != device and not (t.device.type == "cuda" and device.startswith("cuda")
                                                  and t.device.index in (None, torch_device_index(device))):
                 _fail(ValueError, f"{arg} (captured tensor {ref.tensor_slots[k][0]})", f"the query's device {device}",
                       t.device)
