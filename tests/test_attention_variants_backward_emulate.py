@@ -242,9 +242,7 @@ def test_supports_names_what_the_kernel_takes():
     assert supports(q, q, q, plain) and not supports(q, q, q, reading)
 
 
-@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.xfail(
-    reason="dynamo stops at variants.register_variant (a threading lock) in tylopy.attention's variant entry"))],
-    ids=["eager", "compiled"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_autograd_gives_sink_and_float_mask_gradients(compiled):
     """Through ``tylopy.attention`` (the CPU reference path): gradients of q, k, v, sinks and a
     broadcast float mask match float64 autograd of the reference, eager and under
