@@ -45,6 +45,17 @@ def gated_bias_bwd(score, grad, b, h, q_idx, kv_idx):
     return grad * (1.0 - t * t) * (1.0 + 0.25 * f32(h))
 
 
+OPEN_DTYPES = dict(mask=ty.f32, aux0=ty.f32, aux1=ty.f32, aux2=ty.f32, aux3=ty.f32)  # to compile without arguments
+
+
+def kernel_variant(variant, tensors=None):
+    """The VARIANT constexpr of the kernels for ``variant`` (its tensors give the aux slots' ranks)."""
+    from tylopy_kernels.attention.sm90.variant_launch import variant_args
+    from tylopy_kernels.attention.sm90.variant_tiles import KernelVariant
+    meta = [] if tensors is None else variant_args(variant, tensors, 1, 1, 1, 1, None)[1]
+    return KernelVariant.of(variant, meta)
+
+
 def inputs(B, H, H_kv, n_q, n_k, D, seed=0, dtype=torch.bfloat16):
     g = torch.Generator().manual_seed(seed)
     mk = (lambda *s: torch.randn(*s, generator=g).to(dtype))
@@ -141,12 +152,8 @@ def bitcast_mod(score, b, h, q_idx, kv_idx):
     return ty.bitcast(ty.bitcast(score, ty.u32) & 0xFFFF0000, ty.f32)
 
 
-@ty.func
-def branching_mod(score, b, h, q_idx, kv_idx):
-    out = score
-    if score > 0.0:
-        out = score * 0.5
-    return out
+def neighbour_mod(score, b, h, q_idx, kv_idx):
+    return (score + ty.shfl_xor(score, 1)) * 0.5     # a shuffle: no derivative rule
 
 
 def packing_mod(score, b, h, q_idx, kv_idx):
@@ -154,13 +161,13 @@ def packing_mod(score, b, h, q_idx, kv_idx):
     return lo
 
 
-@pytest.mark.parametrize("mod, op", [(bitcast_mod, "the op 'bitcast'"), (branching_mod, "run-time control flow"),
-                                     (packing_mod, "the op 'pack2'")], ids=["bitcast", "branch", "pack2"])
+@pytest.mark.parametrize("mod, op", [(bitcast_mod, "the op 'bitcast'"), (neighbour_mod, "the op 'shfl'"),
+                                     (packing_mod, "the op 'pack2'")], ids=["bitcast", "shuffle", "pack2"])
 def test_mods_without_a_derivative_are_errors_naming_the_op_and_line(mod, op):
-    from tylopy_kernels.attention.sm90.backward_variant import CompiledVariant, attention_bwd_variant_sm90
+    from tylopy_kernels.attention.sm90.backward_variant import attention_bwd_variant_sm90
     variant, _ = V.make_variant(1, 2, 100, 100, None, score_mod=mod)
     with pytest.raises(ty.KernelSourceError) as e:
-        attention_bwd_variant_sm90.traced(VARIANT=CompiledVariant(variant))
+        attention_bwd_variant_sm90.traced(VARIANT=kernel_variant(variant), **OPEN_DTYPES)
     text = str(e.value)
     print("\n" + text)
     assert op in text and f"in {mod.__name__}" in text and "test_attention_variants_backward_emulate.py" in text
@@ -223,23 +230,40 @@ def test_dense_backward_ptx_does_not_change_with_the_variant_hooks(cx, monkeypat
 @pytest.mark.parametrize("name", ["softcap", "alibi-window", "score_mod-sinks", "mask_mod-block", "bool-mask"])
 def test_variant_backward_assembles_without_spills(name, D):
     from tylopy_kernels.attention.block_mask import create_block_mask
-    from tylopy_kernels.attention.sm90.backward_variant import CompiledVariant, attention_bwd_variant_sm90
+    from tylopy_kernels.attention.sm90.backward_variant import attention_bwd_variant_sm90
     kw = {"softcap": dict(softcap=10.0), "alibi-window": dict(alibi_slopes=torch.rand(2), window_size=(10, 10)),
           "score_mod-sinks": dict(score_mod=gated_bias, sinks=torch.rand(2)),
           "mask_mod-block": dict(block_mask=create_block_mask(lambda b, h, q, kv: kv <= q, 1, 1, 256, 256)),
           "bool-mask": dict(attn_mask=torch.rand(256, 256) > 0.5)}[name]
     variant, _ = V.make_variant(1, 2, 256, 256, None, **kw)
     cx = dict(HEAD_DIM=D, BLOCK_M=128 if D == 64 else 64, DQ_ORDER="serial", HAS_MASK=variant.attn_mask == "bool")
-    report = attention_bwd_variant_sm90.compile(VARIANT=CompiledVariant(variant), **cx).report
+    report = attention_bwd_variant_sm90.compile(VARIANT=kernel_variant(variant), **cx, **OPEN_DTYPES).report
     assert report.spill_stores == 0 and report.spill_loads == 0, str(report)
 
 
 def test_supports_names_what_the_kernel_takes():
     q = torch.zeros(1, 2, 8, 64, dtype=torch.bfloat16)
     plain, _ = V.make_variant(1, 2, 8, 8, None, softcap=3.0)
-    captured = torch.zeros(8)
-    reading, _ = V.make_variant(1, 2, 8, 8, None, score_mod=lambda s, b, h, i, j: s + captured[i])
-    assert supports(q, q, q, plain) and not supports(q, q, q, reading)
+    t = [torch.zeros(8) for _ in range(5)]
+    too_many, _ = V.make_variant(1, 2, 8, 8, None, score_mod=lambda s, b, h, i, j: s + t[0][i], aux=tuple(t))
+    assert supports(q, q, q, plain) and not supports(q, q, q, too_many)
+
+
+BIAS = torch.randn(4, 64, generator=torch.Generator().manual_seed(9))   # a learned-looking (head, distance) table
+
+
+def table_bias(score, b, h, q_idx, kv_idx):
+    """A score_mod reading a captured tensor by index: a relative-position bias per head."""
+    return score * 0.9 + BIAS[h, torch.clamp(q_idx - kv_idx, 0, 63)]
+
+
+def test_score_mod_reading_a_captured_table():
+    B, H, H_kv, n_q, n_k, D = 1, 4, 2, 150, 200, 64
+    q, k, v, dout, _ = inputs(B, H, H_kv, n_q, n_k, D, seed=4)
+    variant, tensors = V.make_variant(B, H, n_q, n_k, q.device, score_mod=table_bias, is_causal=True,
+                                      causal_align="bottom_right")
+    got = emulate_backward(q, k, v, dout, variant, tensors, 1 / math.sqrt(D))
+    print(check(got, q, k, v, dout, variant, tensors, 1 / math.sqrt(D)))
 
 
 @pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.xfail(
