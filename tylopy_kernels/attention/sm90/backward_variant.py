@@ -27,7 +27,7 @@ from tylopy import hopper
 from tylopy_kernels.attention.sm90.backward import (Config, Problem, Smem, check_config, column_stats, consumer,
                                                     init_barriers, producer)
 from tylopy_kernels.attention.sm90.backward_common import LOG2E, NEG_INF, mask_bit
-from tylopy_kernels.attention.sm90.mod_grad import ForwardView, score_and_grad, transform_has_slope, visible
+from tylopy_kernels.attention.sm90.mod_grad import ForwardView, mask_mod_keep, score_and_grad, transform_has_slope
 from tylopy_kernels.attention.sm90.variant_tiles import VariantProblem
 
 HQ_SHIFT = 16            # a work entry: (query head << 16) | (query tile << 1) | full
@@ -97,6 +97,45 @@ def iteration(prob, hk, m_first, per_head, it, block_m):
 
 
 @ty.func
+def position_bounds(vb, key0, m0):
+    """Per key row of this thread (g and g + 8 of its warp's 16): (key < N_k, lo, hi) such that query
+    column offset o_i = 8(i >> 2) + (i & 1) of register i is visible under the causal diagonal and
+    the window iff lo <= o_i <= hi (``variant_tiles._visible``'s rules, solved for the query once per
+    row so each register costs two compares with immediates)."""
+    key = vb.key
+    vp = vb.fwd.variant
+    warp = ty.warp_idx() & 3
+    lane = ty.lane_id()
+    base = m0 + 2 * (lane & 3) + vb.diag      # query i of offset o: i = base - diag + o
+    out = []
+    for h in range(2):
+        ki = key0 + 16 * warp + (lane >> 2) + 8 * h
+        lo = None
+        hi = None
+        if key.causal or key.window[1] >= 0:   # i >= ki - diag - reach
+            reach = ty.cast(0, ty.i32)
+            if key.window[1] >= 0:
+                reach = vp.right
+                if key.causal:
+                    reach = ty.minimum(reach, 0)
+            lo = ki - reach - base
+        if key.window[0] >= 0:                 # i <= ki - diag + left
+            hi = ki + vp.left - base
+        out.append((ki < vb.fwd.n_k, lo, hi))
+    return out
+
+
+def position_keep(bounds, i):
+    ok, lo, hi = bounds[(i >> 1) & 1]
+    o = 8 * (i >> 2) + (i & 1)
+    if lo is not None:
+        ok = ok & (lo <= o)
+    if hi is not None:
+        ok = ok & (hi >= o)
+    return ok
+
+
+@ty.func
 def score_grads(s, dp, smem, lay, prob, cfg, stage, key0, m0, hq, b, it, bits):
     """(P^T operands of dV, dS^T operands of dK), the variant's ``score_grads_t``: P^T from the
     transformed scores, dS^T = P^T (dP^T - delta) t'."""
@@ -115,6 +154,7 @@ def score_grads(s, dp, smem, lay, prob, cfg, stage, key0, m0, hq, b, it, bits):
         # both packed), so no f32 tile of P t' waits beside dP^T's registers (that spills).
         dp = hopper.wgmma_wait(0, dp)
     vals = list(s.values)
+    bounds = position_bounds(vb, key0, m0)
     dv = dp.values if fused else None
     p_f32 = []     # t' = 1: f32 P until dP^T is there
     p_words = []
@@ -130,7 +170,9 @@ def score_grads(s, dp, smem, lay, prob, cfg, stage, key0, m0, hq, b, it, bits):
             ki = key0 + r
             qi = m0 + c
             t, grad = score_and_grad(vb, b, hq, qi, ki, vals[i] * prob.scale, with_grad, slope)
-            keep = visible(vb, b, hq, qi, ki, full)
+            keep = position_keep(bounds, i)
+            if key.mask_mod is not None:
+                keep = keep & mask_mod_keep(vb, b, hq, qi, ki, full)
             if bits is not None:
                 h, w, bit = mask_bit(i)
                 keep = keep & ((bits[h][w] & (1 << bit)) != 0)

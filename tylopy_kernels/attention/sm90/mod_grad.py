@@ -19,7 +19,7 @@ dT/dx)`` at the scaled score x of one element (``dT/dx`` None when ``with_grad``
 import tylopy as ty
 
 from tylopy_kernels.attention.sm90 import mods
-from tylopy_kernels.attention.sm90.variant_tiles import _transform, _visible
+from tylopy_kernels.attention.sm90.variant_tiles import _transform
 
 
 class ForwardView:
@@ -64,13 +64,9 @@ def score_and_grad(vb, b, h, q_idx, kv_idx, x, with_grad, slope):
     return transform(x), grad
 
 
-def visible(vb, b, h, q_idx, kv_idx, full):
-    """Step 6 but the Boolean mask: keys past N_k, causal, window (the forward's ``_visible``) and
-    mask_mod (not on a block mask's full tiles). Rows past N need nothing: their L is +inf."""
-    fv = vb.fwd
-    vp = fv.variant
-    keep = _visible(fv, q_idx, kv_idx)
-    if vp.v.mask_mod is not None:
-        got = mods.call_traced("mask_mod", vp.kv.live.mask_mod, vp.kv.live, vp.aux, (b, h, q_idx, kv_idx))
-        keep = keep & (got | full) if full is not None else keep & got
-    return keep
+def mask_mod_keep(vb, b, h, q_idx, kv_idx, full):
+    """The user's mask_mod at one element (traced as the forward traces it); True on a block mask's
+    full tiles (``full``: None without a block mask), where the forward does not ask it."""
+    vp = vb.fwd.variant
+    got = mods.call_traced("mask_mod", vp.kv.live.mask_mod, vp.kv.live, vp.aux, (b, h, q_idx, kv_idx))
+    return got | full if full is not None else got
