@@ -187,15 +187,11 @@ def _variant_attention(query, key, value, attn_mask, dropout_p, is_causal, scale
         # float64 runs the reference (the tests' oracle path): checked as 16-bit tensors of the same shapes
         shown = tuple(torch.empty_strided(t.shape, t.stride(), dtype=torch.bfloat16, device="meta") for t in shown)
     B, H, n_q, n_k, D, scale = check_inputs(*shown, None, False, scale, enable_gqa)
-    variant, tensors = variants.make_variant(B, H, n_q, n_k, query.device, is_causal=is_causal,
-                                             causal_align=causal_align, attn_mask=attn_mask, window_size=window_size,
-                                             softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
-                                             score_mod=score_mod, mask_mod=mask_mod, block_mask=block_mask, aux=aux)
-    if n_k == 0 and not variant.sinks:
-        out = query.new_zeros(query.shape)
-        lse = torch.full((B, H, n_q), float("-inf"), dtype=torch.float32, device=query.device)
-        return (out, lse) if return_lse else out
-    return variant_op(query, key, value, variant, tensors, scale, return_lse)
+    vid, tensors = variants.make_variant_id(B, H, n_q, n_k, query.device, is_causal=is_causal,
+                                            causal_align=causal_align, attn_mask=attn_mask, window_size=window_size,
+                                            softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                                            score_mod=score_mod, mask_mod=mask_mod, block_mask=block_mask, aux=aux)
+    return variant_op(query, key, value, vid, tensors, scale, return_lse)
 
 
 class _Known:

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from tylopy_kernels.attention import variants as V
 
+NEG_INF = float("-inf")
 _warned: set = set()
 _warn_lock = threading.Lock()
 
@@ -63,6 +64,11 @@ def forward_variant(q, k, v, variant, tensors, scale, return_lse=True):
     B, H, n_q, D = q.shape
     if B * H * n_q == 0:
         return q.new_empty(q.shape), torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
+    if k.shape[2] == 0:  # no keys: every row is empty (output 0, LSE -inf or the sink)
+        lse = torch.full((B, H, n_q), NEG_INF, dtype=torch.float32, device=q.device)
+        if variant.sinks:
+            lse.copy_(tensors[variant.index("sinks")].view(1, H, 1).expand(B, H, n_q))
+        return q.new_zeros(q.shape), lse
     why = kernel_refusal(q, k, v, variant)
     if why is None:
         from tylopy_kernels.attention.sm90.variant_launch import launch_variant
@@ -97,7 +103,7 @@ def attention_variant_fwd(q: Tensor, k: Tensor, v: Tensor, tensors: list[Tensor]
     variant = V.lookup_variant(variant_id)
     if k.stride(-1) != 1 or q.stride(-1) != 1 or v.stride(-1) != 1:
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    return forward_variant(q, k, v, variant, tensors, scale, return_lse)
+    return forward_variant(q, k, v, variant, V.with_captured(variant, tensors), scale, return_lse)
 
 
 @attention_variant_fwd.register_fake
@@ -112,7 +118,7 @@ def attention_variant_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Te
                           tensors: list[Tensor], variant_id: str, scale: float,
                           dlse: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     variant = V.lookup_variant(variant_id)
-    return backward_variant(dout, q, k, v, out, lse, variant, tensors, scale, dlse)
+    return backward_variant(dout, q, k, v, out, lse, variant, V.with_captured(variant, tensors), scale, dlse)
 
 
 @attention_variant_bwd.register_fake
@@ -156,8 +162,10 @@ def _backward(ctx, dout, dlse):
 attention_variant_fwd.register_autograd(_backward, setup_context=_setup)
 
 
-def variant_op(q, k, v, variant, tensors, scale, return_lse=False):
-    out, lse = attention_variant_fwd(q, k, v, list(tensors), V.register_variant(variant), float(scale), return_lse)
+def variant_op(q, k, v, variant_id, tensors, scale, return_lse=False):
+    """Attention with the variant registered as ``variant_id`` (``variants.make_variant_id``) through the
+    operator; ``tensors`` are the explicit ones (the mods' captured tensors are read when it runs)."""
+    out, lse = attention_variant_fwd(q, k, v, list(tensors), variant_id, float(scale), return_lse)
     return (out, lse) if return_lse else out
 
 

@@ -91,6 +91,18 @@ import types
 from dataclasses import dataclass, field
 
 NEG_INF = float("-inf")
+
+
+def _constant_result(fn):
+    """torch.compiler.assume_constant_result where torch has it (imported lazily: this module loads
+    without torch for the kernels' constexprs)."""
+    try:
+        import torch
+        return torch.compiler.assume_constant_result(fn)
+    except (ImportError, AttributeError):
+        return fn
+
+
 ALIGNS = ("top_left", "bottom_right")
 # Names of the run-time tensors a variant may carry, in the order they appear in the list.
 BUILTIN_TENSORS = ("alibi_slopes", "sinks", "attn_mask", "kv_num_blocks", "kv_indices", "full_kv_num_blocks",
@@ -279,10 +291,19 @@ def _fail(exc, arg, expected, got):
     raise exc(f"attention: {arg} expects {expected}, but got {got}")
 
 
-def make_variant(B, H, n_q, n_k, device, *, is_causal=False, causal_align="top_left", attn_mask=None,
-                 window_size=None, softcap=None, alibi_slopes=None, sinks=None, score_mod=None, mask_mod=None,
-                 block_mask=None, aux=None, dtype=None):
-    """(Variant, tensors) for one call, every keyword checked (errors name the keyword)."""
+def make_variant(B, H, n_q, n_k, device, **keywords):
+    """(Variant, all its tensors, captured ones included) for one call (not under torch.compile: the
+    entry point uses ``make_variant_id``)."""
+    vid, tensors = make_variant_id(B, H, n_q, n_k, device, **keywords)
+    variant = lookup_variant(vid)
+    return variant, with_captured(variant, tensors)
+
+
+def make_variant_id(B, H, n_q, n_k, device, *, is_causal=False, causal_align="top_left", attn_mask=None,
+                    window_size=None, softcap=None, alibi_slopes=None, sinks=None, score_mod=None, mask_mod=None,
+                    block_mask=None, aux=None):
+    """(variant id, the explicit tensors the operators take) for one call, every keyword checked (errors
+    name the keyword); traceable by torch.compile (``describe`` is a constant there)."""
     import torch
     tensors, names = [], []
     if causal_align not in ALIGNS:
@@ -367,21 +388,56 @@ def make_variant(B, H, n_q, n_k, device, *, is_causal=False, causal_align="top_l
             _same_device("aux", t, device)
             tensors.append(t)
             names.append(f"aux{k}")
+    vid = describe(bool(is_causal), causal_align, window, cap, alibi, sinks is not None, mask_kind, score_mod, mask_mod,
+                   bm, tuple(names), aux is not None, str(device))
+    return vid, tensors
+
+
+@_constant_result
+def describe(causal, causal_align, window, softcap, alibi, sinks, mask_kind, score_mod, mask_mod, block_mask, names,
+             takes_aux, device):
+    """The registry id of the Variant of these (non-tensor) choices and mods: the mods' captured tensors
+    take the slots after the explicit tensors ``names``. A constant under torch.compile (it reads the
+    mods' closures and globals, which dynamo need not trace)."""
+    names = list(names)
     refs = {}
     for arg, fn in (("score_mod", score_mod), ("mask_mod", mask_mod)):
         if fn is None:
             refs[arg] = None
             continue
         first = sum(1 for n in names if n.startswith("aux"))
-        ref, captured = mod_ref(fn, arg, first, aux is not None)
+        ref, captured = mod_ref(fn, arg, first, takes_aux)
         for k, t in enumerate(captured):
-            _same_device(f"{arg} (captured tensor {ref.tensor_slots[k][0]})", t, device)
-            tensors.append(t)
+            if str(t.device) != device and not (t.device.type == "cuda" and device.startswith("cuda")
+                                                 and t.device.index in (None, torch_device_index(device))):
+                _fail(ValueError, f"{arg} (captured tensor {ref.tensor_slots[k][0]})", f"the query's device {device}",
+                      t.device)
             names.append(ref.tensor_slots[k][1])
         refs[arg] = ref
-    variant = Variant(bool(is_causal), causal_align, window, cap, alibi, sinks is not None, mask_kind,
-                      refs["score_mod"], refs["mask_mod"], bm, tuple(names))
-    return variant, tensors
+    variant = Variant(causal, causal_align, window, softcap, alibi, sinks, mask_kind, refs["score_mod"],
+                      refs["mask_mod"], block_mask, tuple(names))
+    return register_variant(variant)
+
+
+def torch_device_index(device: str):
+    return int(device.split(":")[1]) if ":" in device else 0
+
+
+def explicit_count(variant: Variant) -> int:
+    """How many of ``tensor_names`` the operators carry: the captured tensors (last) are read from the
+    mods when the operator runs (they are not graph inputs under torch.compile, nor differentiated)."""
+    captured = sum(len(m.tensor_slots) for m in (variant.score_mod, variant.mask_mod) if m is not None)
+    return len(variant.tensor_names) - captured
+
+
+def with_captured(variant: Variant, tensors) -> list:
+    """The operator's explicit tensors followed by the mods' captured ones, as ``tensor_names`` lists them."""
+    tensors = list(tensors)[:explicit_count(variant)]
+    for ref in (variant.score_mod, variant.mask_mod):
+        if ref is not None and ref.tensor_slots:
+            found = {f"{where}:{name}": t for where, name, t in captured_tensors(ref.function())}
+            tensors += [found[where] for where, _ in ref.tensor_slots]
+    return tensors
 
 
 def _same_device(arg, t, device):
@@ -566,5 +622,5 @@ def reference_backward(dout, q, k, v, out, lse, variant: Variant, tensors, scale
 
 
 __all__ = ["Variant", "ModRef", "ModError", "make_variant", "register_variant", "lookup_variant", "lookup_mod",
-           "score_transform", "transformed_scores", "visible", "score_grad", "reference_forward", "reference_backward", "index_grids",
+           "make_variant_id", "with_captured", "explicit_count", "score_transform", "transformed_scores", "visible", "score_grad", "reference_forward", "reference_backward", "index_grids",
            "BUILTIN_TENSORS"]

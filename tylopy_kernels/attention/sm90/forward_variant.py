@@ -20,7 +20,8 @@ from tylopy_kernels.attention.sm90.consumer import (ROWS, TURN_THREADS, Turn, de
                                                    pack_p, release, rescale_o, store_direct, store_lse, wait_pv)
 from tylopy_kernels.attention.sm90.forward import _threads, init_barriers, producer
 from tylopy_kernels.attention.sm90.tiles import REGISTER_SPLIT, Plan, Problem, Schedule, bar_at, next_tile
-from tylopy_kernels.attention.sm90.variant_tiles import NEG_INF, VariantProblem, finish, scores, tile_number
+from tylopy_kernels.attention.sm90.variant_tiles import (NEG_INF, VariantProblem, finish, mask_row_pointers, scores,
+                                                        tile_number)
 
 
 @ty.func
@@ -59,7 +60,8 @@ def variant_tile(smem, plan, prob, sched, wg, turn, it, m0, h, b, n_tiles):
     parts = hopper.wgmma_wait(0, parts)
     release(smem, plan.k_empty, it, plan.stages, leader)
     num, partial = tile_number(prob, 0, m0, h, b)
-    vals = scores(prob, parts[0], row0, num * block_n, b, h, partial, slope)
+    mask_rows = mask_row_pointers(prob, parts[0], row0, b, h)
+    vals = scores(prob, parts[0], row0, num * block_n, b, h, partial, slope, mask_rows)
     st, p, alpha, moved = softmax.update(sm, softmax.initial_state(), vals)
     st = softmax.add_to_sums(st, alpha, [p])
     pa = pack_p(plan, sched, p)
@@ -73,7 +75,7 @@ def variant_tile(smem, plan, prob, sched, wg, turn, it, m0, h, b, n_tiles):
         cur, o = hopper.wgmma_wait(1, cur, o)          # S_j is ready, the PV product is not
         release(smem, plan.k_empty, it + j, plan.stages, leader)
         num, partial = tile_number(prob, j, m0, h, b)
-        vals = scores(prob, cur[0], row0, num * block_n, b, h, partial, slope)
+        vals = scores(prob, cur[0], row0, num * block_n, b, h, partial, slope, mask_rows)
         st, p, alpha, moved = softmax.update(sm, st, vals)
         st = softmax.add_to_sums(st, alpha, [p])
         o, pa = wait_pv(sched, o, pa, p)

@@ -32,9 +32,25 @@ class AuxTensor:
 
     def __init__(self, arg, ndim, is_bool, name):
         self.arg, self.ndim, self.is_bool, self.name = arg, ndim, is_bool, name
+        self.memo = {}
+
+    def forget(self):
+        """Start a new scope: loads traced before may lie in blocks that do not dominate what follows."""
+        self.memo = {}
 
     def __getitem__(self, index):
-        idx = index if isinstance(index, tuple) else (index,)
+        idx = tuple(raw(i) for i in (index if isinstance(index, tuple) else (index,)))
+        # The same index values (doc[q_idx] for every key of a row) load once per scope: the
+        # predicated loads are not merged by the compiler, and 64 of them a tile cost registers.
+        key = tuple(("v", id(i)) if not isinstance(i, int) else ("c", i) for i in idx)
+        hit = self.memo.get(key)
+        if hit is not None:
+            return Val(hit[1])
+        val = self._load(idx)
+        self.memo[key] = (idx, val)  # (the index objects are kept alive: their ids stay theirs)
+        return Val(val)
+
+    def _load(self, idx):
         if len(idx) != self.ndim:
             raise IndexError(f"tensor {self.name} has {self.ndim} dimension(s), but is indexed with {len(idx)}")
         full = (0,) * (AUX_NDIM - self.ndim) + tuple(idx)
@@ -43,9 +59,8 @@ class AuxTensor:
             i = full[d]
             ok = (i >= 0) & (i < self.arg.shape[d])
             inside = ok if inside is None else inside & ok
-        # an index outside the tensor is clamped to element 0 and its value replaced by 0
-        safe = tuple(ty.select(inside, i, 0) if not isinstance(i, int) else i for i in full)
-        val = ty.load(self.arg.address(safe), mask=inside)
+        # an index outside the tensor reads 0: the load is predicated off (its address is never used)
+        val = ty.load(self.arg.address(full), mask=inside)
         if self.is_bool:
             return val != 0
         return val
@@ -54,32 +69,130 @@ class AuxTensor:
         raise TypeError(f"a mod may read the tensor {self.name}, not write it")
 
 
+def _is_float(x) -> bool:
+    if isinstance(x, float):
+        return True
+    t = getattr(x, "type", None)
+    return t is not None and str(t) in ("f32", "f16", "bf16", "f64")
+
+
+def _is_int(x) -> bool:
+    t = getattr(x, "type", None)
+    return t is not None and str(t) in ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
+
+
+def raw(x):
+    """The DSL value of a ``Val`` (anything else as it is)."""
+    return x.v if isinstance(x, Val) else x
+
+
+def _f32(x):
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return float(x)
+    return ty.cast(x, ty.f32) if _is_int(x) else x
+
+
+def _promote(a, b):
+    """torch's promotion for the cases mods meet: an integer with a float becomes f32."""
+    a, b = raw(a), raw(b)
+    if _is_float(a) or _is_float(b):
+        return _f32(a), _f32(b)
+    return a, b
+
+
+def _binary(fn):
+    def method(self, other):
+        a, b = _promote(self, other)
+        return Val(fn(a, b))
+
+    def reflected(self, other):
+        a, b = _promote(other, self)
+        return Val(fn(a, b))
+    return method, reflected
+
+
+class Val:
+    """A run-time value as a traced mod sees it: torch's arithmetic (an integer index with a float
+    becomes a float, ``/`` divides as floats), ``.abs()``, and no Python truth value."""
+
+    __slots__ = ("v",)
+
+    def __init__(self, v):
+        self.v = v
+
+    def __bool__(self):
+        raise TypeError("a run-time value was used where Python needs a bool (an if, and/or/not, a chained "
+                        "comparison): write torch.where(c, x, y), a & b, a | b, ~a")
+
+    def __truediv__(self, other):
+        return Val(_f32(raw(self)) / _f32(raw(other)))
+
+    def __rtruediv__(self, other):
+        return Val(_f32(raw(other)) / _f32(raw(self)))
+
+    def __neg__(self):
+        return Val(-self.v)
+
+    def __invert__(self):
+        return Val(~self.v)
+
+    def __abs__(self):
+        return Val(abs(self.v))
+
+    def abs(self):
+        return Val(abs(self.v))
+
+    def float(self):
+        return Val(_f32(self.v))
+
+    __hash__ = object.__hash__
+
+
+for _name, _fn in (("add", lambda a, b: a + b), ("sub", lambda a, b: a - b), ("mul", lambda a, b: a * b),
+                   ("floordiv", lambda a, b: a // b), ("mod", lambda a, b: a % b), ("and", lambda a, b: a & b),
+                   ("or", lambda a, b: a | b), ("xor", lambda a, b: a ^ b)):
+    _m, _r = _binary(_fn)
+    setattr(Val, f"__{_name}__", _m)
+    setattr(Val, f"__r{_name}__", _r)
+for _name, _fn in (("eq", lambda a, b: a == b), ("ne", lambda a, b: a != b), ("lt", lambda a, b: a < b),
+                   ("le", lambda a, b: a <= b), ("gt", lambda a, b: a > b), ("ge", lambda a, b: a >= b)):
+    setattr(Val, f"__{_name}__", _binary(_fn)[0])
+
+
+def _lifted(fn, floats=False):
+    """A DSL function taking and giving ``Val``s (its float arguments promoted when ``floats``)."""
+    def call(*args, **kwargs):
+        args = [raw(a) for a in args]
+        if floats or any(_is_float(a) for a in args):
+            args = [_f32(a) for a in args]
+        return Val(fn(*args, **{k: raw(v) for k, v in kwargs.items()}))
+    return call
+
+
 def _select(cond, a, b):
-    return ty.select(cond, a, b)
+    a, b = _promote(a, b)
+    return ty.select(raw(cond), a, b)
 
 
 class _Torch:
     """``torch`` as a traced mod sees it."""
 
-    where = staticmethod(_select)
-    tanh = staticmethod(ty.tanh)
-    exp = staticmethod(ty.exp)
-    exp2 = staticmethod(ty.exp2)
-    log = staticmethod(ty.log)
-    sigmoid = staticmethod(ty.sigmoid)
-    minimum = staticmethod(ty.minimum)
-    maximum = staticmethod(ty.maximum)
-
-    @staticmethod
-    def abs(x):
-        return abs(x)
+    where = staticmethod(_lifted(_select))
+    tanh = staticmethod(_lifted(ty.tanh, floats=True))
+    exp = staticmethod(_lifted(ty.exp, floats=True))
+    exp2 = staticmethod(_lifted(ty.exp2, floats=True))
+    log = staticmethod(_lifted(ty.log, floats=True))
+    sigmoid = staticmethod(_lifted(ty.sigmoid, floats=True))
+    minimum = staticmethod(_lifted(ty.minimum))
+    maximum = staticmethod(_lifted(ty.maximum))
+    abs = staticmethod(_lifted(abs))
 
     @staticmethod
     def clamp(x, min=None, max=None):  # noqa: A002 - torch's keyword names
         if min is not None:
-            x = ty.maximum(x, min)
+            x = _lifted(ty.maximum)(x, min)
         if max is not None:
-            x = ty.minimum(x, max)
+            x = _lifted(ty.minimum)(x, max)
         return x
 
     def __getattr__(self, name):
@@ -144,8 +257,9 @@ def call_traced(arg, ref, variant, aux_args, args):
         n_user = sum(1 for n in names if n.startswith("aux")) - sum(
             len(m.tensor_slots) for m in (variant.score_mod, variant.mask_mod) if m is not None)
         args = (*args, tuple(views[f"aux{k}"] for k in range(n_user)))
+    args = tuple(a if isinstance(a, tuple) else Val(a) for a in args)
     try:
-        got = copy(*args)
+        got = raw(copy(*args))
     except ModError:
         raise
     except Exception as e:  # noqa: BLE001 - re-raised naming the keyword and the user's line

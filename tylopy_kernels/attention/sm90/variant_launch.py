@@ -56,7 +56,6 @@ def variant_args(variant, tensors, B, H, n_q, n_k, device):
     else:
         mask = mask.expand(B, H, n_q, n_k)
         mask = mask.view(torch.uint8) if mask.dtype == torch.bool else mask.float()
-        mask = ty.strided(mask)
     bm = [get(n) for n in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")]
     if bm[0] is None:
         bm = [_placeholder((1,) * (3 + (k & 1)), torch.int32, device) for k in range(4)]
@@ -106,6 +105,16 @@ def plan_variant_launch(q, k, v, variant, tensors, scale, out, lse, make_map=Non
               COORD_ORDER=order, VARIANT=kvar)
     Plan(D, cx["BLOCK_N"], cx["STAGES"], cx["CONSUMERS"], False)
     return Launch((num_m, H, B), args, cx)
+
+
+OPEN_SLOTS = {"mask": 21, "aux0": 26, "aux1": 27, "aux2": 28, "aux3": 29}  # argument positions of open tensors
+_TY_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.uint8: "u8",
+              torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64"}
+
+
+def open_dtypes(launch: Launch) -> dict:
+    """The dtypes of the open tensor parameters of ``launch`` by name (``compile(**constexprs, **these)``)."""
+    return {name: getattr(ty, _TY_DTYPES[launch.args[i].dtype]) for name, i in OPEN_SLOTS.items()}
 
 
 def launch_variant(q, k, v, variant, tensors, scale, out, lse):

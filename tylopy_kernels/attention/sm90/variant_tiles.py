@@ -202,7 +202,7 @@ def _transform(prob, x, b, h, row, col, mask_val, slope):
 
 
 @ty.func
-def scores(prob, s, row0, col0, b, h, is_partial, slope):
+def scores(prob, s, row0, col0, b, h, is_partial, slope, mask_rows):
     """The S fragment as the softmax takes it: transformed (natural units) and masked (-inf)."""
     vp = prob.variant
     warp = ty.warp_idx() & 3
@@ -211,6 +211,7 @@ def scores(prob, s, row0, col0, b, h, is_partial, slope):
     first = [slots.index(k) for k in range(max(slots) + 1)]
     rows = [row0 + s.layout.coord(warp, lane, i)[0] for i in first]
     vals = list(s.values)
+    forget_loads(vp)
     need = ty.cast(1, ty.i1)  # keys past n_k are always masked: a position mask is always there
     if not (vp.v.attn_mask or vp.v.mask_mod is not None):
         need = _mask_needed(prob, row0, col0, 64, s.layout.shape[1])
@@ -221,19 +222,46 @@ def scores(prob, s, row0, col0, b, h, is_partial, slope):
             col = col0 + s.layout.coord(warp, lane, i)[1]
             mval = None
             if vp.v.attn_mask == "float":
-                inside = (row < prob.n_q) & (col < prob.n_k)
-                mval = ty.load(vp.mask.address((b, h, ty.select(inside, row, 0), ty.select(inside, col, 0))),
-                               mask=inside)
+                mval = _mask_at(prob, mask_rows[slots[i]], row, col)
             out.append(_transform(prob, vals[i] * prob.scale, b, h, row, col, mval, slope))
         vals = out
     if need:
-        vals = _apply_masks(prob, s, vals, rows, slots, col0, b, h, is_partial)
+        vals = _apply_masks(prob, s, vals, rows, slots, col0, b, h, is_partial, mask_rows)
     return vals
 
 
 @ty.func
-def _apply_masks(prob, s, vals, rows, slots, col0, b, h, is_partial):
+def mask_row_pointers(prob, s, row0, b, h):
+    """This thread's two rows of the attn_mask (pointers to their column 0), or None without one:
+    per element only the column's offset is left to add."""
     vp = prob.variant
+    if not vp.v.attn_mask:
+        return None
+    warp = ty.warp_idx() & 3
+    lane = ty.lane_id()
+    slots = s.layout.row_slots
+    first = [slots.index(k) for k in range(max(slots) + 1)]
+    m = vp.mask
+    base = m.ptr + (ty.cast(b, ty.i64) * m.stride[0] + ty.cast(h, ty.i64) * m.stride[1])
+    return [base + ty.cast(row0 + s.layout.coord(warp, lane, i)[0], ty.i64) * m.stride[2] for i in first]
+
+
+def forget_loads(vp):
+    for a in vp.aux:
+        if a is not None:
+            a.forget()
+
+
+def _mask_at(prob, row_ptr, row, col, ok=None):
+    """The attn_mask at (row, col) (0 outside the lengths, where the load is predicated off)."""
+    inside = (col < prob.n_k) & (row < prob.n_q) if ok is None else ok & (row < prob.n_q)
+    return ty.load(row_ptr + ty.cast(col, ty.i64) * prob.variant.mask.stride[3], mask=inside)
+
+
+@ty.func
+def _apply_masks(prob, s, vals, rows, slots, col0, b, h, is_partial, mask_rows):
+    vp = prob.variant
+    forget_loads(vp)
     warp = ty.warp_idx() & 3
     lane = ty.lane_id()
     out = []
@@ -242,10 +270,7 @@ def _apply_masks(prob, s, vals, rows, slots, col0, b, h, is_partial):
         col = col0 + s.layout.coord(warp, lane, i)[1]
         ok = _visible(prob, row, col)
         if vp.v.attn_mask == "bool":
-            inside = (row < prob.n_q) & ok
-            flag = ty.load(vp.mask.address((b, h, ty.select(inside, row, 0), ty.select(inside, col, 0))),
-                           mask=inside)
-            ok = ok & (flag != 0)
+            ok = ok & (_mask_at(prob, mask_rows[slots[i]], row, col, ok) != 0)
         if vp.v.mask_mod is not None:
             keep = mods.call_traced("mask_mod", vp.kv.live.mask_mod, vp.kv.live, vp.aux, (b, h, row, col))
             if vp.v.block_mask is not None:
