@@ -154,7 +154,8 @@ def _backward(ctx, dout, dlse):
         # ALiBi slopes get none: as FlashAttention's, they are constants.
         from tylopy_kernels.attention.sm90.backward_variant_launch import float_mask_grad
         d = dlse if ctx.return_lse else None
-        grads[variant.index("attn_mask")] = float_mask_grad(dout, q, k, v, out, lse, variant, tensors, ctx.scale,
+        grads[variant.index("attn_mask")] = float_mask_grad(dout, q, k, v, out, lse, variant,
+                                                            V.with_captured(variant, tensors), ctx.scale,
                                                             d).to(tensors[variant.index("attn_mask")].dtype)
     return dq, dk, dv, grads, None, None, None
 

@@ -27,8 +27,9 @@ from tylopy import hopper
 from tylopy_kernels.attention.sm90.backward import (Config, Problem, Smem, check_config, column_stats, consumer,
                                                     init_barriers, producer)
 from tylopy_kernels.attention.sm90.backward_common import LOG2E, NEG_INF, mask_bit
-from tylopy_kernels.attention.sm90.mod_grad import ForwardView, mask_mod_keep, score_and_grad, transform_has_slope
-from tylopy_kernels.attention.sm90.variant_tiles import VariantProblem
+from tylopy_kernels.attention.sm90.mod_grad import (ForwardView, float_mask_at, mask_mod_keep,
+                                                    score_and_grad, transform_has_slope)
+from tylopy_kernels.attention.sm90.variant_tiles import VariantProblem, forget_loads
 
 HQ_SHIFT = 16            # a work entry: (query head << 16) | (query tile << 1) | full
 
@@ -155,6 +156,10 @@ def score_grads(s, dp, smem, lay, prob, cfg, stage, key0, m0, hq, b, it, bits):
         dp = hopper.wgmma_wait(0, dp)
     vals = list(s.values)
     bounds = position_bounds(vb, key0, m0)
+    forget_loads(vb.fwd.variant)     # a new scope for the mods' shared loads (``mods.AuxTensor``)
+    # One index value per key row, so loads a mod makes with a key's index are made once per tile.
+    g2 = ty.lane_id() & 3
+    keys = [key0 + 16 * warp + (lane >> 2) + 8 * h for h in range(2)]
     dv = dp.values if fused else None
     p_f32 = []     # t' = 1: f32 P until dP^T is there
     p_words = []
@@ -166,10 +171,13 @@ def score_grads(s, dp, smem, lay, prob, cfg, stage, key0, m0, hq, b, it, bits):
         ds = []
         for e in range(4):
             i = 4 * j + e
-            r, c = s.layout.coord(warp, lane, i)
-            ki = key0 + r
-            qi = m0 + c
-            t, grad = score_and_grad(vb, b, hq, qi, ki, vals[i] * prob.scale, with_grad, slope)
+            o = 8 * (i >> 2) + (i & 1)
+            ki = keys[(i >> 1) & 1]
+            qi = m0 + (2 * g2 + o)
+            mval = None
+            if key.attn_mask == "float":
+                mval = float_mask_at(vb, b, hq, qi, ki)
+            t, grad = score_and_grad(vb, b, hq, qi, ki, vals[i] * prob.scale, with_grad, slope, mval)
             keep = position_keep(bounds, i)
             if key.mask_mod is not None:
                 keep = keep & mask_mod_keep(vb, b, hq, qi, ki, full)

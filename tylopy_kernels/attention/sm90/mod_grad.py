@@ -3,7 +3,7 @@ derivative, for the backward kernel.
 
 The transform itself is the forward kernel's (``variant_tiles._transform``: softcap, the user's
 score_mod traced by ``mods.call_traced``, ALiBi, the float mask), so both passes compute the same
-scores bit for bit. ``score_and_grad(vb, b, h, q_idx, kv_idx, x, with_grad, slope)`` gives ``(T(x),
+scores bit for bit. ``score_and_grad(vb, b, h, q_idx, kv_idx, x, with_grad, slope, mval)`` gives ``(T(x),
 dT/dx)`` at the scaled score x of one element (``dT/dx`` None when ``with_grad`` is False):
 
 * by default ``dT/dx`` is ``ty.value_and_derivative`` of that very DSL function: the chain rule
@@ -34,18 +34,19 @@ def transform_has_slope(key) -> bool:
     return bool(key.softcap) or key.score_mod is not None
 
 
-def float_mask_value(vp, b, h, q_idx, kv_idx, n_q, n_k):
-    """The float mask at (q_idx, kv_idx), 0 outside [0, N) x [0, N_k) (as the forward reads it)."""
-    inside = (q_idx < n_q) & (kv_idx < n_k)
-    return ty.load(vp.mask.address((b, h, ty.select(inside, q_idx, 0), ty.select(inside, kv_idx, 0))), mask=inside)
+def float_mask_at(vb, b, h, q_idx, kv_idx):
+    """The float mask at (q_idx, kv_idx), 0 outside [0, N) x [0, N_k) (the load predicated off),
+    as the forward reads it."""
+    fv = vb.fwd
+    inside = (q_idx < fv.n_q) & (kv_idx < fv.n_k)
+    return ty.load(fv.variant.mask.address((b, h, q_idx, kv_idx)), mask=inside)
 
 
-def score_and_grad(vb, b, h, q_idx, kv_idx, x, with_grad, slope):
-    """(T(x), dT/dx or None): see the module text."""
+def score_and_grad(vb, b, h, q_idx, kv_idx, x, with_grad, slope, mval):
+    """(T(x), dT/dx or None): see the module text (``mval``: the float mask's value, or None)."""
     fv = vb.fwd
     vp = fv.variant
     key = vp.v
-    mval = float_mask_value(vp, b, h, q_idx, kv_idx, fv.n_q, fv.n_k) if key.attn_mask == "float" else None
 
     def transform(v):
         return _transform(fv, v, b, h, q_idx, kv_idx, mval, slope)
@@ -59,8 +60,8 @@ def score_and_grad(vb, b, h, q_idx, kv_idx, x, with_grad, slope):
         s, ds = ty.value_and_derivative(lambda v: vp.softcap * ty.tanh(v * vp.inv_softcap), x)
     grad = ds
     if key.score_mod is not None:
-        bwd = mods.substituted(vb.score_mod_bwd, {})
-        grad = bwd(s, ds, b, h, q_idx, kv_idx)
+        bwd = mods.substituted(vb.score_mod_bwd, {})  # torch -> the DSL, as for the mod
+        grad = mods.raw(bwd(*(mods.Val(a) for a in (s, ds, b, h, q_idx, kv_idx))))
     return transform(x), grad
 
 
