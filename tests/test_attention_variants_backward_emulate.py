@@ -88,7 +88,8 @@ def variant_cases(g, B, H, n_q, n_k):
         "bool-mask": dict(attn_mask=torch.rand(n_q, n_k, generator=g) > 0.3),
         "score_mod": dict(score_mod=gated_bias),
         "mask_mod": dict(mask_mod=lambda b, h, q, kv: (q + 2 * kv + h) % 5 != 1),
-        "softcap-alibi-sinks-causal": dict(softcap=8.0, alibi_slopes=torch.rand(H, generator=g), is_causal=True,
+        "softcap-alibi-sinks-causal": dict(softcap=8.0, alibi_slopes=torch.rand(H, generator=g) * 0.1, is_causal=True,
+                                           causal_align="bottom_right",
                                            sinks=torch.randn(H, generator=g)),
     }
 
