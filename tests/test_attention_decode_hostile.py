@@ -61,3 +61,15 @@ def test_check_inputs_names_the_entry_on_the_host():
     assert f"block_table[2, 1] = {k.shape[0]}" in msg and f"0..{k.shape[0] - 1}" in msg and "1 such entry" in msg
     table[2, 1] = 0
     st.check_table_on_host(table, lens, CASE.page_size, k.shape[0], CASE.capacity)
+
+
+def test_int32_extreme_entries_are_caught_without_an_overflowing_address():
+    """INT32_MIN and INT32_MAX (a page index whose byte offset overflows any 32-bit product) in the
+    pages sequences 0 and 2 use: no read through them (the emulator would raise), both recorded."""
+    def edit(table, num_pages):
+        table[0, 1] = st.INT32_MIN
+        table[2, 0] = st.INT32_MAX
+    out, lse, ref_out, ref_lse, status = _run(edit)
+    assert status.first_sequence == 0 and status.bad_reads >= 2
+    assert (status.lowest_entry, status.highest_entry) == (st.INT32_MIN, st.INT32_MAX)
+    check_result(CASE, out[[1]], lse[[1]], ref_out[[1]], ref_lse[[1]])

@@ -3,6 +3,7 @@ handle, anything else refused naming ``stream``), float parameters range-checked
 the launcher and the emulator alike), tensors with a strided last dimension refused for ``ty.ptr``
 parameters with the fix in the message, a prepared launch keeping its tensors alive, and the
 autotuner never timing under CUDA graph capture."""
+import ctypes
 import gc
 import warnings
 import weakref
@@ -149,6 +150,32 @@ def test_a_prepared_launch_keeps_its_tensors_alive(fake):
     del run
     gc.collect()
     assert refs[1]() is None
+
+
+@ty.kernel(threads=64)
+def copy_rows(src: ty.tensor(2), dst: ty.tensor(2)):
+    r = ty.block_idx()
+    for c in range(ty.thread_idx(), src.shape[1], 64):
+        dst[r, c] = src[r, c]
+
+
+def test_a_prepared_launch_keeps_the_storage_of_views_it_packed(fake):
+    """A ``ty.tensor`` argument that is a view of a temporary (the caller keeps neither): the storage
+    the packed pointer points into stays alive while the prepared launch does."""
+    src = on_device(torch.randn(8, 20)[:, 4:14], 0)  # a view: its base is referenced by nothing else
+    dst = on_device(torch.empty(10, 8).t(), 0)
+    base = weakref.ref(src._base)
+    ptrs = (src.data_ptr(), dst.data_ptr())
+    run = copy_rows[(8,)].prepare(src, dst)
+    del src, dst
+    gc.collect()
+    assert base() is not None
+    run.launch()
+    params = (ctypes.c_void_p * 10).from_address(fake.launches[-1]["params"])
+    assert (ctypes.c_void_p.from_address(params[0]).value, ctypes.c_void_p.from_address(params[5]).value) == ptrs
+    del run
+    gc.collect()
+    assert base() is None
 
 
 # -- autotuning and CUDA graph capture ---------------------------------------------------------------

@@ -54,10 +54,17 @@ class HostLoweringError(TylopyError):
 
 
 @functools.lru_cache(maxsize=None)
-def _host_target():
+def _native_target():
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
-    target = llvm.Target.from_default_triple()
+    return llvm.Target.from_default_triple()
+
+
+def _host_target():
+    """The host target and a new target machine: an MCJIT engine takes ownership of the machine it
+    is given and frees it with itself, so one machine shared by two engines would be used after
+    the first engine is collected (a crash in the next compile)."""
+    target = _native_target()
     return target, target.create_target_machine(opt=0)
 
 

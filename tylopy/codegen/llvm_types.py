@@ -18,6 +18,15 @@ _SCALAR = {
 TENSORMAP_ARG = ir.PointerType(ir.ArrayType(ir.IntType(8), 128))
 
 
+def signed_constant(c: ir.Constant) -> int:
+    """An integer constant's value read as signed: constants are built from their unsigned bits
+    (``lower_const`` stores -1 as 0xFFFFFFFF), so a lowering that asks "is it -1?" or "is it
+    negative?" must read the bits back this way."""
+    bits = c.type.width
+    value = int(c.constant) & ((1 << bits) - 1)
+    return value - (1 << bits) if value >> (bits - 1) else value
+
+
 def llvm_type(t: Type) -> ir.Type:
     if isinstance(t, ScalarType):
         return _SCALAR[t.name]

@@ -22,6 +22,7 @@ import numpy as np
 
 from . import diagnose
 from .asynccopy import AsyncCopies
+from .cluster import Cluster
 from .deadlock import deadlock_error
 from .errors import ProtocolError, where
 from .memory import shared_layout
@@ -53,12 +54,17 @@ class Warp:
         self.cp_open = np.zeros(WARP, dtype=np.int64)  # per lane: cp.async groups committed so far
         self.bulk_open = np.zeros(WARP, dtype=np.int64)  # per lane: bulk (TMA store) groups committed
         self.mb_seen: dict = {}  # mbarrier address -> (phases it has seen completed, wait op, parity)
+        self.mb_passes: dict = {}  # mbarrier address -> waits of this warp on it that completed
+        self.cluster_gen = None  # the cluster-barrier phase this warp arrived in and has not waited for
+        self.mb_arrived: dict = {}  # mbarrier address -> (phases this warp arrived in, its last arrive op)
         self.arrive_log: list = []  # (epoch, op, mbarrier) of this warp's latest mbarrier arrivals
         self.last_mb_wait = None  # (mbarrier, op, parity) of the latest completed mbarrier wait
         self.loops: list = []  # [loop op, iterations of its current run] of the loops running, outermost first
         self.gen = run_block(self, cta.prog.body)
 
     def note_arrive(self, mb, op):
+        if all(wid != self.wid for wid, _ in mb.arrivals):  # its first arrival in this phase
+            self.mb_arrived[mb.addr] = (self.mb_arrived.get(mb.addr, (0, None))[0] + 1, op)
         self.arrive_log.append((int(self.cta.vc[self.wid, self.wid]), op, mb))
         if len(self.arrive_log) > 16:
             del self.arrive_log[0]
@@ -67,6 +73,7 @@ class Warp:
         """This warp observed the phase of ``mb`` with ``parity``: how many phases it has seen done."""
         done = mb.phase if (mb.phase & 1) != parity else mb.phase - 1
         self.mb_seen[mb.addr] = (done, op, parity)
+        self.mb_passes[mb.addr] = self.mb_passes.get(mb.addr, 0) + 1
         self.last_mb_wait = (mb, op, parity)
 
     def set_mask(self, mask: np.ndarray, n: int | None = None):
@@ -100,6 +107,8 @@ class Warp:
             v = np.full(WARP, cta.coord[axis[ax]], dtype=np.int32)
         elif base == "nctaid":
             v = np.full(WARP, cta.launch.grid[axis[ax]], dtype=np.int32)
+        elif base.startswith("cluster") or base == "nclusterid":
+            v = np.full(WARP, cta.cluster.specials(cta.coord)[reg], dtype=np.int32)
         elif reg == "laneid":
             v = LANES.copy()
         elif reg == "warpid":
@@ -111,6 +120,42 @@ class Warp:
 
 
 _uids = itertools.count()
+
+
+def run_together(ctas) -> None:
+    """Run the warps of ``ctas`` (one CTA, or the CTAs of one cluster) interleaved until all exit."""
+    live = [w for c in ctas for w in c.warps]
+    rng = ctas[0].rng
+    while live:
+        progressed = False
+        for w in (live if rng is None else rng.sample(live, len(live))):
+            copies = w.cta.copies
+            if rng is not None and copies.pending:
+                copies.land_some(rng)
+            if w.wait is not None:
+                if not w.wait.ready():
+                    continue
+                w.wait = None
+            try:
+                w.wait = next(w.gen)
+            except StopIteration:
+                w.exited = True
+            progressed = True
+        live = [w for w in live if not w.exited]
+        if live and not progressed:
+            pending = [c for c in ctas if c.copies.pending]
+            if pending:  # the latest point a copy can land: nothing else can happen first
+                for c in pending:
+                    c.copies.land_all()
+                continue
+            stuck = live[0].cta
+            error = stuck.deadlock([w for w in live if w.cta is stuck])
+            if len(ctas) > 1:
+                error.args = (f"{error.args[0]}\n{ctas[0].cluster.describe()}",)
+            raise error
+    for c in ctas:
+        c.copies.at_exit()
+        c._check_exit()
 
 
 class Collective:
@@ -138,7 +183,7 @@ class Collective:
 class CTA:
     """One thread block: its warps, shared memory, barriers, mbarriers and vector clocks."""
 
-    def __init__(self, launch, coord: tuple[int, int, int], serial: int = 0):
+    def __init__(self, launch, coord: tuple[int, int, int], serial: int = 0, cluster=None):
         self.launch, self.prog, self.coord, self.serial = launch, launch.prog, coord, serial
         kir = self.prog.kir
         self.threads = kir.launch.max_threads
@@ -163,6 +208,10 @@ class CTA:
         self.rng = launch.rng
         self.copies = AsyncCopies(self)
         self.warps = [Warp(self, i, launch.template) for i in range(self.nwarps)]
+        if cluster is None:  # a launch without clusters: each CTA is a cluster of one
+            cluster = Cluster((1, 1, 1), coord, launch.grid)
+        self.cluster = cluster
+        self.rank = cluster.add(self)
 
     # -- vector clocks --------------------------------------------------------------------------
     def release(self, wid: int, acc: np.ndarray):
@@ -250,30 +299,10 @@ class CTA:
 
     # -- scheduling --------------------------------------------------------------------------------
     def run(self):
-        live = list(self.warps)
-        rng, copies = self.rng, self.copies
-        while live:
-            progressed = False
-            for w in (live if rng is None else rng.sample(live, len(live))):
-                if rng is not None and copies.pending:
-                    copies.land_some(rng)
-                if w.wait is not None:
-                    if not w.wait.ready():
-                        continue
-                    w.wait = None
-                try:
-                    w.wait = next(w.gen)
-                except StopIteration:
-                    w.exited = True
-                progressed = True
-            live = [w for w in live if not w.exited]
-            if live and not progressed:
-                if copies.pending:  # the latest point a copy can land: nothing else can happen first
-                    copies.land_all()
-                    continue
-                raise self.deadlock(live)
-        copies.at_exit()
-        self._check_exit()
+        run_together([self])
+
+    def exited(self) -> bool:
+        return all(w.exited for w in self.warps)
 
     def _check_exit(self):
         for wg, log in self.wg_logs.items():

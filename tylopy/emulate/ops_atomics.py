@@ -14,6 +14,8 @@ writer. Global memory has no race check in the emulator (CTAs run one after anot
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..semantics.atomics import apply_in_order, combine_fn
@@ -106,15 +108,26 @@ def _global_update(w, op, addrs, lanes, dt, fn, values, compare):
     return olds
 
 
-def _update(w, op, space, t, name, packed, addrs, lanes, values, compare):
+@dataclass(frozen=True)
+class _Atomic:
+    """What an atomic op does, fixed when the op is built: the element type, the operation's name
+    ("add", "cas", ...) and whether two f16/bf16 halves are packed in one word."""
+
+    t: object
+    name: str
+    packed: bool
+
+    def combine(self, space: str):
+        return combine_fn(self.name, kind_of(self.t, self.name, self.packed, space))
+
+
+def _update(w, op, space, atomic: _Atomic, addrs, lanes, values, compare):
     """Apply the updates (in element order) in ``space``; returns each element's old value."""
-    dt = np_dtype(t)
+    dt = np_dtype(atomic.t)
     if space == "shared":
-        fn = combine_fn(name, kind_of(t, name, packed, "shared"))
-        return _shared_update(w, op, addrs.astype(np.int64), lanes, dt, fn, values, compare)
+        return _shared_update(w, op, addrs.astype(np.int64), lanes, dt, atomic.combine("shared"), values, compare)
     if space == "global":
-        fn = combine_fn(name, kind_of(t, name, packed, "global"))
-        return _global_update(w, op, addrs, lanes, dt, fn, values, compare)
+        return _global_update(w, op, addrs, lanes, dt, atomic.combine("global"), values, compare)
     base = np.uint64(SHARED_WINDOW)
     sh = (addrs >= base) & (addrs < base + np.uint64(1 << 32))
     olds = np.empty(len(addrs), dtype=dt)
@@ -122,7 +135,7 @@ def _update(w, op, space, t, name, packed, addrs, lanes, values, compare):
         if where_.any():
             a = addrs[where_] - base if part == "shared" else addrs[where_]
             cmp = None if compare is None else compare[where_]
-            olds[where_] = _update(w, op, part, t, name, packed, a, lanes[where_], values[where_], cmp)
+            olds[where_] = _update(w, op, part, atomic, a, lanes[where_], values[where_], cmp)
     return olds
 
 
@@ -130,6 +143,7 @@ def _update(w, op, space, t, name, packed, addrs, lanes, values, compare):
 def make_atomic(prog, op):
     pt = op.operands[0].type
     t, space, name, packed = pt.pointee, pt.space, op.attr("op"), op.attr("packed")
+    atomic = _Atomic(t, name, packed)
     dt = np_dtype(t)
     vec = op.attr("vec", 1)
     p = prog.slot(op.operands[0])
@@ -156,7 +170,7 @@ def make_atomic(prog, op):
         else:
             addrs, values, elem_lanes = base, np.asarray(env[val_slots[0]])[lanes].astype(dt), lanes
         compare = np.asarray(env[cmp_slot])[lanes].astype(dt) if is_cas else None
-        olds = _update(w, op, space, t, name, packed, addrs, elem_lanes, values, compare)
+        olds = _update(w, op, space, atomic, addrs, elem_lanes, values, compare)
         if res is not None:
             out = np.zeros(WARP, dtype=dt)
             out[lanes] = olds

@@ -121,12 +121,14 @@ class SharedMemory:
             self.note_read(bi, who.wid, vc[who.wid], op)
         return gather(self.buf, offs, dtype, vec)
 
-    def store(self, offs, values, dtype, op, who, lanes, warp, vc, tids):
+    def store(self, offs, values, dtype, op, who, lanes):
+        """A store by the warp ``who`` from its lanes ``lanes`` (the bytes' writer: that warp, those threads)."""
         n, vec = values.shape
         nb = dtype.itemsize * vec
         self.check(offs, nb, op, who, "write", lanes)
         bi = (offs.astype(np.int64)[:, None] + np.arange(nb, dtype=np.int64))
-        self.note_write(bi.ravel(), warp, who.cta.clock[warp], op, who, np.repeat(tids, nb))
+        warp = who.wid
+        self.note_write(bi.ravel(), warp, who.cta.clock[warp], op, who, np.repeat(who.tids[lanes], nb))
         scatter(self.buf, offs, values, dtype)
 
     # -- read tracking --------------------------------------------------------------------------------

@@ -139,6 +139,8 @@ class Builder:
     def __init__(self, arch: str, options=None):
         self.arch = arch
         self.options = options
+        self.threads = None  # threads per block (the kernel's launch bound), for block-wide library code
+        self.kernel_name = ""
         self._next_id = 0
         self._blocks: list[_BlockBuilder] = [_BlockBuilder()]
         self.shared_allocs: list = []

@@ -214,6 +214,9 @@ def _tensormap_packer(kernel: str, name: str, i: int):
     def pack(x, slots, ptrs, device):
         if not isinstance(x, TensorMap):
             raise LaunchTypeError(f"{kernel}: argument {name!r} expects a tylopy TensorMap, but got {type(x).__name__}")
+        if x.device is None:
+            raise LaunchValueError(f"{kernel}: tensor map {name!r} describes a CPU tensor (it serves kernel.emulate); "
+                                   "build it with ty.tensor_map from a CUDA tensor to launch on the GPU")
         if device is not None and x.device != device:
             raise LaunchValueError(f"{kernel}: tensor map {name!r} describes memory on cuda:{x.device}, "
                                    f"but the launch runs on cuda:{device}")
@@ -407,12 +410,38 @@ class Launcher:
         if self._debug_record is not None:
             self._reset_debug_record(device, s)
         ck = self.ck
-        err, = d.cuLaunchKernel(f, gx, gy, gz, ck.threads, 1, 1, ck.dynamic_shared_bytes, s, slots.address, 0)
-        if err != self._success:
-            raise DriverError("cuLaunchKernel", drv._result_name(d, err), ck.name,
-                              f"grid={(gx, gy, gz)}, block={ck.threads}, smem={ck.dynamic_shared_bytes}")
+        if ck.cluster is not None:
+            self._launch_cluster(d, f, gx, gy, gz, slots, s)
+        else:
+            err, = d.cuLaunchKernel(f, gx, gy, gz, ck.threads, 1, 1, ck.dynamic_shared_bytes, s, slots.address, 0)
+            if err != self._success:
+                raise DriverError("cuLaunchKernel", drv._result_name(d, err), ck.name,
+                                  f"grid={(gx, gy, gz)}, block={ck.threads}, smem={ck.dynamic_shared_bytes}")
         if self._debug_record is not None:
             self._check_debug_record(device, s)
+
+    def _launch_cluster(self, d, f, gx, gy, gz, slots, s):
+        """``cuLaunchKernelEx`` with the cluster-dimension attribute (a kernel with ``cluster=``)."""
+        ck = self.ck
+        cx, cy, cz = ck.cluster
+        if gx % cx or gy % cy or gz % cz:
+            raise LaunchValueError(f"{ck.name}: grid expects a multiple of the cluster shape {ck.cluster} in every "
+                                   f"dimension, but got {(gx, gy, gz)}")
+        attr = d.CUlaunchAttribute()
+        attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cx, cy, cz
+        config = d.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
+        config.blockDimX, config.blockDimY, config.blockDimZ = ck.threads, 1, 1
+        config.sharedMemBytes = ck.dynamic_shared_bytes
+        config.hStream = s
+        config.attrs = [attr]
+        config.numAttrs = 1
+        err, = d.cuLaunchKernelEx(config, f, slots.address, 0)
+        if err != self._success:
+            raise DriverError("cuLaunchKernelEx", drv._result_name(d, err), ck.name,
+                              f"grid={(gx, gy, gz)}, cluster={ck.cluster}, block={ck.threads}, "
+                              f"smem={ck.dynamic_shared_bytes}")
 
     # -- debug mode (TYLOPY_DEBUG_WAITS=1 at compile time): bounded mbarrier waits -------------
     DEBUG_RECORD = "tylopy_debug_record"

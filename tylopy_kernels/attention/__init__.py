@@ -327,8 +327,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         q, k, v = autocast_inputs(q, k, v)
     scale = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
                          enable_gqa)
-    cu_seqlens_q, cu_seqlens_k = device_cu_seqlens(q, cu_seqlens_q, q.shape[0]), device_cu_seqlens(
-        q, cu_seqlens_k, k.shape[0])
+    cu_seqlens_q, cu_seqlens_k = device_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0])
     seqused = (seqused_q, seqused_k)
     if seqused != (None, None):
         check_seqused(q, seqused_q, seqused_k, cu_seqlens_q.shape[0] - 1)

@@ -1,0 +1,138 @@
+"""Q, K and V with three different layouts, in the emulator, against the FP64 references.
+
+A launcher that passes K's strides (or K's tensor-map geometry) for V reads V at K's addresses; when
+K and V share a layout every other test still passes. Here they never do: each tensor sits in its
+own buffer with its own padding and dimension order, and K/V heads are grouped (GQA), so a head, a
+row or a batch stride taken from the wrong tensor reads other numbers (or the NaN padding). Each
+kernel is also run with the launcher mutated to use K's strides for V, and the check must fail.
+
+* portable kernel (per-tensor strides): Q a (B, n_q, H, D) buffer seen as (B, H, n_q, D); K a
+  (B, H_kv, n_k, D) buffer padded along keys and head dim; V an (n_k, B, H_kv, D) buffer permuted.
+* Hopper kernel (one coordinate order shared by the three tensor maps, strides per map): the same
+  order, different strides: Q padded along the head dim, K padded along the keys, V padded along
+  the keys differently and offset, batch of two.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+
+import pytest
+import torch
+
+from tylopy.emulate.errors import MemoryAccessError
+from tylopy.runtime.tensormap import TensorMapSpec
+
+PL = pytest.importorskip("tylopy_kernels.attention.portable.launch")
+L = pytest.importorskip("tylopy_kernels.attention.sm90.launch")
+from tylopy_kernels.attention.sm90.forward import attention_fwd_sm90  # noqa: E402
+from tylopy_kernels.attention.testing.reference import HOPPER, PORTABLE  # noqa: E402
+from tylopy_kernels.attention.testing.rules import check_output  # noqa: E402
+
+
+def _in_buffer(values, buffer_shape, permute, index):
+    """``values`` (B, H, n, D) written into a NaN-filled buffer of ``buffer_shape``; the view
+    ``buffer.permute(permute)[index]`` is returned (it must have the shape of ``values``)."""
+    buf = torch.full(buffer_shape, float("nan"), dtype=values.dtype)
+    view = buf.permute(permute)[index]
+    assert view.shape == values.shape, (view.shape, values.shape)
+    view.copy_(values)
+    return view
+
+
+def _check(out, lse, q, k, v, scale, model):
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # the reference wants all heads
+    return check_output(out, lse, q, k, v, None, False, scale, model, stats=False)
+
+
+def _caught_by(run, plan, mutation):
+    """Run with the mutated plan: the references (AssertionError) or the emulator's bounds check must fail."""
+    with pytest.raises((AssertionError, MemoryAccessError)) as info:
+        run(plan)
+    check = "check_output" if info.type is AssertionError else "the emulator's bounds check"
+    print(f"\nmutation {mutation}: caught by {check} ({str(info.value).splitlines()[0][:200]})")
+
+
+def _mutated(module, name, old, new):
+    """``module.name`` compiled again from its source with ``old`` replaced by ``new``."""
+    src = inspect.getsource(getattr(module, name))
+    assert src.count(old) == 1, f"the mutation no longer applies: {old!r} is not once in {module.__name__}.{name}"
+    code = compile(src.replace(old, new), inspect.getsourcefile(module), "exec")
+    scope = dict(vars(module))
+    exec(code, scope)
+    return scope[name]
+
+
+# -- the portable kernel: strides per tensor ------------------------------------------------------------
+
+def portable_inputs(B=2, H=4, H_kv=2, n_q=40, n_k=150, D=32, dtype=torch.bfloat16, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, h, n, D, generator=g).to(dtype) for h, n in ((H, n_q), (H_kv, n_k), (H_kv, n_k)))
+    q = _in_buffer(q, (B, n_q, H, D), (0, 2, 1, 3), slice(None))                       # (B, n, H, D) storage
+    k = _in_buffer(k, (B, H_kv, n_k + 24, D + 32), (0, 1, 2, 3), (slice(None), slice(None), slice(0, n_k),
+                                                                   slice(8, 8 + D)))    # padded rows and dims
+    v = _in_buffer(v, (n_k + 8, B, H_kv, D), (1, 2, 0, 3), (slice(None), slice(None), slice(0, n_k)))  # (n, B, H, D)
+    assert len({q.stride(), k.stride(), v.stride()}) == 3 and k.stride() != v.stride()
+    return q, k, v
+
+
+def run_portable(plan_forward):
+    q, k, v = portable_inputs()
+    out = torch.full(q.shape, float("nan"), dtype=q.dtype)
+    lse = torch.full(q.shape[:3], float("nan"))
+    scale = 1 / math.sqrt(q.shape[-1])
+    plan = plan_forward(q, k, v, out, lse, scale=scale, block_n=32, warps=2)
+    plan.run(emulate=True)
+    return _check(out, lse, q, k, v, scale, PORTABLE.replace(block_n=32, lse=True, dtype=q.dtype))
+
+
+def test_portable_q_k_v_in_three_layouts():
+    run_portable(PL.plan_forward)
+
+
+def test_portable_v_read_with_k_strides_is_caught():
+    mutated = _mutated(PL, "plan_forward", "*row_strides(v, packed)", "*row_strides(k, packed)")
+    _caught_by(run_portable, mutated, "portable-v-with-k-strides")
+
+
+# -- the Hopper kernel: one coordinate order, a tensor map per tensor ------------------------------------
+
+def _spec(t, dims, strides, box):
+    return TensorMapSpec(t, tuple(dims), tuple(strides), tuple(box), "bf16" if t.dtype == torch.bfloat16 else "f16",
+                         128)
+
+
+def hopper_inputs(B=2, H=2, H_kv=1, n_q=70, n_k=200, D=64, dtype=torch.bfloat16, seed=4):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, h, n, D, generator=g).to(dtype) for h, n in ((H, n_q), (H_kv, n_k), (H_kv, n_k)))
+    every = (slice(None), slice(None))
+    q = _in_buffer(q, (B, H, n_q, D + 16), (0, 1, 2, 3), (*every, slice(None), slice(0, D)))
+    k = _in_buffer(k, (B, H_kv, n_k + 40, D), (0, 1, 2, 3), (*every, slice(0, n_k)))
+    v = _in_buffer(v, (B, H_kv, n_k + 72, D + 8), (0, 1, 2, 3), (*every, slice(16, 16 + n_k), slice(0, D)))
+    order = L._coord_order(q)
+    assert all(L._fits(t, order) for t in (q, k, v)), "the layouts must map without a contiguous copy"
+    assert len({q.stride(), k.stride(), v.stride()}) == 3
+    return q, k, v
+
+
+def run_hopper(plan_launch):
+    q, k, v = hopper_inputs()
+    out = torch.full(q.shape, float("nan"), dtype=q.dtype)
+    lse = torch.full(q.shape[:3], float("nan"))
+    scale = 1 / math.sqrt(q.shape[-1])
+    plan = plan_launch(q, k, v, None, False, scale, out, lse, {"PERSISTENT": False, "CONSUMERS": 2},
+                       make_map=_spec, sm_count=132)
+    attention_fwd_sm90.emulate(*plan.args, grid=plan.grid, **plan.constexprs)
+    model = HOPPER.replace(block_n=plan.constexprs["BLOCK_N"], lse=True, dtype=q.dtype)
+    return _check(out, lse, q, k, v, scale, model)
+
+
+def test_hopper_q_k_v_with_different_strides():
+    run_hopper(L.plan_launch)
+
+
+def test_hopper_v_mapped_with_k_geometry_is_caught():
+    mutated = _mutated(L, "plan_launch", "maps = [make_map(t, *_map_geometry(t, rows, order))",
+                       "maps = [make_map(t, *_map_geometry(kk if t is vv else t, rows, order))")
+    _caught_by(run_hopper, mutated, "hopper-v-with-k-map-geometry")

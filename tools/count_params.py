@@ -1,0 +1,142 @@
+"""List the functions that take more than 8 parameters, by package (read with ``ast``, nothing imported).
+
+    python tools/count_params.py                      # tylopy/, tylopy_kernels/ and tools/
+    python tools/count_params.py tylopy --max 8       # one tree, the default limit
+    python tools/count_params.py tylopy --check tools/params_allowlist.txt
+
+The rule: no function takes more than 8 parameters, except kernel signatures (functions decorated
+with ``@ty.kernel`` or ``@ty.func``, or Triton's ``@triton.jit``: their parameters are the kernel's
+arguments and device values).
+Counted: every named parameter (positional-only, positional, keyword-only, ``*args`` and
+``**kwargs`` one each), less a method's ``self`` or ``cls``. Nested functions and lambdas count too,
+named by their qualified name (``outer.<locals>.inner``, ``<lambda>`` at its line).
+
+``--check FILE`` compares with an allowlist (lines ``path::qualname count``, ``#`` comments): exit 1
+when a function not on it is over the limit, one on it grew, or one on it is no longer over the
+limit (delete its line: the list only shrinks).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import sys
+from collections import defaultdict
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_TREES = ("tylopy", "tylopy_kernels", "tools")
+# ty.kernel and ty.func (also imported bare, or called with options), and triton.jit (the Triton kernel
+# the GEMM benchmark compares with): their parameters are a kernel's arguments
+KERNEL_DECORATORS = {"kernel", "func", "jit"}
+
+
+def _decorator_name(node) -> str:
+    node = node.func if isinstance(node, ast.Call) else node
+    return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+
+
+def _is_kernel(fn) -> bool:
+    return any(_decorator_name(d) in KERNEL_DECORATORS for d in getattr(fn, "decorator_list", ()))
+
+
+def count(fn, in_class: bool) -> int:
+    a = fn.args
+    names = [x.arg for x in a.posonlyargs + a.args]
+    n = len(names) + len(a.kwonlyargs) + (a.vararg is not None) + (a.kwarg is not None)
+    is_static = any(_decorator_name(d) == "staticmethod" for d in getattr(fn, "decorator_list", ()))
+    if in_class and names and names[0] in ("self", "cls") and not is_static:
+        n -= 1
+    return n
+
+
+def functions(tree):
+    """(qualified name, line, parameter count, is a kernel signature) of every function in ``tree``."""
+    out = []
+
+    def walk(node, prefix, in_class):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                walk(child, f"{prefix}{child.name}.", True)
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                name = getattr(child, "name", f"<lambda>@{child.lineno}")
+                out.append((prefix + name, child.lineno, count(child, in_class), _is_kernel(child)))
+                walk(child, f"{prefix}{name}.<locals>.", False)
+            else:
+                walk(child, prefix, in_class)
+    walk(tree, "", False)
+    return out
+
+
+def package_of(rel: str) -> str:
+    parts = rel.split("/")
+    return "/".join(parts[:2]) if len(parts) > 2 else parts[0]
+
+
+def over_limit(trees, limit: int = 8, root: str = ROOT) -> dict:
+    """{"path::qualname": (count, line)} of the non-kernel functions with more than ``limit`` parameters."""
+    found = {}
+    for tree in trees:
+        base = os.path.join(root, tree)
+        files = [base] if base.endswith(".py") else [
+            os.path.join(d, f) for d, _, fs in os.walk(base) for f in fs if f.endswith(".py")]
+        for path in sorted(files):
+            rel = os.path.relpath(path, root).replace(os.sep, "/")
+            with open(path, encoding="utf-8") as fh:
+                module = ast.parse(fh.read(), rel)
+            for name, line, n, kernel in functions(module):
+                if n > limit and not kernel:
+                    found[f"{rel}::{name}"] = (n, line)
+    return found
+
+
+def read_allowlist(path: str) -> dict:
+    allowed = {}
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            line = line.split("#", 1)[0].strip()
+            if line:
+                name, n = line.rsplit(None, 1)
+                allowed[name] = int(n)
+    return allowed
+
+
+def compare(found: dict, allowed: dict) -> list:
+    """The problems of ``found`` against the allowlist (empty when it keeps the rule)."""
+    problems = []
+    for name, (n, line) in sorted(found.items()):
+        if name not in allowed:
+            problems.append(f"{name} (line {line}) takes {n} parameters; the limit is 8 outside kernel "
+                            "signatures (group related ones into a dataclass)")
+        elif n > allowed[name]:
+            problems.append(f"{name} (line {line}) takes {n} parameters, {allowed[name]} on the allowlist")
+    for name in sorted(set(allowed) - set(found)):
+        problems.append(f"{name} is on the allowlist but no longer over the limit: delete its line")
+    return problems
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("trees", nargs="*", default=list(DEFAULT_TREES), help="folders or files, relative to the root")
+    ap.add_argument("--max", type=int, default=8, help="the most parameters a function may take (8)")
+    ap.add_argument("--check", metavar="ALLOWLIST", help="compare with an allowlist file")
+    args = ap.parse_args(argv)
+    found = over_limit(args.trees, args.max)
+    by_package = defaultdict(list)
+    for name, (n, line) in found.items():
+        by_package[package_of(name.split("::")[0])].append((n, name, line))
+    for pkg in sorted(by_package):
+        rows = sorted(by_package[pkg], key=lambda r: (-r[0], r[1]))
+        print(f"{pkg}: {len(rows)}")
+        for n, name, line in rows:
+            print(f"  {n:3d}  {name}  (line {line})")
+    print(f"total: {len(found)} function(s) over {args.max} parameters (kernel signatures excluded)")
+    if args.check:
+        problems = compare(found, read_allowlist(args.check))
+        for p in problems:
+            print("error:", p, file=sys.stderr)
+        return 1 if problems else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
