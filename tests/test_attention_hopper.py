@@ -274,6 +274,10 @@ BAD_INPUTS = [
 @pytest.mark.parametrize("entry", ["check_inputs", "tylopy.attention"])
 @pytest.mark.parametrize("change,exc,arg", [b[1:] for b in BAD_INPUTS], ids=[b[0] for b in BAD_INPUTS])
 def test_bad_input_is_rejected_naming_the_argument(change, exc, arg, entry):
+    if entry == "tylopy.attention" and (change.get("is_causal") is True and "key" in change
+                                        or getattr(change.get("attn_mask"), "dtype", None) == torch.float32):
+        pytest.skip("tylopy.attention runs these as variants (docs/attention-variants.md): a float mask is "
+                    "added to the scores, a rectangular causal mask is aligned top-left as SDPA's")
     args = _args(**change)
     with pytest.raises(exc) as info:
         if entry == "check_inputs":

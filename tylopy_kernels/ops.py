@@ -32,7 +32,7 @@ from tylopy_kernels.gemm import ops as _gemm_ops
 OPERATORS = ("tylopy::attention_fwd", "tylopy::attention_bwd", "tylopy::attention_varlen_fwd",
              "tylopy::attention_varlen_bwd", "tylopy::attention_decode", "tylopy::matmul",
              "tylopy::scaled_matmul", "tylopy::attention_variant_fwd", "tylopy::attention_variant_bwd")
-AUTOCAST_OPERATORS = ("tylopy::attention_fwd", "tylopy::attention_varlen_fwd")
+AUTOCAST_OPERATORS = ("tylopy::attention_fwd", "tylopy::attention_varlen_fwd", "tylopy::attention_variant_fwd")
 
 
 _library = torch.library.Library("tylopy", "FRAGMENT")  # the autocast kernels' registrations live here

@@ -79,27 +79,7 @@ class BlockMask:
 
 
 def _tile_flags(bm):
-    """(full, partial) as bool (B, H, Q tiles, KV tiles)."""
-    n_kv = bm.kv_indices.shape[-1]
-    out = []
-    for num, idx in ((bm.full_kv_num_blocks, bm.full_kv_indices), (bm.kv_num_blocks, bm.kv_indices)):
-        live = torch.arange(n_kv, device=idx.device).view(1, 1, 1, n_kv) < num.unsqueeze(-1)
-        flags = torch.zeros(idx.shape, dtype=torch.bool, device=idx.device)
-        flags.scatter_(-1, idx.clamp(min=0).long(), live)
-        out.append(flags)
-    return out[0], out[1]
-
-
-def listed_tiles(variant, tensors, n_q, n_k, device):
-    """(full, partial) bool (B|1, H|1, N, Nk) of a variant's block mask, per key (the reference)."""
-    block = variant.block_mask[0]
-    names = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
-    bm = BlockMask(None, 0, 0, n_q, n_k, block, *(tensors[variant.index(n)] for n in names))
-    full, partial = _tile_flags(bm)
-    qt = torch.arange(n_q, device=device) // block
-    kt = torch.arange(n_k, device=device) // block
-    pick = (lambda f: f[:, :, qt][:, :, :, kt])
-    return pick(full), pick(partial)
+    return _variants.tile_flags(bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices)
 
 
 def _key(mask_mod, B, H, Q_LEN, KV_LEN, device, BLOCK_SIZE):
@@ -178,4 +158,4 @@ def _lists(flags):
     return counts.contiguous(), idx.to(torch.int32).contiguous()
 
 
-__all__ = ["BlockMask", "create_block_mask", "listed_tiles"]
+__all__ = ["BlockMask", "create_block_mask"]

@@ -86,9 +86,10 @@ v, out, lse, dq, dk, dv, dsinks, variant, tensors, scale)`` when that module exi
 from __future__ import annotations
 
 import math
-import threading
-import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from tylopy_kernels.attention.mod_registry import (ModError, ModRef, _is_tensor, captured_tensors, lookup_mod,  # noqa: F401,E501
+                                                   lookup_variant, mod_ref, register_mod, register_variant)
 
 NEG_INF = float("-inf")
 
@@ -107,23 +108,6 @@ ALIGNS = ("top_left", "bottom_right")
 # Names of the run-time tensors a variant may carry, in the order they appear in the list.
 BUILTIN_TENSORS = ("alibi_slopes", "sinks", "attn_mask", "kv_num_blocks", "kv_indices", "full_kv_num_blocks",
                    "full_kv_indices")
-
-
-@dataclass(frozen=True)
-class ModRef:
-    """A user mod by value: its code, the non-tensor values it captures (baked into a trace) and the
-    tensors it reads (slots of ``Variant.tensor_names``, named ``aux<k>``). Two closures of one
-    function over equal constants are one ModRef; the tensors' values are run-time data."""
-
-    mod_id: str                # the registry key (``lookup_mod``): the function itself
-    code: object               # fn.__code__
-    captured: tuple            # hashable form of defaults, non-tensor closure values and globals
-    tensor_slots: tuple        # (name the mod reads it by, "aux<k>") per captured tensor
-    takes_aux: bool            # called with ``aux`` as the last argument
-    qualname: str = ""
-
-    def function(self):
-        return lookup_mod(self.mod_id)
 
 
 @dataclass(frozen=True)
@@ -166,122 +150,6 @@ class Variant:
 
     def index(self, name: str) -> int:
         return self.tensor_names.index(name)
-
-
-# -- the registry of user functions (mods are not tensors: operators get an id string) ---------------
-
-_lock = threading.Lock()
-_mods: dict = {}        # mod_id -> function
-_variants: dict = {}    # variant_id -> Variant
-
-
-def register_mod(fn) -> str:
-    """An id string for ``fn`` (stable while it lives: the same function gets the same id)."""
-    key = f"mod{id(fn):x}"
-    with _lock:
-        _mods[key] = fn
-    return key
-
-
-def lookup_mod(mod_id: str):
-    fn = _mods.get(mod_id)
-    if fn is None:
-        raise KeyError(f"attention: no mod is registered under {mod_id!r} (a graph from another process?)")
-    return fn
-
-
-def register_variant(variant: Variant) -> str:
-    """An id string for the operators (``tylopy::attention_variant_fwd/_bwd`` take it)."""
-    key = f"v{abs(hash(variant)):x}"
-    with _lock:
-        old = _variants.get(key)
-        if old is not None and old != variant:  # a hash collision: make the id unique
-            key = f"{key}_{len(_variants)}"
-        _variants[key] = variant
-    return key
-
-
-def lookup_variant(variant_id: str) -> Variant:
-    v = _variants.get(variant_id)
-    if v is None:
-        raise KeyError(f"attention: no variant is registered under {variant_id!r}")
-    return v
-
-
-def _is_tensor(x) -> bool:
-    import torch
-    return isinstance(x, torch.Tensor)
-
-
-def _hashable(x, depth=0):
-    """A hashable stand-in for a captured value (tensors are collected separately)."""
-    if isinstance(x, (type(None), bool, int, float, complex, str, bytes)):
-        return x
-    if isinstance(x, types.ModuleType):
-        return ("module", x.__name__)
-    if isinstance(x, (tuple, list)) and depth < 4:
-        return (type(x).__name__,) + tuple(_hashable(y, depth + 1) for y in x)
-    if isinstance(x, types.FunctionType) and depth < 4:
-        return ("fn", x.__code__, tuple(_hashable(c.cell_contents, depth + 1) for c in (x.__closure__ or ())))
-    try:
-        hash(x)
-        return ("obj", x)
-    except TypeError:
-        return ("id", id(x))
-
-
-def captured_tensors(fn):
-    """[(where, name, tensor)] for the tensors ``fn`` reads: closure cells and globals its code names
-    (where is "closure" or "global")."""
-    fn = getattr(fn, "fn", fn)  # a @ty.func
-    out = []
-    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
-        try:
-            val = cell.cell_contents
-        except ValueError:
-            continue
-        if _is_tensor(val):
-            out.append(("closure", name, val))
-    for name in _global_names(fn.__code__):
-        val = fn.__globals__.get(name)
-        if _is_tensor(val):
-            out.append(("global", name, val))
-    return out
-
-
-def _global_names(code):
-    names = list(code.co_names)
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            names += [n for n in _global_names(c) if n not in names]
-    return names
-
-
-def mod_ref(fn, arg: str, first_slot: int, takes_aux: bool) -> tuple[ModRef, list]:
-    """(ModRef, its captured tensors) for the user's ``fn`` given as keyword ``arg``; captured tensors
-    take slots ``aux<first_slot>...``."""
-    if not callable(fn):
-        raise TypeError(f"attention: {arg} expects a function, but got {type(fn).__name__}")
-    inner = getattr(fn, "fn", fn)
-    if not hasattr(inner, "__code__"):
-        raise TypeError(f"attention: {arg} expects a Python function (or @ty.func), but got {type(fn).__name__}")
-    tensors = captured_tensors(inner)
-    slots = tuple((f"{where}:{name}", f"aux{first_slot + k}") for k, (where, name, _) in enumerate(tensors))
-    closure = tuple(("tensor",) if _is_tensor(c.cell_contents) else _hashable(c.cell_contents)
-                    for c in (inner.__closure__ or ()) if _cell_filled(c))
-    glob = tuple((n, ("tensor",) if _is_tensor(inner.__globals__.get(n)) else _hashable(inner.__globals__.get(n)))
-                 for n in _global_names(inner.__code__) if n in inner.__globals__)
-    captured = (_hashable(inner.__defaults__), closure, glob)
-    ref = ModRef(register_mod(fn), inner.__code__, captured, slots, takes_aux, getattr(inner, "__qualname__", ""))
-    return ref, [t for _, _, t in tensors]
-
-
-def _cell_filled(cell) -> bool:
-    try:
-        cell.cell_contents
-    except ValueError:
-        return False
-    return True
 
 
 # -- building a variant from the keywords ------------------------------------------------------------------
@@ -363,12 +231,13 @@ def make_variant_id(B, H, n_q, n_k, device, *, is_causal=False, causal_align="to
         _same_device("attn_mask", attn_mask, device)
         if is_causal:
             _fail(ValueError, "attn_mask", "None when is_causal=True (as SDPA)", "a mask")
-        tensors.append(attn_mask if mask_kind == "bool" else attn_mask.float())
+        keep_dtype = mask_kind == "bool" or attn_mask.dtype in (torch.float32, torch.float64)
+        tensors.append(attn_mask if keep_dtype else attn_mask.float())
         names.append("attn_mask")
     bm = None
     if block_mask is not None:
-        from tylopy_kernels.attention.block_mask import BlockMask
-        if not isinstance(block_mask, BlockMask):
+        if type(block_mask).__name__ != "BlockMask" or not hasattr(block_mask, "check_shapes"):  # (block_mask.py
+            # imports this module: no import back)
             _fail(TypeError, "block_mask", "a BlockMask from tylopy.create_block_mask", type(block_mask).__name__)
         block_mask.check_shapes(B, H, n_q, n_k, device)
         bm = (block_mask.BLOCK_SIZE, block_mask.B, block_mask.H, n_q, n_k)
@@ -408,7 +277,7 @@ def describe(causal, causal_align, window, softcap, alibi, sinks, mask_kind, sco
         first = sum(1 for n in names if n.startswith("aux"))
         ref, captured = mod_ref(fn, arg, first, takes_aux)
         for k, t in enumerate(captured):
-            if str(t.device) != device and not (t.device.type == "cuda" and device.startswith("cuda")
+            if device != "None" and str(t.device) != device and not (t.device.type == "cuda" and device.startswith("cuda")
                                                  and t.device.index in (None, torch_device_index(device))):
                 _fail(ValueError, f"{arg} (captured tensor {ref.tensor_slots[k][0]})", f"the query's device {device}",
                       t.device)
@@ -470,24 +339,6 @@ def call_mod(ref: ModRef, args, variant, tensors, arg: str):
         raise ModError.from_exception(arg, fn, e) from e
 
 
-class ModError(ValueError):
-    """A user mod that cannot be evaluated: names the keyword and the line of the user's function."""
-
-    @staticmethod
-    def from_exception(arg, fn, e):
-        import traceback
-        inner = getattr(fn, "fn", fn)
-        where = ""
-        for frame in reversed(traceback.extract_tb(e.__traceback__)):
-            if frame.filename == inner.__code__.co_filename:
-                where = f" ({frame.filename}:{frame.lineno}: {frame.line})"
-                break
-        if not where:
-            where = f" ({inner.__code__.co_filename}:{inner.__code__.co_firstlineno})"
-        return ModError(f"attention: {arg} expects a function of torch tensors that runs on the indices of the "
-                        f"call{where}, but got {type(e).__name__}: {e}")
-
-
 def index_grids(B, H, n_q, n_k, device):
     """b, h, q_idx, kv_idx as broadcastable int64 tensors of shapes (B,1,1,1) ... (1,1,1,Nk)."""
     import torch
@@ -521,10 +372,33 @@ def visible(variant: Variant, tensors, B, H, n_q, n_k, device, grids=None):
     if variant.block_mask is not None:
         # FlexAttention's rule: keys of full tiles take part (mask_mod is not asked there), keys of
         # partial tiles where mask_mod says so, keys of tiles not listed never.
-        from tylopy_kernels.attention.block_mask import listed_tiles
         full, partial = listed_tiles(variant, tensors, n_q, n_k, device)
         keep = keep_before_mod & (full | (partial & keep))
     return keep
+
+
+def tile_flags(num, idx, full_num, full_idx):
+    """(full, partial) bool (B, H, Q tiles, KV tiles) from a block mask's counts and index lists."""
+    import torch
+    n_kv = idx.shape[-1]
+    out = []
+    for cnt, lst in ((full_num, full_idx), (num, idx)):
+        live = torch.arange(n_kv, device=lst.device).view(1, 1, 1, n_kv) < cnt.unsqueeze(-1)
+        flags = torch.zeros(lst.shape, dtype=torch.bool, device=lst.device)
+        flags.scatter_(-1, lst.clamp(min=0).long(), live)
+        out.append(flags)
+    return out[0], out[1]
+
+
+def listed_tiles(variant, tensors, n_q, n_k, device):
+    """(full, partial) bool (B|1, H|1, N, Nk) of a variant's block mask, per key (the reference)."""
+    import torch
+    block = variant.block_mask[0]
+    names = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
+    full, partial = tile_flags(*(tensors[variant.index(n)] for n in names))
+    qt = torch.arange(n_q, device=device) // block
+    kt = torch.arange(n_k, device=device) // block
+    return full[:, :, qt][:, :, :, kt], partial[:, :, qt][:, :, :, kt]
 
 
 def score_transform(variant: Variant, s, tensors, n_q, n_k, grids=None):

@@ -212,9 +212,14 @@ def scores(prob, s, row0, col0, b, h, is_partial, slope, mask_rows):
     rows = [row0 + s.layout.coord(warp, lane, i)[0] for i in first]
     vals = list(s.values)
     forget_loads(vp)
-    need = ty.cast(1, ty.i1)  # keys past n_k are always masked: a position mask is always there
-    if not (vp.v.attn_mask or vp.v.mask_mod is not None):
+    # Position masks (key range, causal, window) only on tiles they may cut; a bool mask everywhere;
+    # mask_mod everywhere, or with a block mask on its partial tiles only (full tiles never ask it).
+    # (One pass over the tile: a second branch for mask_mod keeps S live across it and spills at D=128.)
+    need = ty.cast(1, ty.i1)
+    if vp.v.attn_mask != "bool" and (vp.v.mask_mod is None or vp.v.block_mask is not None):
         need = _mask_needed(prob, row0, col0, 64, s.layout.shape[1])
+        if vp.v.mask_mod is not None:
+            need = need | is_partial
     if vp.kv.transforms:
         out = []
         for i in range(len(vals)):
@@ -260,8 +265,10 @@ def _mask_at(prob, row_ptr, row, col, ok=None):
 
 @ty.func
 def _apply_masks(prob, s, vals, rows, slots, col0, b, h, is_partial, mask_rows):
+    """Position masks, the bool attn_mask and mask_mod (its answer counts on partial tiles only:
+    a block mask's full tiles take every key)."""
     vp = prob.variant
-    forget_loads(vp)
+    forget_loads(vp)  # a new block: loads traced elsewhere do not dominate it
     warp = ty.warp_idx() & 3
     lane = ty.lane_id()
     out = []
@@ -274,7 +281,7 @@ def _apply_masks(prob, s, vals, rows, slots, col0, b, h, is_partial, mask_rows):
         if vp.v.mask_mod is not None:
             keep = mods.call_traced("mask_mod", vp.kv.live.mask_mod, vp.kv.live, vp.aux, (b, h, row, col))
             if vp.v.block_mask is not None:
-                keep = keep | ~is_partial  # full tiles: mask_mod is not asked
+                keep = keep | ~is_partial
             ok = ok & keep
         out.append(ty.select(ok, vals[i], NEG_INF))
     return out
