@@ -185,7 +185,7 @@ def test_dense_backward_ptx_does_not_change_with_the_variant_hooks(cx, monkeypat
     assert _instructions(with_hooks) == _instructions(without)
 
 
-SPILLS = pytest.mark.xfail(strict=True, reason="16-52 bytes of spills: float masks (a 64-bit address a register), "
+SPILLS = pytest.mark.xfail(strict=True, reason="16-52 bytes of spills: float masks (a tile's mask values loaded ahead), "
                            "and ALiBi and windows at head dim 128 (dK and dV hold 128 of the 240 registers)")
 
 
