@@ -114,7 +114,8 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     """
     if (window_size is not None or softcap is not None or alibi_slopes is not None or sinks is not None
             or score_mod is not None or mask_mod is not None or block_mask is not None or aux is not None
-            or causal_align != "top_left" or _float_mask(attn_mask) or _rectangular_causal(query, key, is_causal)):
+            or causal_align != "top_left" or (not is_nested(query, key, value) and (
+                _float_mask(attn_mask) or _rectangular_causal(query, key, is_causal)))):
         return _variant_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
                                   window_size, softcap, alibi_slopes, sinks, score_mod, mask_mod, block_mask, aux,
                                   causal_align)
@@ -160,11 +161,12 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
 
 
 def _float_mask(attn_mask) -> bool:
-    return isinstance(attn_mask, torch.Tensor) and attn_mask.is_floating_point()
+    return isinstance(attn_mask, torch.Tensor) and attn_mask.is_floating_point() and not attn_mask.is_nested
 
 
 def _rectangular_causal(query, key, is_causal) -> bool:
     return (is_causal is True and isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)
+            and not query.is_nested and not key.is_nested  # (nested tensors: nested_attention's rules)
             and query.dim() == 4 and key.dim() == 4 and query.shape[2] != key.shape[2])
 
 

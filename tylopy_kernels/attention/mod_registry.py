@@ -52,16 +52,20 @@ def lookup_mod(mod_id: str):
 
 def register_variant(variant) -> str:
     """An id string for the operators (``tylopy::attention_variant_fwd/_bwd`` take it)."""
-    key = f"v{abs(hash(variant)):x}"
+    base = f"v{abs(hash(variant)):x}"
     with _lock:
-        old = _variants.get(key)
-        if old is not None and old != variant:  # a hash collision: make the id unique
-            key = f"{key}_{len(_variants)}"
-        _variants[key] = variant
-    return key
+        for n in range(len(_variants) + 1):  # a hash collision takes the next free suffix
+            key = base if n == 0 else f"{base}_{n}"
+            old = _variants.get(key)
+            if old is None:
+                _variants[key] = variant
+                return key
+            if old == variant:  # keep the first object: launch plans are keyed by it
+                return key
+    raise AssertionError("unreachable")
 
 
-def lookup_variant(variant_id: str) :
+def lookup_variant(variant_id: str):
     v = _variants.get(variant_id)
     if v is None:
         raise KeyError(f"attention: no variant is registered under {variant_id!r}")

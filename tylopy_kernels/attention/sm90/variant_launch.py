@@ -21,10 +21,11 @@ SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 2, "EXPONENT": "shared", "
 BLOCK_M = 128  # = block masks' BLOCK_SIZE: a query tile of the block mask is one CTA's work tile
 
 _placeholders: dict = {}
+_BM_SHAPES = ((1, 1, 1), (1, 1, 1, 1), (1, 1, 1), (1, 1, 1, 1))
 
 
 def _placeholder(shape, dtype, device):
-    key = (tuple(shape), dtype, str(device))
+    key = (shape, dtype, device)
     t = _placeholders.get(key)
     if t is None:
         t = _placeholders[key] = torch.zeros(shape, dtype=dtype, device=device)
@@ -58,7 +59,7 @@ def variant_args(variant, tensors, B, H, n_q, n_k, device):
         mask = mask.view(torch.uint8) if mask.dtype == torch.bool else mask.float()
     bm = [get(n) for n in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")]
     if bm[0] is None:
-        bm = [_placeholder((1,) * (3 + (k & 1)), torch.int32, device) for k in range(4)]
+        bm = [_placeholder(_BM_SHAPES[k], torch.int32, device) for k in range(4)]
     aux, meta = [], []
     k = 0
     while f"aux{k}" in variant.tensor_names:
@@ -85,26 +86,45 @@ def plan_variant_launch(q, k, v, variant, tensors, scale, out, lse, make_map=Non
     (kk, k_batched), (vv, v_batched) = _kv_view(q, k), _kv_view(q, v)
     if kk.shape[1] != vv.shape[1] or k_batched != v_batched:
         kk, vv, k_batched = k, v, True
-    order = _coord_order(q)
-    if not all(_fits(t, order) for t in (q, kk, vv)):
-        q, kk, vv = q.contiguous(), kk.contiguous(), vv.contiguous()
+    # What the layouts and the variant decide is kept per signature (shapes, strides, dtypes, device,
+    # the Variant object, the sign of the scale): a repeated call only maps its buffers again.
+    key = (id(variant), q.shape, q.stride(), kk.shape, kk.stride(), vv.shape, vv.stride(), q.dtype, q.device,
+           scale <= 0, tuple((t.shape, t.stride(), t.dtype) for t in tensors))
+    kept = _signatures.get(key)
+    aligned = not (q.data_ptr() | kk.data_ptr() | vv.data_ptr()) & 15  # per call: only layouts are kept
+    if kept is not None and kept[0] is variant and (aligned or kept[3]):
+        _, order, geoms, copy, kvar = kept
+        if copy:
+            q, kk, vv = q.contiguous(), kk.contiguous(), vv.contiguous()
+    else:
         order = _coord_order(q)
-    sched = dict(SCHEDULE)
-    maps = [make_map(t, *_map_geometry(t, rows, order)) for t, rows in ((q, BLOCK_M), (kk, sched["BLOCK_N"]),
-                                                                        (vv, sched["BLOCK_N"]))]
+        copy = not all(_fits(t, order) for t in (q, kk, vv))
+        if copy:
+            q, kk, vv = q.contiguous(), kk.contiguous(), vv.contiguous()
+            order = _coord_order(q)
+        geoms = [_map_geometry(t, rows, order) for t, rows in ((q, BLOCK_M), (kk, SCHEDULE["BLOCK_N"]),
+                                                               (vv, SCHEDULE["BLOCK_N"]))]
+        kvar = None
+    maps = [make_map(t, *g) for t, g in zip((q, kk, vv), geoms)]
     kv_group = H // kk.shape[1]
     left, right = variant.window
     tensor_args, meta = variant_args(variant, tensors, B, H, n_q, n_k, q.device)
-    # the folded form keeps maxima of raw scores, which needs scale > 0: else scale first
-    kvar = KernelVariant.of(variant, meta, scaled_first=scale <= 0)
+    if kvar is None:
+        # the folded form keeps maxima of raw scores, which needs scale > 0: else scale first
+        kvar = KernelVariant.of(variant, meta, scaled_first=scale <= 0)
+        if aligned:
+            _signatures.put(key, (variant, order, geoms, copy, kvar))
     num_m = (n_q + BLOCK_M - 1) // BLOCK_M
     args = (*maps, out.view(torch.int16), lse, n_q, n_k, H, B, kv_group, int(k_batched), float(scale),
             out.stride(0), out.stride(1), out.stride(2), variant.diag(n_q, n_k), left, right,
             float(variant.softcap or 1.0), *tensor_args)
-    cx = dict(sched, DTYPE=ty.bf16 if q.dtype == torch.bfloat16 else ty.f16, HEAD_DIM=D, RETURN_LSE=True,
+    cx = dict(SCHEDULE, DTYPE=ty.bf16 if q.dtype == torch.bfloat16 else ty.f16, HEAD_DIM=D, RETURN_LSE=True,
               COORD_ORDER=order, VARIANT=kvar)
     Plan(D, cx["BLOCK_N"], cx["STAGES"], cx["CONSUMERS"], False)
     return Launch((num_m, H, B), args, cx)
+
+
+_signatures = ty.PlanCache("Hopper variant attention layouts", capacity=64)
 
 
 OPEN_SLOTS = {"mask": 21, "aux0": 26, "aux1": 27, "aux2": 28, "aux3": 29}  # argument positions of open tensors
