@@ -31,16 +31,16 @@ from tylopy_kernels.attention.testing.rules import check_output  # noqa: E402
 
 
 def _in_buffer(values, buffer_shape, permute, index):
-    """``values`` (B, H, n, D) written into a NaN-filled buffer of ``buffer_shape``; the view
-    ``buffer.permute(permute)[index]`` is returned (it must have the shape of ``values``)."""
-    buf = torch.full(buffer_shape, float("nan"), dtype=values.dtype)
+    """``values`` (B, H, n, D) written into a NaN-filled buffer of ``buffer_shape`` on their device;
+    the view ``buffer.permute(permute)[index]`` is returned (it must have the shape of ``values``)."""
+    buf = torch.full(buffer_shape, float("nan"), dtype=values.dtype, device=values.device)
     view = buf.permute(permute)[index]
     assert view.shape == values.shape, (view.shape, values.shape)
     view.copy_(values)
     return view
 
 
-def _check(out, lse, q, k, v, scale, model):
+def check_layouts(out, lse, q, k, v, scale, model):
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # the reference wants all heads
     return check_output(out, lse, q, k, v, None, False, scale, model, stats=False)
@@ -66,9 +66,10 @@ def _mutated(module, name, old, new):
 
 # -- the portable kernel: strides per tensor ------------------------------------------------------------
 
-def portable_inputs(B=2, H=4, H_kv=2, n_q=40, n_k=150, D=32, dtype=torch.bfloat16, seed=3):
+def portable_inputs(B=2, H=4, H_kv=2, n_q=40, n_k=150, D=32, dtype=torch.bfloat16, seed=3, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(B, h, n, D, generator=g).to(dtype) for h, n in ((H, n_q), (H_kv, n_k), (H_kv, n_k)))
+    q, k, v = (torch.randn(B, h, n, D, generator=g).to(device, dtype) for h, n in ((H, n_q), (H_kv, n_k),
+                                                                                 (H_kv, n_k)))
     q = _in_buffer(q, (B, n_q, H, D), (0, 2, 1, 3), slice(None))                       # (B, n, H, D) storage
     k = _in_buffer(k, (B, H_kv, n_k + 24, D + 32), (0, 1, 2, 3), (slice(None), slice(None), slice(0, n_k),
                                                                    slice(8, 8 + D)))    # padded rows and dims
@@ -84,7 +85,7 @@ def run_portable(plan_forward):
     scale = 1 / math.sqrt(q.shape[-1])
     plan = plan_forward(q, k, v, out, lse, scale=scale, block_n=32, warps=2)
     plan.run(emulate=True)
-    return _check(out, lse, q, k, v, scale, PORTABLE.replace(block_n=32, lse=True, dtype=q.dtype))
+    return check_layouts(out, lse, q, k, v, scale, PORTABLE.replace(block_n=32, lse=True, dtype=q.dtype))
 
 
 def test_portable_q_k_v_in_three_layouts():
@@ -103,9 +104,10 @@ def _spec(t, dims, strides, box):
                          128)
 
 
-def hopper_inputs(B=2, H=2, H_kv=1, n_q=70, n_k=200, D=64, dtype=torch.bfloat16, seed=4):
+def hopper_inputs(B=2, H=2, H_kv=1, n_q=70, n_k=200, D=64, dtype=torch.bfloat16, seed=4, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(B, h, n, D, generator=g).to(dtype) for h, n in ((H, n_q), (H_kv, n_k), (H_kv, n_k)))
+    q, k, v = (torch.randn(B, h, n, D, generator=g).to(device, dtype) for h, n in ((H, n_q), (H_kv, n_k),
+                                                                                 (H_kv, n_k)))
     every = (slice(None), slice(None))
     q = _in_buffer(q, (B, H, n_q, D + 16), (0, 1, 2, 3), (*every, slice(None), slice(0, D)))
     k = _in_buffer(k, (B, H_kv, n_k + 40, D), (0, 1, 2, 3), (*every, slice(0, n_k)))
@@ -125,7 +127,7 @@ def run_hopper(plan_launch):
                        make_map=_spec, sm_count=132)
     attention_fwd_sm90.emulate(*plan.args, grid=plan.grid, **plan.constexprs)
     model = HOPPER.replace(block_n=plan.constexprs["BLOCK_N"], lse=True, dtype=q.dtype)
-    return _check(out, lse, q, k, v, scale, model)
+    return check_layouts(out, lse, q, k, v, scale, model)
 
 
 def test_hopper_q_k_v_with_different_strides():
