@@ -125,13 +125,13 @@ def run(n, a_fmt, b_fmt, acc="f32", rs=False, zero=False, device="cpu", seed=0):
     return a, b, c, dg.cpu()
 
 
-def model(a, b, c, a_fmt, b_fmt, acc="f32", zero=False, params=None) -> np.ndarray:
-    """The chain of four k32 steps by the accumulation model (``params``: (precision, result bits))."""
+def model(a, b, c, a_fmt, b_fmt, acc="f32", zero=False) -> np.ndarray:
+    """The chain of four k32 steps by the accumulation model."""
     A = a.float().numpy()
     Bt = b.float().numpy().T
     d = None if zero else c.numpy()
     for kk in range(K // 32):
-        d = mma_fp8(A[:, 32 * kk:32 * kk + 32], Bt[32 * kk:32 * kk + 32], d, (a_fmt, b_fmt), acc, params)
+        d = mma_fp8(A[:, 32 * kk:32 * kk + 32], Bt[32 * kk:32 * kk + 32], d, (a_fmt, b_fmt), acc)
     return d
 
 

@@ -18,7 +18,7 @@ def _args(**change):
 
 
 BAD = [
-    ("not from 0", dict(cu_seqlens_q=[1, 4, 10]), "cu_seqlens_q expects prefix sums starting at 0, but got 1 first"),
+    ("not from 0", dict(cu_seqlens_q=[1, 4, 10]), "cu_seqlens_q expects prefix sums starting at 0, but got 1 as the first entry"),
     ("decreasing", dict(cu_seqlens_k=torch.tensor([0, 6, 4], dtype=torch.int32)),
      "cu_seqlens_k expects non-decreasing prefix sums, but got 6 then 4 at entries 1, 2"),
     ("past the rows", dict(cu_seqlens_q=[0, 4, 11]), "cu_seqlens_q expects a last entry of at most the 10 rows"),

@@ -90,7 +90,8 @@ def test_gpu_fp8_gemm_is_the_model_and_near_torch(m, n, k, block_n, promote, sto
     c = G.scaled_mm(a, b, sa, sb, block_n=block_n, promote=promote, store=store)
     exact = sa.item() * sb.item() * (a.double() @ b.double().T).cpu()
     assert bool(((c.double().cpu() - exact).abs() <= f64_bound(a, b, sa, sb)).all())
-    ref = torch._scaled_mm(a, b.t(), sa, sb, out_dtype=torch.bfloat16)
-    assert float((c.float() - ref.float()).abs().max()) <= float(f64_bound(a, b, sa, sb).max()) * 2
+    if n % 16 == 0 and k % 16 == 0:  # torch._scaled_mm takes only B dimensions that are multiples of 16
+        ref = torch._scaled_mm(a, b.t(), sa, sb, out_dtype=torch.bfloat16)
+        assert float((c.float() - ref.float()).abs().max()) <= float(f64_bound(a, b, sa, sb).max()) * 2
     if m * n * k <= 2 ** 31:  # bit for bit against the emulator's model (checks the FP8 accumulation model)
         np.testing.assert_array_equal(c.float().cpu().numpy(), model(a, b, sa, sb, promote))

@@ -45,9 +45,8 @@ def test_every_conversion_matches_the_emulator_bit_for_bit(fmt, monkeypatch):
 
 @pytest.mark.parametrize("a_fmt, b_fmt", [("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3"), ("e5m2", "e5m2")])
 def test_mma_sync_k32_fp8_matches_the_emulator(a_fmt, b_fmt, capsys):
-    """mma.sync m16n8k32 (sm_89+) on random codes over the whole range: GPU bits = emulator bits (the
-    FP8 accumulation model of tensorcore.py, shared with wgmma and not yet fitted: see
-    tests/test_fp8_wgmma_gpu.py for the fitter)."""
+    """mma.sync m16n8k32 (sm_89+) on random codes over the whole range: GPU bits = emulator bits
+    (tensorcore.py ``mma_sync_fp8``: sm_90 runs it as two chained f16 MMAs, then adds C in f32)."""
     arch = _arch()
     kern = F.mma_fp8_kernel(F.DTYPE[a_fmt], F.DTYPE[b_fmt], arch=arch)
     bad = 0

@@ -96,6 +96,10 @@ if [[ " $* " == *" bench "* ]]; then
   want gemm && TYLOPY_AUTOTUNE_VERBOSE=1 step gemm ${GEMM_SECONDS:-110} tylopy bench gemm --output "$LOG/gemm.json" \
     --plot "$LOG/gemm.png"
   want gemm && TYLOPY_AUTOTUNE_VERBOSE=1 step gemm-again 50 tylopy bench gemm --shapes square --output "$LOG/gemm-again.json"
+  want varlen && step varlen ${VARLEN_SECONDS:-120} tylopy bench attention_varlen --output "$LOG/varlen.json"
+  want gemm-fp8 && step gemm-fp8 ${GEMM_FP8_SECONDS:-60} tylopy bench gemm_fp8
+  want scaled-matmul && step scaled-matmul ${SCALED_MATMUL_SECONDS:-180} python3 -m tylopy_kernels.gemm.bench.fp8 \
+    --output "$LOG/scaled-matmul.json"
   want decode && step decode ${DECODE_SECONDS:-45} tylopy bench attention_decode --output "$LOG/decode.json"
   want training && step training ${TRAIN_SECONDS:-80} tylopy bench attention_training --output "$LOG/training.json"
   # the variants bench only when STEPS names it (torch.compile's flex specializations take minutes)
@@ -109,7 +113,9 @@ if [[ " $* " == *" bench "* ]]; then
   fi
   tar czf "$OUT/final-bench.tgz" -C "$OUT" logs
   echo "=== bench"
-  for f in attention backward gemm decode training attention-variants; do
+  [ -f "$LOG/gemm-fp8.log" ] && { echo "--- gemm-fp8"; tail -8 "$LOG/gemm-fp8.log"; }
+  [ -f "$LOG/scaled-matmul.log" ] && { echo "--- scaled-matmul"; grep -E "^\|" "$LOG/scaled-matmul.log"; }
+  for f in attention backward gemm varlen decode training attention-variants; do
     [ -f "$LOG/$f.log" ] && { echo "--- $f"; grep -E "^\||^variant|geometric" "$LOG/$f.log" | tail -${TABLE_LINES:-40}; }
   done
   for f in "$LOG"/account-d*.md; do [ -f "$f" ] && { echo "--- $(basename "$f")"; cat "$f"; }; done

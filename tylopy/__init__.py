@@ -13,7 +13,8 @@
 The namespace holds the kernel language (``tylopy.frontend.lang``), the tile library
 (``tylopy.tile``: fragments, layouts, MMA atoms, online softmax), Hopper's instructions
 (``ty.hopper``) and the errors; and the functions built from tylopy's kernels:
-``ty.attention``, ``ty.attention_varlen``, ``ty.attention_decode``, ``ty.matmul`` (``tylopy.functions``)
+``ty.attention``, ``ty.attention_varlen``, ``ty.attention_decode``, ``ty.matmul``, ``ty.scaled_matmul``
+(``tylopy.functions``)
 and ``ty.distributed.ring_attention`` (``tylopy.distributed``), whose torch operators this import
 registers (docs/pytorch.md).
 """
@@ -25,6 +26,8 @@ from .errors import (ArchMismatchError, CaptureError, CompileError, CompileOptio
 from .frontend.kernel import CompiledKernel, Kernel, __version__, func, kernel
 from .ir.arguments import strided
 from .runtime.launch import PreparedLaunch
+from .runtime.tensormap import TensorMap
+from .runtime.tensormap_api import tensor_map
 from .runtime.hooks import CompileEvent, LaunchEvent, observe
 from .runtime.plancache import PlanCache, clear_caches
 from .frontend.autotune import Config, autotune
@@ -37,10 +40,14 @@ from .tile.mma_sync import MMA_SYNC_K8_A, MMA_SYNC_K8_B, mma
 from .frontend.atomics import *  # noqa: F401,F403  (ty.atomic_add, ty.red_add, ...)
 from .frontend.atomics import __all__ as _atomics_all
 from .frontend.debug import device_assert, printf
+from .frontend.cluster import *  # noqa: F401,F403  (ty.cluster_ctarank, ty.cluster_sync, ty.cluster_map, ...)
+from .frontend.cluster import __all__ as _cluster_all
 from .frontend.fp8 import e4m3, e5m2, pack_fp8x2, pack_fp8x4, unpack_fp8x2, unpack_fp8x4
 from .frontend.elementwise import ceil, exp, floor, log, sigmoid, tanh, where
+from .frontend.derivative import jvp, value_and_derivative
 from .frontend.warp import *  # noqa: F401,F403  (ty.vote_all, ty.ballot, ty.warp_reduce, ...)
 from .frontend.warp import __all__ as _warp_all
+from .tile import block_reduce, block_scan, warp_scan, warp_sort, warp_topk
 from .tile import MMA_SYNC_A_K32, MMA_SYNC_B_K32, WGMMA_A_RS_FP8
 from .tile import (MMA_SYNC_A, MMA_SYNC_B, MMA_SYNC_C, QUAD, WARP, WARPGROUP, WGMMA_A_RS, Fragment, Layout,
                    LocalOwnership, MmaSyncAtom, Ownership, SoftmaxState, SoftmaxUpdate, WgmmaAtom, pack_operand_a,
@@ -48,7 +55,7 @@ from .tile import (MMA_SYNC_A, MMA_SYNC_B, MMA_SYNC_C, QUAD, WARP, WARPGROUP, WG
 
 _logging.configure_from_environment()
 
-__all__ = ["kernel", "func", "configure_logging", "Kernel", "CompiledKernel", "PreparedLaunch", "strided", "observe", "CompileEvent", "LaunchEvent", "PlanCache", "clear_caches",
+__all__ = ["kernel", "func", "tensor_map", "TensorMap", "configure_logging", "Kernel", "CompiledKernel", "PreparedLaunch", "strided", "observe", "CompileEvent", "LaunchEvent", "PlanCache", "clear_caches",
            "CompileOptions", "TylopyError", "KernelSourceError",
            "CompileError", "CompileOptionError", "CaptureError", "DriverError", "NoDriverError", "LaunchTypeError",
            "ArchMismatchError",
@@ -58,11 +65,12 @@ __all__ = ["kernel", "func", "configure_logging", "Kernel", "CompiledKernel", "P
            "softmax_update", "softmax_normalize", "softmax_merge", "softmax_lse", "pack_operand_a", "hopper",
            "autotune", "Config", "mma", "MMA_SYNC_K8_A", "MMA_SYNC_K8_B", "ldmatrix", "stmatrix", "cp_async",
            "cp_async_commit", "cp_async_wait",
-           *_lang_all, *_atomics_all, *_warp_all, "printf", "device_assert",
-           "exp", "log", "sigmoid", "tanh", "floor", "ceil", "where",
-           "attention", "attention_varlen", "attention_decode", "matmul", "distributed",
+           *_lang_all, *_atomics_all, *_warp_all, *_cluster_all, "printf", "device_assert",
+           "exp", "log", "sigmoid", "tanh", "floor", "ceil", "where", "jvp", "value_and_derivative",
+           "attention", "attention_varlen", "attention_decode", "matmul", "scaled_matmul", "create_block_mask",
+           "BlockMask", "distributed",
            "e4m3", "e5m2", "MMA_SYNC_A_K32", "MMA_SYNC_B_K32", "WGMMA_A_RS_FP8", "pack_fp8x2", "pack_fp8x4",
-           "unpack_fp8x2", "unpack_fp8x4"]
+           "unpack_fp8x2", "unpack_fp8x4", "block_reduce", "block_scan", "warp_scan", "warp_sort", "warp_topk"]
 
 
 def __getattr__(name):
@@ -90,5 +98,6 @@ _OTHER_NAMES = {
 # which import this package for the kernel language. Loading them registers the tylopy:: torch
 # operators, so an exported program runs after `import tylopy` alone; no kernel is traced or
 # compiled here (tylopy/functions.py).
-from .functions import attention, attention_varlen, attention_decode, matmul  # noqa: E402
+from .functions import attention, attention_varlen, attention_decode, matmul, scaled_matmul  # noqa: E402
+from .functions import create_block_mask, BlockMask  # noqa: E402
 from . import distributed  # noqa: E402

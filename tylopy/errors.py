@@ -8,11 +8,36 @@ callers can catch either the tylopy class or the standard one.
 from __future__ import annotations
 
 import linecache
+import os
+import types
 from dataclasses import dataclass
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+TRACEBACK_ENV = "TYLOPY_TRACEBACK"
 
 
 class TylopyError(Exception):
     """Root of every error tylopy raises on purpose."""
+
+
+def user_facing(e: BaseException) -> BaseException:
+    """``e`` with tylopy's own frames cut out of its traceback, for the public entry points
+    (``kernel[grid](...)``, ``compile``, ``emulate``, ``trace``) to re-raise: a mistake in a
+    kernel then shows the caller's lines and the message (which names the kernel's line), not
+    dozens of lines of tracing machinery. Frames of user code (a kernel body, a ``@ty.func``)
+    stay. ``TYLOPY_TRACEBACK`` set to anything keeps the whole traceback."""
+    if os.environ.get(TRACEBACK_ENV):
+        return e
+    kept = []
+    tb = e.__traceback__
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(_PACKAGE):
+            kept.append(tb)
+        tb = tb.tb_next
+    trimmed = None
+    for t in reversed(kept):
+        trimmed = types.TracebackType(trimmed, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return e.with_traceback(trimmed)
 
 
 @dataclass(frozen=True)

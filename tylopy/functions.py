@@ -5,6 +5,7 @@
     out = ty.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k)
     out = ty.attention_decode(q, k_cache, v_cache, cache_seqlens)
     c = ty.matmul(a, b)                                   # tylopy_kernels.gemm
+    c = ty.scaled_matmul(a8, w8.t(), scale_a, scale_b)    # tylopy_kernels.gemm.fp8_ops
 
 Importing this module (``import tylopy`` does, last) registers the ``tylopy::`` torch operators
 behind them (``tylopy_kernels.ops``), so a ``torch.export`` program that calls them loads in a
@@ -21,7 +22,10 @@ from __future__ import annotations
 
 from tylopy_kernels import ops as _ops  # noqa: F401  (registers the tylopy:: operators)
 from tylopy_kernels.attention import attention, attention_varlen
+from tylopy_kernels.attention.block_mask import BlockMask, create_block_mask
 from tylopy_kernels.attention.decode.api import attention_decode
 from tylopy_kernels.gemm import matmul
+from tylopy_kernels.gemm.fp8_ops import scaled_matmul
 
-__all__ = ["attention", "attention_varlen", "attention_decode", "matmul"]
+__all__ = ["attention", "attention_varlen", "attention_decode", "matmul", "scaled_matmul", "create_block_mask",
+           "BlockMask"]

@@ -6,6 +6,9 @@
 ``tylopy::attention_varlen_bwd``
 ``tylopy::attention_decode``       ``tylopy.attention_decode`` (``attention/decode/api.py``)
 ``tylopy::matmul``                 ``tylopy.matmul`` (``gemm/ops.py``), differentiable
+``tylopy::scaled_matmul``          ``tylopy.scaled_matmul`` (``gemm/fp8_ops.py``), FP8
+``tylopy::attention_variant_fwd``  ``tylopy.attention`` with variant keywords
+``tylopy::attention_variant_bwd``  (``attention/autograd_variants.py``)
 =================================  ==============================================================
 
 and their autocast rule: under ``torch.autocast(device)`` the attention operators run in the
@@ -21,11 +24,14 @@ from __future__ import annotations
 import torch
 
 from tylopy_kernels.attention import autograd as _attention_ops
+from tylopy_kernels.attention import autograd_variants as _variant_ops
 from tylopy_kernels.attention.decode import api as _decode_ops
+from tylopy_kernels.gemm import fp8_ops as _fp8_gemm_ops
 from tylopy_kernels.gemm import ops as _gemm_ops
 
 OPERATORS = ("tylopy::attention_fwd", "tylopy::attention_bwd", "tylopy::attention_varlen_fwd",
-             "tylopy::attention_varlen_bwd", "tylopy::attention_decode", "tylopy::matmul")
+             "tylopy::attention_varlen_bwd", "tylopy::attention_decode", "tylopy::matmul",
+             "tylopy::scaled_matmul", "tylopy::attention_variant_fwd", "tylopy::attention_variant_bwd")
 AUTOCAST_OPERATORS = ("tylopy::attention_fwd", "tylopy::attention_varlen_fwd")
 
 

@@ -24,6 +24,7 @@ from .lower_fp8 import LOWER_FP8, convert_fp8
 from .llvm_types import llvm_type, signed_constant
 from .lower_atomics import LOWERINGS as ATOMIC_LOWERINGS
 from .lower_control import LOWERINGS as CONTROL_LOWERINGS
+from .lower_cluster import LOWERINGS as CLUSTER_LOWERINGS
 from .lower_debug import LOWERINGS as DEBUG_LOWERINGS
 from .lower_warp import LOWERINGS as WARP_LOWERINGS
 
@@ -128,6 +129,9 @@ class _Lowering:
             ann.add(m.add_metadata([self.fn, "minctasm", I32(k.launch.min_blocks_per_sm)]))
         if k.launch.max_registers:
             ann.add(m.add_metadata([self.fn, "maxnreg", I32(k.launch.max_registers)]))
+        if k.launch.cluster:  # .reqnctapercluster: the launch must use exactly this cluster shape
+            for axis, n in zip("xyz", k.launch.cluster):
+                ann.add(m.add_metadata([self.fn, f"cluster_dim_{axis}", I32(n)]))
         for i, p in enumerate(k.params):
             if isinstance(p.type, TensorMapType):
                 ann.add(m.add_metadata([self.fn, "grid_constant", m.add_metadata([I32(i + 1)])]))
@@ -528,7 +532,7 @@ LOWER = {
     "wgmma_wait": lower_wgmma_wait, "fence_operand": lower_fence_operand, "wgmma": lower_wgmma,
     "elect_one": lower_elect_one, **LOWER_MATRIX, **LOWER_ASYNC_COPY,
     "membar": lambda L, op: L.asm("fence.acq_rel.gpu;", "~{memory}", []),
-    **WARP_LOWERINGS, **ATOMIC_LOWERINGS, **DEBUG_LOWERINGS, **CONTROL_LOWERINGS,
+    **WARP_LOWERINGS, **ATOMIC_LOWERINGS, **DEBUG_LOWERINGS, **CONTROL_LOWERINGS, **CLUSTER_LOWERINGS,
 }
 
 LOWER.update(LOWER_FP8)

@@ -24,6 +24,22 @@ def _for_condition(B, signed: bool, iv, hi, step):
     return B.or_(up, down)
 
 
+def _loop_metadata(L, op: Op, backedge) -> None:
+    """``ty.range(..., unroll=N)``: ``!llvm.loop`` on the back edge asking LLVM's unroller for N copies of
+    the body (a remainder loop takes the rest; runtime unrolling is on for a pragma count), or
+    ``llvm.loop.unroll.disable`` for N = 1. A loop ID must refer to itself, so it is made with a
+    unique placeholder operand and then pointed at itself."""
+    n = op.attr("unroll")
+    if n is None:
+        return
+    m = L.fn.module
+    hint = (m.add_metadata(["llvm.loop.unroll.disable"]) if n == 1
+            else m.add_metadata(["llvm.loop.unroll.count", ir.Constant(ir.IntType(32), n)]))
+    loop_id = m.add_metadata([f"tylopy.loop.{len(m.metadata)}"])
+    loop_id.operands = (loop_id, hint)
+    backedge.set_metadata("llvm.loop", loop_id)
+
+
 def lower_for(L, op: Op):
     B = L.b
     lo, hi, step, *init = (L.v(x) for x in op.operands)
@@ -50,7 +66,7 @@ def lower_for(L, op: Op):
     outs = [L.v(x) for x in body.ops[-1].operands]
     nxt = B.add(iv, step)
     latch = B.block
-    B.branch(header)
+    _loop_metadata(L, op, B.branch(header))
     iv.add_incoming(nxt, latch)
     for phi, o in zip(phis, outs):
         phi.add_incoming(o, latch)
@@ -106,7 +122,7 @@ def lower_while(L, op: Op):
     L.block(Block(body_region.args, body_region.ops[:-1]))
     outs = [L.v(x) for x in body_region.ops[-1].operands]
     latch = B.block
-    B.branch(header)
+    _loop_metadata(L, op, B.branch(header))
     for phi, o in zip(phis, outs):
         phi.add_incoming(o, latch)
     B.position_at_end(exit_)

@@ -7,6 +7,10 @@ exited ones, and the likeliest cause, from what the barriers saw:
 * an mbarrier phase that still needs arrivals: the warps that arrived in the previous phase
   and have not in this one (a missing arrive, e.g. a release skipped in the last iteration),
   or, in the first phase, a count larger than the arrivals that come;
+* among those, a warp that *skipped* its arrive comes first: it has passed more waits on the
+  barrier it waits on now than the phases it arrived in on the barrier that misses it (a
+  consumer that consumed a stage twice but released it once), while a warp blocked before its
+  arrive (the producer waiting for that release) is only its victim;
 * a named barrier that no warp ever arrives on with bar.arrive, while bar.arrive goes to
   another id (a turn passed to the wrong barrier);
 * a wait for the first phase of a barrier nothing has arrived on (a parity that may be inverted).
@@ -71,6 +75,42 @@ def _mbarrier_cause(cta, mb: MBarrier, parity: int) -> str:
     return ""
 
 
+def _skipped_arrive(cta, mb: MBarrier) -> str:
+    """The warp that owes ``mb`` an arrival although it went on past the point of paying it: it
+    arrived on ``mb`` in fewer phases than the waits it passed on the barrier it now waits on."""
+    if mb.pending == 0:
+        return ""
+    prev = mb.history.get(mb.phase - 1)
+    loc = getattr(mb.init_op, "loc", None)
+    siblings = {m.addr for m in cta.mbars.values() if getattr(m.init_op, "loc", None) == loc}
+    if prev:
+        owing = {wid for wid, _ in prev}
+    else:  # its first phase: the warps that arrive on the barriers its init line made (the other stages)
+        owing = {w.wid for w in cta.warps if any(a in w.mb_arrived for a in siblings)}
+    now = {wid for wid, _ in mb.arrivals}
+    for wid in sorted(owing - now):
+        w = cta.warps[wid]
+        mbw = _mb_wait(w) if w.wait and not w.exited else None
+        if not mbw or mbw[0] is mb:
+            continue
+        waited = mbw[0]
+        passes = w.mb_passes.get(waited.addr, 0)
+        arrived, last = w.mb_arrived.get(mb.addr, (0, None))
+        if last is None:  # never arrived on this one: where it arrives on the others of its init line
+            last = next((op for a, (_, op) in w.mb_arrived.items() if a in siblings), None)
+        if arrived >= passes:
+            continue  # blocked before its arrive: a victim of the hang, not its cause
+        victims = [x for x in cta.warps if x.wait and not x.exited and (_mb_wait(x) or (None,))[0] is mb]
+        held = (f"; {', '.join(f'warp {x.wid} waits for it at {short_where(x.wait.op)}' for x in victims)}"
+                if victims else "")
+        at = f" (its arrive at {where(last)})" if last is not None else ""
+        return (f"warp {wid} skipped an arrive on {mb.label()}{at}: it has passed {passes} wait(s) on "
+                f"{waited.label()} and now waits for the next one at {short_where(w.wait.op)}, but arrived on "
+                f"{mb.label()} in only {arrived} phase(s), so phase {mb.phase} of {mb.label()} never completes"
+                f"{held} (a release skipped on some iteration, e.g. under a condition or an early continue?)")
+    return ""
+
+
 def _named_cause(cta, b: NamedBarrier) -> str:
     if any(not sync for _, _, sync in b.parts) or cta.bar_arrivers.get(b.id):
         return ""
@@ -93,15 +133,17 @@ def deadlock_error(cta, live) -> ProtocolError:
             short = mbw[0].tx_shortfall()
             if short:
                 return ProtocolError(f"{short}\nwaiting warps (the kernel would hang here):\n{tail}")
-    named, mbarrier, parity = [], [], []  # the likeliest first: a hand-off to the wrong barrier, then counts
+    # The likeliest first: a skipped arrive, a hand-off to the wrong barrier, then counts, then parities.
+    skipped, named, mbarrier, parity = [], [], [], []
     for w in live:
         mbw = _mb_wait(w)
         if mbw:
+            skipped.append(_skipped_arrive(cta, mbw[0]))
             c = _mbarrier_cause(cta, *mbw)
             (parity if "is the parity" in c else mbarrier).append(c)
         elif isinstance(w.wait.obj, NamedBarrier):
             named.append(_named_cause(cta, w.wait.obj))
-    cause = next((c for c in named + mbarrier + parity if c), "")
+    cause = next((c for c in skipped + named + mbarrier + parity if c), "")
     blame = f"\nMost likely at fault: {cause}" if cause else ""
     first = live[0]
     if all(_mb_wait(w) for w in live) and exited:

@@ -53,12 +53,16 @@ class Warp:
         self.cp_open = np.zeros(WARP, dtype=np.int64)  # per lane: cp.async groups committed so far
         self.bulk_open = np.zeros(WARP, dtype=np.int64)  # per lane: bulk (TMA store) groups committed
         self.mb_seen: dict = {}  # mbarrier address -> (phases it has seen completed, wait op, parity)
+        self.mb_passes: dict = {}  # mbarrier address -> waits of this warp on it that completed
+        self.mb_arrived: dict = {}  # mbarrier address -> (phases this warp arrived in, its last arrive op)
         self.arrive_log: list = []  # (epoch, op, mbarrier) of this warp's latest mbarrier arrivals
         self.last_mb_wait = None  # (mbarrier, op, parity) of the latest completed mbarrier wait
         self.loops: list = []  # [loop op, iterations of its current run] of the loops running, outermost first
         self.gen = run_block(self, cta.prog.body)
 
     def note_arrive(self, mb, op):
+        if all(wid != self.wid for wid, _ in mb.arrivals):  # its first arrival in this phase
+            self.mb_arrived[mb.addr] = (self.mb_arrived.get(mb.addr, (0, None))[0] + 1, op)
         self.arrive_log.append((int(self.cta.vc[self.wid, self.wid]), op, mb))
         if len(self.arrive_log) > 16:
             del self.arrive_log[0]
@@ -67,6 +71,7 @@ class Warp:
         """This warp observed the phase of ``mb`` with ``parity``: how many phases it has seen done."""
         done = mb.phase if (mb.phase & 1) != parity else mb.phase - 1
         self.mb_seen[mb.addr] = (done, op, parity)
+        self.mb_passes[mb.addr] = self.mb_passes.get(mb.addr, 0) + 1
         self.last_mb_wait = (mb, op, parity)
 
     def set_mask(self, mask: np.ndarray, n: int | None = None):

@@ -24,7 +24,7 @@ from .errors import MemoryAccessError, UnsupportedOpError, where
 from .ops_scalar import check_converged
 from .compiled import handler
 from ..semantics.fp8 import fp8_to_f32
-from ..semantics.tensorcore import mma_f32, mma_fp8
+from ..semantics.tensorcore import mma_f32, mma_sync_fp8
 from .values import WARP, half_to_f32
 
 _LANE = np.arange(WARP)
@@ -119,7 +119,7 @@ B32_N = np.broadcast_to(_G[None, :, None], (2, 32, 4))
 
 
 def _make_mma_fp8(prog, op, a_fmt: str, b_fmt: str):
-    """mma.sync m16n8k32 with e4m3/e5m2 operands (sm_89+): the FP8 accumulation model."""
+    """mma.sync m16n8k32 with e4m3/e5m2 operands (sm_89+): as sm_90 runs it (two f16 MMAs, then + C)."""
     s = [prog.slot(v) for v in op.operands]
     res = [prog.slot(v) for v in op.results]
 
@@ -130,7 +130,7 @@ def _make_mma_fp8(prog, op, a_fmt: str, b_fmt: str):
         b = _fp8_tile([env[x] for x in s[4:6]], b_fmt, B32_K, B32_N, (32, 8))
         c = np.empty((16, 8), dtype=np.float32)
         c[C_ROW, C_COL] = np.stack([env[x] for x in s[6:10]])
-        out = mma_fp8(a, b, c, (a_fmt, b_fmt))[C_ROW, C_COL]
+        out = mma_sync_fp8(a, b, c)[C_ROW, C_COL]
         for i, r in enumerate(res):
             env[r] = out[i]
     return False, run

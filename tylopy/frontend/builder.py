@@ -139,6 +139,8 @@ class Builder:
     def __init__(self, arch: str, options=None):
         self.arch = arch
         self.options = options
+        self.threads = None  # threads per block (the kernel's launch bound), for block-wide library code
+        self.kernel_name = ""
         self._next_id = 0
         self._blocks: list[_BlockBuilder] = [_BlockBuilder()]
         self.shared_allocs: list = []
@@ -234,6 +236,18 @@ class Builder:
 
     def resume_block(self, block: _BlockBuilder):
         self._blocks.append(block)
+
+    def op_mark(self) -> tuple:
+        """A position in the innermost block: ``ops_since`` gives what is appended after it."""
+        blk = self._blocks[-1]
+        return blk, len(blk.ops)
+
+    def ops_since(self, mark: tuple) -> list[Op]:
+        """The ops appended to the block of ``mark`` after it (ops in regions stay inside theirs)."""
+        blk, n = mark
+        if blk is not self._blocks[-1]:
+            raise RuntimeError("ops_since: the block of the mark is no longer the innermost one")
+        return blk.ops[n:]
 
     @property
     def next_id(self) -> int:

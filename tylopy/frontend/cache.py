@@ -76,7 +76,8 @@ def base_key(kernel, constexprs: dict, options) -> tuple[str, dict]:
         "signature": [f"{n}: {k!r}" for n, k, _ in kernel.signature],
         "source": f"{kernel.fn.__qualname__} {capture.code_digest(kernel.fn.__code__)} {kernel.source_digest()}",
         "constexprs": {k: capture.fingerprint(v, f"constexpr {k}", kernel.name) for k, v in sorted(constexprs.items())},
-        "launch_bounds": [bounds.max_threads, bounds.min_blocks_per_sm, bounds.max_registers],
+        "launch_bounds": [bounds.max_threads, bounds.min_blocks_per_sm, bounds.max_registers]
+        + ([list(bounds.cluster)] if bounds.cluster else []),
         "options": options.key(),
         "tylopy": tylopy_source_hash(),
         **_tool_versions(),

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from ..codegen.targets import SUPPORTED_ARCHS
 from ..errors import (CompileError, IRVerificationError, KernelSourceError, LaunchTypeError, LayoutError,
-                      ResourceLimitError, TylopyError)
+                      ResourceLimitError, TylopyError, user_facing)
 from ..ir.printer import format_ir
 from ..ir.types import PointerType, ScalarType, Type
 from ..ir.values import KernelIR, LaunchBounds, Param
@@ -143,11 +143,17 @@ class CompiledKernel:
         return self._launcher
 
     def __call__(self, grid, *args, stream=None):
-        return self.launcher().launch(grid, args, stream)
+        try:
+            return self.launcher().launch(grid, args, stream)
+        except TylopyError as e:
+            raise user_facing(e)  # tylopy's own frames hidden (TYLOPY_TRACEBACK=1 shows them)
 
     def prepare(self, grid, *args):
         """This specialization's launch with ``args`` checked and packed once (``PreparedLaunch``)."""
-        return self.launcher().prepare(grid, args)
+        try:
+            return self.launcher().prepare(grid, args)
+        except TylopyError as e:
+            raise user_facing(e)  # tylopy's own frames hidden (TYLOPY_TRACEBACK=1 shows them)
 
 
 class Kernel:
@@ -155,7 +161,7 @@ class Kernel:
 
     def __init__(self, fn: Callable, threads, arch: str = DEFAULT_ARCH, min_blocks_per_sm: int | None = None,
                  max_registers: int | None = None, name: str | None = None, noalias: bool = False,
-                 _register: bool = True):
+                 _register: bool = True, cluster=None):
         if not callable(fn) or not hasattr(fn, "__code__"):
             raise TypeError(f"ty.kernel expects a Python function, but got {fn!r}")
         self.fn = fn
@@ -169,6 +175,7 @@ class Kernel:
                                     def_loc(fn))
         self.threads = threads
         self.arch = arch
+        self.cluster = _cluster_dims(fn, self.name, arch, cluster)
         self.min_blocks_per_sm = min_blocks_per_sm
         self.max_registers = max_registers
         self.noalias = bool(noalias)
@@ -220,7 +227,7 @@ class Kernel:
         if arch not in SUPPORTED_ARCHS:
             raise ValueError(f"arch expects one of {', '.join(SUPPORTED_ARCHS)}, but got {arch!r}")
         return Kernel(self.fn, self.threads, arch, self.min_blocks_per_sm, self.max_registers, self.name,
-                      self.noalias, _register=False).with_debug(self._debug)
+                      self.noalias, _register=False, cluster=self.cluster).with_debug(self._debug)
 
     def with_debug(self, debug: bool | None = True) -> "Kernel":
         """This kernel with the compile option ``debug`` (device asserts and prints) set: True or False
@@ -335,16 +342,25 @@ class Kernel:
         for what, x, lo, hi in (("min_blocks_per_sm", mb, 1, 32), ("max_registers", mr, 24, 255)):
             if x is not None and (isinstance(x, bool) or not isinstance(x, int) or not lo <= x <= hi):
                 raise ResourceLimitError(f"kernel {self.name!r}: {what} expects an int in {lo}..{hi}, but got {x!r}")
-        return LaunchBounds(threads, mb, mr)
+        return LaunchBounds(threads, mb, mr, self.cluster)
 
     def trace(self, options: CompileOptions | None = None, recorder: capture.Recorder | None = None,
               **constexprs) -> KernelIR:
         """The verified IR of one specialization."""
+        try:
+            return self._trace(options, recorder, **constexprs)
+        except TylopyError as e:
+            raise user_facing(e)  # tylopy's own frames hidden (TYLOPY_TRACEBACK=1 shows them)
+
+    def _trace(self, options: CompileOptions | None = None, recorder: capture.Recorder | None = None,
+               **constexprs) -> KernelIR:
         cx = self._constexprs(constexprs)
         options = options or self.options()
         traceable = self._rewritten()
         bounds = self._launch_bounds(cx)
         bld = Builder(options.arch, options)
+        bld.threads = bounds.max_threads
+        bld.kernel_name = self.name
         params, args = [], []
         for n, k, _ in self.signature:
             if isinstance(k, _Constexpr):
@@ -425,7 +441,10 @@ class Kernel:
             key = fast = None
         if fast is not None and fast._env == environment_snapshot() and fast._guards.valid():
             return fast
-        ck = self._compile(constexprs)
+        try:
+            ck = self._compile(constexprs)
+        except TylopyError as e:
+            raise user_facing(e)  # tylopy's own frames hidden (TYLOPY_TRACEBACK=1 shows them)
         if key is not None:
             try:
                 self._fast[key] = ck
@@ -526,16 +545,19 @@ class Kernel:
         """Run the kernel on the CPU, lane by lane (see ``tylopy.emulate``). Tensor arguments are CPU
         torch tensors (or numpy arrays); a tensor of open dtype specializes on the argument's dtype."""
         from ..emulate import emulate_kernel
-        if not self._runtime_names.isdisjoint(kwargs):
-            args, kwargs = self.bind_keywords(args, kwargs)
-        if any(isinstance(k, TensorSpec) for _, k in self.runtime_params):
-            kwargs = dict(kwargs)
-            for i, n in self._open_tensors:
-                if n not in kwargs and i < len(args):
-                    kwargs[n] = argument_dtype(self.name, n, args[i])
-            spec = {n: v for n, v in kwargs.items() if n in self.constexpr_names}
-            args = expand_tensor_args(self.name, self.runtime_params_for(self._constexprs(spec)), args)
-        return emulate_kernel(self, args, grid, **kwargs)
+        try:
+            if not self._runtime_names.isdisjoint(kwargs):
+                args, kwargs = self.bind_keywords(args, kwargs)
+            if any(isinstance(k, TensorSpec) for _, k in self.runtime_params):
+                kwargs = dict(kwargs)
+                for i, n in self._open_tensors:
+                    if n not in kwargs and i < len(args):
+                        kwargs[n] = argument_dtype(self.name, n, args[i])
+                spec = {n: v for n, v in kwargs.items() if n in self.constexpr_names}
+                args = expand_tensor_args(self.name, self.runtime_params_for(self._constexprs(spec)), args)
+            return emulate_kernel(self, args, grid, **kwargs)
+        except TylopyError as e:
+            raise user_facing(e)  # tylopy's own frames hidden (TYLOPY_TRACEBACK=1 shows them)
 
 
 _defined: dict[str, weakref.WeakSet] = {}
@@ -556,7 +578,7 @@ def _stable_repr(v) -> str:
 
 
 def kernel(fn=None, *, threads=128, arch: str = DEFAULT_ARCH, min_blocks_per_sm=None, max_registers=None, name=None,
-           noalias: bool = False, debug: bool | None = None):
+           noalias: bool = False, debug: bool | None = None, cluster=None):
     """Decorate a function as a tylopy kernel.
 
     ``threads`` is the block size (an int, or a function of the constexprs); ``arch`` the
@@ -564,11 +586,37 @@ def kernel(fn=None, *, threads=128, arch: str = DEFAULT_ARCH, min_blocks_per_sm=
     ``noalias=True`` promises that no two pointer arguments of a launch overlap (LLVM
     ``noalias`` on every pointer parameter; per parameter: ``ty.ptr(ty.f32, noalias=True)``).
     ``debug=True``/``False`` compiles ``ty.device_assert``/``ty.printf`` in or out whatever
-    ``TYLOPY_DEBUG`` says (None: as it says).
+    ``TYLOPY_DEBUG`` says (None: as it says). ``cluster=(x, y, z)`` (sm_90) launches the grid in
+    thread-block clusters of that shape (at most 8 CTAs; the grid a multiple of it): the CTAs of
+    a cluster run at once and share ``ty.cluster_sync`` and each other's shared memory
+    (``ty.cluster_map``).
     """
     def wrap(f):
-        return Kernel(f, threads, arch, min_blocks_per_sm, max_registers, name, noalias).with_debug(debug)
+        return Kernel(f, threads, arch, min_blocks_per_sm, max_registers, name, noalias,
+                      cluster=cluster).with_debug(debug)
     return wrap(fn) if fn is not None else wrap
+
+
+MAX_CLUSTER = 8  # the portable cluster size (larger ones need a non-portable opt-in)
+
+
+def _cluster_dims(fn, name: str, arch: str, cluster):
+    """``cluster`` as (x, y, z), or None; errors at the decorator."""
+    if cluster is None:
+        return None
+    dims = (cluster,) if isinstance(cluster, int) and not isinstance(cluster, bool) else cluster
+    if not isinstance(dims, (tuple, list)) or not 1 <= len(dims) <= 3 or \
+            any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in dims):
+        raise KernelSourceError(f"kernel {name!r}: cluster expects 1 to 3 positive ints (x, y, z), but got "
+                                f"{cluster!r}", def_loc(fn))
+    dims = tuple(dims) + (1,) * (3 - len(dims))
+    if dims[0] * dims[1] * dims[2] > MAX_CLUSTER:
+        raise KernelSourceError(f"kernel {name!r}: cluster expects at most {MAX_CLUSTER} CTAs (x * y * z), but got "
+                                f"{dims} = {dims[0] * dims[1] * dims[2]}", def_loc(fn))
+    if not arch.startswith("sm_9"):
+        raise KernelSourceError(f"kernel {name!r}: cluster expects a kernel for sm_90 or sm_90a (thread-block "
+                                f"clusters are Hopper's), but it targets {arch}", def_loc(fn))
+    return dims
 
 
 def _clear_defined_kernels() -> None:

@@ -251,9 +251,12 @@ def unpack2(word, dtype: ScalarType) -> tuple[Value, Value]:
 # -- memory -------------------------------------------------------------------------------------
 
 def load(p: Value, vec: int = 1, mask=None):
-    """Load ``vec`` consecutive elements (one 16-byte access for vec*size = 16); a tuple if vec > 1.
+    """Load ``vec`` consecutive elements as one access; a tuple if vec > 1.
 
-    With ``mask``, lanes whose mask is false read nothing and get zero.
+    ``vec`` is 1, 2, 4, 8 or 16 with ``vec * element size <= 16`` bytes: 4 for f32, 8 for
+    bf16/f16, 16 for 8-bit types (u8, i8, e4m3, e5m2), each a single 16-byte ``ld.v4.b32``. The
+    address must be aligned to the whole access (``vec * size`` bytes). With ``mask``, lanes
+    whose mask is false read nothing and get zero.
     """
     ops = (p,) if mask is None else (p, as_value(mask, i1))
     res = emit("load", ops, vec=vec)
@@ -282,7 +285,23 @@ def shared(dtype: ScalarType, count: int, align: int = 16) -> Value:
         bld.error(f"static shared memory expects at most {STATIC_SHARED_LIMIT} bytes per block, but this kernel "
                   f"asks for {total}", hint="allocate large buffers with ty.dynamic_shared (up to 227 KB on "
                                             "Hopper, opted in at launch)", cls=KernelResourceError)
+    _check_shared_total(bld)
     return emit1("shared_ptr", (), type=PointerType(dtype, "shared"), name=name)
+
+
+def _check_shared_total(bld) -> None:
+    """Static plus dynamic shared memory within what one block of the target may have (else the
+    kernel could compile, dump and emulate but never launch): an error at the line that asks."""
+    from ..codegen.targets import SHARED_MEMORY_PER_BLOCK
+    limit = SHARED_MEMORY_PER_BLOCK.get(bld.arch)
+    static = sum(a.nbytes for a in bld.shared_allocs)
+    total = static + bld.dynamic_shared_bytes
+    if limit is not None and total > limit:
+        who = f"kernel {bld.kernel_name!r}" if bld.kernel_name else "this kernel"
+        parts = f" ({static} static + {bld.dynamic_shared_bytes} dynamic)" if static and bld.dynamic_shared_bytes else ""
+        bld.error(f"shared memory expects at most {limit} bytes ({limit // 1024} KB) per block on {bld.arch}, but "
+                  f"{who} asks for {total} bytes ({total / 1024:.1f} KB){parts}",
+                  hint="use fewer pipeline stages or smaller tiles", cls=KernelResourceError)
 
 
 def dynamic_shared(dtype: ScalarType, nbytes: int, align: int = 16) -> Value:
@@ -290,8 +309,11 @@ def dynamic_shared(dtype: ScalarType, nbytes: int, align: int = 16) -> Value:
     bld = current_builder()
     if isinstance(nbytes, Value):
         bld.error("dynamic_shared expects a compile-time byte count, but got a run-time value")
+    if isinstance(nbytes, bool) or not hasattr(type(nbytes), "__index__") or int(nbytes) <= 0:
+        bld.error(f"dynamic_shared expects a positive int byte count, but got {nbytes!r}")
     bld.dynamic_shared_bytes = max(bld.dynamic_shared_bytes, int(nbytes))
     bld.dynamic_shared_align = max(bld.dynamic_shared_align, int(align))
+    _check_shared_total(bld)
     return emit1("dynamic_shared_ptr", (), type=PointerType(dtype, "shared"))
 
 

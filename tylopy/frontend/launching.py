@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..errors import TylopyError, user_facing
+
 if TYPE_CHECKING:
     from .kernel import Kernel
 
@@ -14,15 +16,21 @@ class _BoundLaunch:
         self.kernel, self.grid = kernel, grid
 
     def __call__(self, *args, stream=None, **constexprs):
-        ck, grid, args = self._specialize(args, constexprs)
-        return ck.launcher().launch(grid, args, stream)
+        try:
+            ck, grid, args = self._specialize(args, constexprs)
+            return ck.launcher().launch(grid, args, stream)
+        except TylopyError as e:
+            raise user_facing(e)  # tylopy's own frames hidden (TYLOPY_TRACEBACK=1 shows them)
 
     def prepare(self, *args, **constexprs):
         """The launch ``kernel[grid](*args, **constexprs)`` would make, with its arguments checked and
         packed once: ``.set(name, value)`` changes one, ``.launch()`` sends it (``PreparedLaunch``).
         It keeps the specialization compiled now, whatever globals change later."""
-        ck, grid, args = self._specialize(args, constexprs)
-        return ck.launcher().prepare(grid, args)
+        try:
+            ck, grid, args = self._specialize(args, constexprs)
+            return ck.launcher().prepare(grid, args)
+        except TylopyError as e:
+            raise user_facing(e)  # tylopy's own frames hidden (TYLOPY_TRACEBACK=1 shows them)
 
     def _specialize(self, args, constexprs):
         """(the specialization these arguments launch, the grid, the runtime arguments)."""

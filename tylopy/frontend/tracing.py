@@ -29,6 +29,8 @@ MAX_UNROLL = 8192
 # Nested compile-time loops multiply: their product is checked when an inner loop starts, before
 # it unrolls, so a runaway nest fails in milliseconds instead of after minutes of tracing.
 MAX_UNROLL_TOTAL = 65536
+# ``range(..., unroll=N)``: the largest count LLVM is asked to unroll a run-time loop by.
+MAX_UNROLL_COUNT = 1024
 _RV = "__tyf_rv"
 
 
@@ -172,10 +174,11 @@ def if_else(cond, then_fn, else_fn):
 class DynamicRange:
     """``range`` over run-time bounds (or ``unroll=False``): becomes an IR loop."""
 
-    def __init__(self, start, stop=None, step=1):
+    def __init__(self, start, stop=None, step=1, unroll=None):
         if stop is None:
             start, stop = 0, start
         self.start, self.stop, self.step = start, stop, step
+        self.unroll = unroll  # an int: the count LLVM unrolls the run-time loop by (None: LLVM decides)
 
     def __iter__(self):
         current_builder().error(
@@ -205,8 +208,10 @@ def range(*args, unroll=None):  # noqa: A001 - mirrors Python's range inside ker
     ``unroll=False`` makes a loop with compile-time bounds a run-time loop too; ``unroll=True``
     insists on unrolling (compile-time bounds only). Without a hint, compile-time loops unroll
     at trace time (up to ``MAX_UNROLL`` iterations) and LLVM's unroller decides for run-time
-    ones. A step may be negative or a run-time value (its sign decides the comparison); a
-    compile-time zero step is an error.
+    ones. ``unroll=N`` (an int, 1..``MAX_UNROLL_COUNT``) makes a run-time loop whose body the
+    compiler repeats N times per trip, with a remainder loop for the last trip count mod N
+    (LLVM's ``llvm.loop.unroll.count``); ``unroll=1`` keeps it rolled. A step may be negative or
+    a run-time value (its sign decides the comparison); a compile-time zero step is an error.
     """
     bld = current_builder()
     if not 1 <= builtins.len(args) <= 3:
@@ -218,6 +223,12 @@ def range(*args, unroll=None):  # noqa: A001 - mirrors Python's range inside ker
     if builtins.len(args) == 3 and not isinstance(args[2], RuntimeValue) and args[2] == 0:
         bld.error("range step expects a non-zero value, but got 0")
     runtime = any(isinstance(a, RuntimeValue) for a in args)
+    if unroll is not None and not isinstance(unroll, bool):
+        if isinstance(unroll, RuntimeValue) or not hasattr(type(unroll), "__index__") \
+                or not 1 <= int(unroll) <= MAX_UNROLL_COUNT:
+            bld.error(f"range unroll expects True, False or a compile-time int count in 1..{MAX_UNROLL_COUNT}, "
+                      f"but got {unroll!r}", hint="unroll=4 repeats the body four times per trip of the run-time loop")
+        return DynamicRange(*args, unroll=int(unroll))
     if runtime and unroll is True:
         bld.error("range(..., unroll=True) expects compile-time bounds, but got a run-time value")
     if runtime or unroll is False:
@@ -287,7 +298,7 @@ def for_(iterable, body, names, values, mutated=(), stop=()):
         return _traced_loop(
             values, names, carried_idx,
             lambda init, fn, rebuild: _for_op(lo, hi, step, init, [names[i] for i in carried_idx],
-                                              lambda iv, args: fn(body, rebuild(args), iv)))
+                                              lambda iv, args: fn(body, rebuild(args), iv), iterable.unroll))
     # A loop that can stop early: while (index in range and no stop flag) { body; index += step }.
 
     def cond(iv, *vals):
@@ -299,7 +310,7 @@ def for_(iterable, body, names, values, mutated=(), stop=()):
         return (iv + step, *body(iv, *vals))
 
     out = _runtime_while(cond, step_body, ("the loop index", *names), (lo, *values),
-                         [0] + [i + 1 for i in carried_idx])
+                         [0] + [i + 1 for i in carried_idx], iterable.unroll)
     return out[1:]
 
 
@@ -347,7 +358,11 @@ def _unrolled(iterable, body, names, values, mutated, stop_idx):
     return vals
 
 
-def _for_op(lo, hi, step, init, names, body):
+def _loop_attrs(unroll) -> dict:
+    return {} if unroll is None else {"unroll": int(unroll)}
+
+
+def _for_op(lo, hi, step, init, names, body, unroll=None):
     """Emit ``for iv in range(lo, hi, step)`` carrying ``init``; ``body(iv, args)`` gives the next values."""
     bld = current_builder()
     types = [v.type for v in init]
@@ -361,7 +376,7 @@ def _for_op(lo, hi, step, init, names, body):
         raise
     region = bld.pop_block()
     results = bld.emit("for", [handle(v) for v in (lo, hi, step, *init)], regions=(region,),
-                       result_types=tuple(types))
+                       result_types=tuple(types), **_loop_attrs(unroll))
     return tuple(RuntimeValue(r) for r in results)
 
 
@@ -376,7 +391,7 @@ def _check_types(what: str, expected, got, names):
 
 # -- while ----------------------------------------------------------------------------------------
 
-def _while_op(init, names, cond_fn, body_fn):
+def _while_op(init, names, cond_fn, body_fn, unroll=None):
     bld = current_builder()
     types = [v.type for v in init]
     args = tuple(RuntimeValue(a) for a in bld.push_block(types))
@@ -399,7 +414,7 @@ def _while_op(init, names, cond_fn, body_fn):
         raise
     body_region = bld.pop_block()
     results = bld.emit("while", [handle(v) for v in init], regions=(cond_region, body_region),
-                       result_types=tuple(types))
+                       result_types=tuple(types), **_loop_attrs(unroll))
     return tuple(RuntimeValue(r) for r in results)
 
 
@@ -409,10 +424,10 @@ def _as_i1(c):
     return c if c.type == i1 else (c != 0)
 
 
-def _runtime_while(cond_fn, body, names, values, carried_idx):
+def _runtime_while(cond_fn, body, names, values, carried_idx, unroll=None):
     def build(init, run_body, rebuild):
         return _while_op(init, [names[i] for i in carried_idx], lambda args: _as_i1(cond_fn(*rebuild(args))),
-                         lambda args: run_body(body, rebuild(args)))
+                         lambda args: run_body(body, rebuild(args)), unroll)
     return _traced_loop(values, names, carried_idx, build)
 
 

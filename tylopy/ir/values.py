@@ -98,6 +98,7 @@ class LaunchBounds:
     max_threads: int
     min_blocks_per_sm: int | None = None
     max_registers: int | None = None
+    cluster: tuple | None = None  # (x, y, z) CTAs per thread-block cluster: ``.reqnctapercluster``
 
 
 @dataclass(frozen=True)

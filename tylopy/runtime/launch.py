@@ -214,6 +214,9 @@ def _tensormap_packer(kernel: str, name: str, i: int):
     def pack(x, slots, ptrs, device):
         if not isinstance(x, TensorMap):
             raise LaunchTypeError(f"{kernel}: argument {name!r} expects a tylopy TensorMap, but got {type(x).__name__}")
+        if x.device is None:
+            raise LaunchValueError(f"{kernel}: tensor map {name!r} describes a CPU tensor (it serves kernel.emulate); "
+                                   "build it with ty.tensor_map from a CUDA tensor to launch on the GPU")
         if device is not None and x.device != device:
             raise LaunchValueError(f"{kernel}: tensor map {name!r} describes memory on cuda:{x.device}, "
                                    f"but the launch runs on cuda:{device}")

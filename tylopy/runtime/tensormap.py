@@ -20,6 +20,8 @@ _valid_geometries: set = set()  # (element size, dims, strides, box, swizzle, dt
 plancache.on_clear(lambda: _cache.clear())  # the maps hold device addresses: forget them with the plans
 DTYPE_CODES = {"u8": 0, "u16": 1, "u32": 2, "i32": 3, "u64": 4, "i64": 5, "f16": 6, "f32": 7, "f64": 8, "bf16": 9,
                "e4m3": 0, "e5m2": 0}  # fp8: the driver's UINT8 (TMA copies bytes; sm_90 has no fp8 code)
+DTYPE_BYTES = {"u8": 1, "u16": 2, "u32": 4, "i32": 4, "u64": 8, "i64": 8, "f16": 2, "f32": 4, "f64": 8, "bf16": 2,
+               "e4m3": 1, "e5m2": 1}
 
 
 def validate(dtype_bytes: int, address: int, dims, strides_bytes, box, swizzle: int) -> None:
@@ -121,14 +123,26 @@ class TensorMap:
     (the emulator reads tiles through it).
     """
 
-    __slots__ = ("handle", "device", "_tensor", "_held", "_geometry")
+    __slots__ = ("_handle", "device", "_tensor", "_held", "_geometry", "_l2")
 
-    def __init__(self, handle, spec: TensorMapSpec, hold: bool = True):
-        self.handle = handle  # cuda.bindings.driver.CUtensorMap
-        self.device = spec.tensor.device.index
+    def __init__(self, handle, spec: TensorMapSpec, hold: bool = True, l2_promotion: int = 2):
+        self._handle = handle  # cuda.bindings.driver.CUtensorMap, or None: encoded at the first GPU launch
+        device = spec.tensor.device
+        self.device = device.index if device.type == "cuda" else None  # None: a CPU tensor (emulator only)
         self._held = spec.tensor if hold else None
         self._tensor = weakref.ref(spec.tensor)
         self._geometry = (spec.dims, spec.strides_bytes, spec.box, spec.dtype, spec.swizzle)
+        self._l2 = l2_promotion
+
+    @property
+    def handle(self):
+        """The encoded CUtensorMap (encoded here, once, for a map made by ``ty.tensor_map``)."""
+        if self._handle is None:
+            if self.device is None:
+                raise LaunchValueError(f"{self!r} describes a CPU tensor: it serves kernel.emulate(...); build the "
+                                       "map from a CUDA tensor to launch on the GPU")
+            self._handle = TensorMap.encode(self.spec, self._l2, hold=False)._handle
+        return self._handle
 
     @property
     def spec(self) -> TensorMapSpec:
@@ -140,10 +154,26 @@ class TensorMap:
 
     def __repr__(self):
         dims, strides, box, dtype, swizzle = self._geometry
-        return f"TensorMap({dtype}, dims={dims}, box={box}, swizzle={swizzle}, cuda:{self.device})"
+        where = "cpu" if self.device is None else f"cuda:{self.device}"
+        return (f"TensorMap({dtype}, shape={tuple(reversed(dims))}, box={tuple(reversed(box))}, swizzle={swizzle}, "
+                f"{where})")
+
+    @property
+    def box(self) -> tuple:
+        """The box in the tensor's dimension order (outermost first, as ``tensor.shape``)."""
+        return tuple(reversed(self._geometry[2]))
+
+    @property
+    def box_bytes(self) -> int:
+        """Bytes one TMA copy moves (what ``mbarrier_arrive_expect_tx`` expects per box)."""
+        n = DTYPE_BYTES[self._geometry[3]]
+        for b in self._geometry[2]:
+            n *= b
+        return n
 
     def getPtr(self) -> int:
-        return self.handle.getPtr()
+        h = self._handle
+        return (h if h is not None else self.handle).getPtr()
 
     @staticmethod
     def encode(spec: TensorMapSpec, l2_promotion: int = 2, hold: bool = True) -> "TensorMap":

@@ -12,9 +12,10 @@ Conversions, as the sm_89+ ``cvt`` instructions do them:
   input; subnormals kept; a magnitude above the largest finite value after rounding (infinity
   included) becomes the largest finite value with the input's sign (``.satfinite``); NaN
   becomes ``0x7F``; zero keeps its sign.
-* from fp8 (``cvt.rn.f16x2.{e4m3x2,e5m2x2}``, then exact widening): every value is exact in
-  f16. An e4m3 NaN becomes the canonical f16 NaN ``0x7FFF``; e5m2 is the upper byte of an f16,
-  so its bits shift up unchanged (infinities and NaN payloads kept).
+* from fp8 (``cvt.rn.f16x2.{e4m3x2,e5m2x2}``, then widening): every value is exact in f16.
+  Every NaN code of either format, whatever its sign and payload, becomes the canonical f16 NaN
+  ``0x7FFF`` (e5m2's other codes are the upper byte of an f16, infinities included), and widens
+  to the canonical f32 NaN ``0x7FFFFFFF`` (measured on an H200 for all 256 codes).
 
 The NaN encodings are the ones tests/test_fp8_conversions_gpu.py checks on the GPU for all 256
 codes of both formats.
@@ -27,7 +28,8 @@ import numpy as np
 FORMATS = {"e4m3": (4, 3, 7), "e5m2": (5, 2, 15)}
 MAX_FINITE = {"e4m3": 448.0, "e5m2": 57344.0}
 NAN_BITS = 0x7F          # what a NaN input converts to, in both formats
-F16_NAN_FROM_E4M3 = 0x7FFF
+F16_NAN = 0x7FFF           # every NaN code, either format, converts to these
+F32_NAN = 0x7FFFFFFF
 
 
 def _check(fmt: str) -> None:
@@ -67,14 +69,17 @@ def fp8_to_f16_bits(bits, fmt: str) -> np.ndarray:
     _check(fmt)
     b = np.asarray(bits, dtype=np.uint8)
     if fmt == "e5m2":
-        return b.astype(np.uint16) << np.uint16(8)
-    out = fp8_to_f64(b, fmt).astype(np.float16).view(np.uint16)
-    return np.where((b & 0x7F) == 0x7F, np.uint16(F16_NAN_FROM_E4M3), out).astype(np.uint16)
+        out = b.astype(np.uint16) << np.uint16(8)
+    else:
+        out = fp8_to_f64(b, fmt).astype(np.float16).view(np.uint16)
+    return np.where(np.isnan(fp8_to_f64(b, fmt)), np.uint16(F16_NAN), out).astype(np.uint16)
 
 
 def fp8_to_f32(bits, fmt: str) -> np.ndarray:
-    """Code -> f32 as the GPU computes it (through f16; NaN payloads as cvt.f32.f16 widens them)."""
-    return fp8_to_f16_bits(bits, fmt).view(np.float16).astype(np.float32)
+    """Code -> f32 as the GPU computes it (exact; every NaN the canonical 0x7FFFFFFF)."""
+    b = np.asarray(bits, dtype=np.uint8)
+    out = fp8_to_f16_bits(b, fmt).view(np.float16).astype(np.float32)
+    return np.where(np.isnan(out), np.uint32(F32_NAN).view(np.float32), out).astype(np.float32)
 
 
 def f64_to_fp8(x, fmt: str) -> np.ndarray:

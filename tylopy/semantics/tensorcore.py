@@ -1,6 +1,7 @@
-"""The tensor cores' f32 accumulation, as measured on an H200 (mma.sync m16n8k16 and wgmma k16).
+"""The tensor cores' accumulation, as measured on an H200 (mma.sync and wgmma, 16-bit and FP8 inputs).
 
-Each output element is c + sum_k a_k b_k over the 16 products of one instruction, computed as:
+16-bit inputs (``mma_f32``; mma.sync m16n8k16 and wgmma k16), f32 accumulator. Each output
+element is c + sum_k a_k b_k over the 16 products of one instruction, computed as:
 
 1. every product is exact; its alignment exponent is e(a_k) + e(b_k), the sum of the inputs'
    exponents (the product's significand is taken in [1, 4)); c's is e(c). e() is the exponent
@@ -15,14 +16,27 @@ cancelling sums) of mma.sync bf16 and f16 and wgmma bf16: all bit-identical to t
 inputs (the emulator falls back to the IEEE sum there) and overflow (rounding toward zero gives
 the largest finite f32).
 
-FP8 (wgmma k32, mma.sync m16n8k32; ``mma_fp8``): the same steps over the 32 products and c,
-with the products' exponents from each input's own format (e4m3 and e5m2 may mix), terms
-truncated to multiples of 2**(emax - FP8_PRECISION) and the sum truncated toward zero to
-FP8_RESULT_BITS fraction bits (an e8m13 accumulator, as published measurements of H100 FP8
-GEMMs describe) before it is stored as f32. This model is NOT yet fitted on the H200:
-tests/test_fp8_wgmma_gpu.py compares it with the GPU bit for bit and, when they differ, says
-which (FP8_PRECISION, FP8_RESULT_BITS, FP8_GROUP) of the same family fit. f16 accumulators: the f32 model's value
-(c read exactly from f16) truncated toward zero to f16, also unverified.
+FP8, wgmma k32 (``mma_fp8``): the same steps over the 32 products and c, with the products'
+exponents from each input's own format (e4m3 and e5m2 may mix) and terms truncated to multiples
+of 2**(emax - 13) (FP8_PRECISION). Then, by the accumulator's type:
+
+* f32: the exact sum is truncated toward zero to 13 fraction bits (FP8_RESULT_BITS; an e8m13
+  accumulator) and stored as f32;
+* f16: the exact sum is rounded to nearest even f16, once (c is read exactly from f16).
+
+FP8, mma.sync m16n8k32 (``mma_sync_fp8``): sm_90 has no FP8 mma.sync unit; ptxas (CUDA 13)
+converts the codes to f16 (exact) and issues two HMMA.16816.F32, the first over k with
+k % 4 in {0, 1} from zero, the second over k % 4 in {2, 3} onto the first's result, then adds
+c with one f32 FADD (round to nearest even). Each HMMA is the 16-bit model above with f16
+exponents (an e4m3 subnormal is a normal f16). A chain of mma.sync keeps this per instruction.
+
+Measured on an H200 (tools/fp8_oracle_dump.py, random codes over the formats' whole range with
+subnormals, signed zeros and cancellation, every e4m3/e5m2 mix): mma.sync 4,096 outputs, wgmma
+with f32 accumulators 65,536 and with f16 accumulators 65,536 (chains of four k32 steps, c
+given and zero): all bit-identical to these models (tests/test_fp8_tensorcore_replay.py replays
+a subset; tests/test_fp8_wgmma_gpu.py and tests/test_fp8_conversions_gpu.py re-check on a GPU).
+Not measured for FP8: NaN and infinite inputs and results past the accumulator's range (f16:
+the model gives infinity).
 """
 from __future__ import annotations
 
@@ -30,9 +44,10 @@ import numpy as np
 
 EMIN = {"bf16": -126, "f16": -14, "e4m3": -6, "e5m2": -14}
 PRECISION = 25
-FP8_PRECISION = 13
-FP8_RESULT_BITS = 13
-FP8_GROUP = 32   # k per aligned sum: 32 = the whole k32 step (16: two chained halves)
+FP8_PRECISION = 13     # wgmma FP8: terms truncated to multiples of 2**(emax - 13)
+FP8_RESULT_BITS = 13   # wgmma FP8, f32 accumulator: the sum truncated to 13 fraction bits
+# mma.sync m16n8k32 FP8 on sm_90: the k of each of the two f16 HMMAs it is compiled into, in order
+MMA_SYNC_FP8_HALVES = (np.flatnonzero(np.arange(32) % 4 < 2), np.flatnonzero(np.arange(32) % 4 >= 2))
 _ZERO_EXP = -100_000
 
 
@@ -85,25 +100,35 @@ def truncate_bits(x: np.ndarray, bits: int) -> np.ndarray:
     return np.where(np.isfinite(x) & (x != 0), out, x)
 
 
-def mma_fp8(a, b, c, dtypes: tuple, acc: str = "f32", model: tuple | None = None) -> np.ndarray:
-    """D (M, N) = A (M, K) B (K, N) + C for fp8 inputs (``dtypes`` = (A's, B's) format names).
+def mma_fp8(a, b, c, dtypes: tuple, acc: str = "f32") -> np.ndarray:
+    """wgmma k32: D (M, N) = A (M, 32) B (32, N) + C for fp8 inputs (``dtypes`` = (A's, B's) format names).
 
-    ``acc`` "f32" gives f32; "f16" gives f16 values (as float32), C read exactly. ``model`` =
-    (precision, result bits[, group]) overrides (FP8_PRECISION, FP8_RESULT_BITS, FP8_GROUP): the GPU
-    test's fitter; ``group`` < K sums the products in chained groups of that many k.
+    ``acc`` "f32" gives f32; "f16" gives f16 values (as float32), C read exactly.
     """
-    precision, result_bits, group = (tuple(model) + (FP8_GROUP,))[:3] if model else \
-        (FP8_PRECISION, FP8_RESULT_BITS, FP8_GROUP)
-    if group < a.shape[1]:
-        d = c
-        for k0 in range(0, a.shape[1], group):
-            d = mma_fp8(a[:, k0:k0 + group], b[k0:k0 + group], d, dtypes, "f32", (precision, result_bits, group))
-        return round_toward_zero_f16(d) if acc == "f16" else d
-    total = truncate_bits(_aligned_sum(a, b, c, dtypes, precision), result_bits)
-    d = _round_toward_zero_f32(total)
+    total = _aligned_sum(a, b, c, dtypes, FP8_PRECISION)
     if acc == "f16":
-        return round_toward_zero_f16(d)
-    return d
+        return round_nearest_f16(total)
+    return _round_toward_zero_f32(truncate_bits(total, FP8_RESULT_BITS))
+
+
+def mma_sync_fp8(a, b, c) -> np.ndarray:
+    """mma.sync m16n8k32: D (M, N) f32 = A (M, 32) B (32, N) + C (f32) for fp8 inputs, as sm_90 runs it:
+    two chained f16 MMAs from zero (k % 4 < 2, then the rest), then one f32 addition of C.
+
+    ``a`` and ``b`` hold the decoded codes (every fp8 value is exact in f16, so the formats do not
+    matter past decoding).
+    """
+    d = None
+    for ks in MMA_SYNC_FP8_HALVES:
+        d = mma_f32(a[:, ks], b[ks], d, "f16")
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (np.asarray(c, np.float32) + d).astype(np.float32)
+
+
+def round_nearest_f16(x: np.ndarray) -> np.ndarray:
+    """float64 values to f16, once, to nearest even (past the largest finite: infinity), as float32."""
+    with np.errstate(over="ignore"):
+        return np.asarray(x, np.float64).astype(np.float16).astype(np.float32)
 
 
 def round_toward_zero_f16(x: np.ndarray) -> np.ndarray:

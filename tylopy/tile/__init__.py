@@ -5,11 +5,13 @@
 * ``fragment``: ``Fragment`` (registers + layout + ownership), elementwise ops and reductions
   over exactly the lanes that share a row;
 * ``softmax``: the online softmax state and its update, normalization, LSE and merge;
+* ``collectives``: block-wide reduce and scan, warp scan, sort and top-k;
 * ``mma_sync`` and ``wgmma``: the MMA atoms and the same-lane accumulator -> operand conversion.
 
 Every operation runs traced inside a kernel (registers are ``RuntimeValue``s of the frontend)
 or as the numpy reference semantics over every lane at once (``tylopy.semantics``).
 """
+from .collectives import block_reduce, block_scan, warp_scan, warp_sort, warp_topk
 from .fragment import Fragment
 from .layouts import (MMA_SYNC_A, MMA_SYNC_A_K32, MMA_SYNC_B, MMA_SYNC_B_K32, MMA_SYNC_C, QUAD, WARP, WARPGROUP,
                       WGMMA_A_RS, WGMMA_A_RS_FP8, Layout, LocalOwnership, Ownership, tiled_mma_c, wgmma_acc)
@@ -35,4 +37,4 @@ def pack_operand_a(atom, *args, **kwargs):
 __all__ = ["Fragment", "Layout", "Ownership", "LocalOwnership", "QUAD", "WARP", "WARPGROUP", "MMA_SYNC_A",
            "MMA_SYNC_B", "MMA_SYNC_C", "WGMMA_A_RS", "tiled_mma_c", "wgmma_acc", "MmaSyncAtom", "WgmmaAtom",
            "SoftmaxState", "SoftmaxUpdate", "softmax_update", "softmax_normalize", "softmax_merge", "softmax_lse",
-           "pack_operand_a", "MMA_SYNC_A_K32", "MMA_SYNC_B_K32", "WGMMA_A_RS_FP8"]
+           "pack_operand_a", "block_reduce", "block_scan", "warp_scan", "warp_sort", "warp_topk", "MMA_SYNC_A_K32", "MMA_SYNC_B_K32", "WGMMA_A_RS_FP8"]

@@ -89,6 +89,21 @@ class WgmmaAtom:
                               f"{[getattr(w, 'type', w) for w in ws]}")
         return Fragment(ws, RS_A_OWNERSHIP, self.a_layout, pack=self.a_pack, dtype=self.dtype)
 
+    def zeros(self) -> Fragment:
+        """A traced accumulator of zeros in this atom's layout: the start of a K loop.
+
+        ``acc = atom.zeros()`` then ``acc = wgmma(atom, acc, ...)`` in every k-step, a run-time
+        loop included (the zeros are the loop-carried value's entry). n/2 f32 registers of +0.0,
+        or n/4 b32 words of packed f16 zeros with ``acc_dtype=ty.f16``. Not pending: it may be
+        read at once. (``wgmma(atom, None, ...)`` is the other zero start: it does not read the
+        accumulator at all, but only where the first k-step is separate code.)
+        """
+        if self.acc_dtype == f16:
+            z = as_value(0, b32)
+            return Fragment((z,) * (self.n // 4), WARPGROUP, self.acc_layout, pack=2, dtype=f16)
+        z = as_value(0.0, f32)
+        return Fragment((z,) * (self.n // 2), WARPGROUP, self.acc_layout)
+
     def __str__(self):
         return (f"wgmma.mma_async.sync.aligned.m64n{self.n}k{self.k}.{self.acc_dtype.name}.{self.dtype.name}."
                 f"{self.b_dtype.name} ({self.a_source.upper()}, sm_90a)")

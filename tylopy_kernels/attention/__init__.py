@@ -100,13 +100,24 @@ def check_inputs(query, key, value, attn_mask, is_causal, scale, enable_gqa=Fals
 
 
 def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
-              return_lse=False):
+              return_lse=False, *, window_size=None, softcap=None, alibi_slopes=None, sinks=None, score_mod=None,
+              mask_mod=None, block_mask=None, aux=None, causal_align="top_left"):
     """softmax(scale * query key^T, masked) value, like SDPA; with ``return_lse`` also the row LSE (fp32).
 
     Differentiable: when an input requires grad, or under ``torch.compile``, the call goes
     through the ``tylopy::attention_fwd`` operator (``autograd.py``), whose backward runs
     tylopy's backward kernels; otherwise it launches the forward kernel directly.
+
+    The keywords after ``*`` (and a float ``attn_mask``, or ``is_causal`` with unequal lengths)
+    make it a variant (``variants.py``, docs/attention-variants.md): sliding window, softcap,
+    ALiBi, attention sinks, user ``score_mod``/``mask_mod`` and block-sparse masks.
     """
+    if (window_size is not None or softcap is not None or alibi_slopes is not None or sinks is not None
+            or score_mod is not None or mask_mod is not None or block_mask is not None or aux is not None
+            or causal_align != "top_left" or _float_mask(attn_mask) or _rectangular_causal(query, key, is_causal)):
+        return _variant_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
+                                  window_size, softcap, alibi_slopes, sinks, score_mod, mask_mod, block_mask, aux,
+                                  causal_align)
     T = torch.Tensor
     if (type(query) is not T or type(key) is not T or type(value) is not T) and is_nested(query, key, value):
         # SDPA's nested jagged tensors: attention_varlen on the packed values
@@ -146,6 +157,45 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     if known is not None:
         known.repeats[return_lse] = again
     return (out, lse) if return_lse else out
+
+
+def _float_mask(attn_mask) -> bool:
+    return isinstance(attn_mask, torch.Tensor) and attn_mask.is_floating_point()
+
+
+def _rectangular_causal(query, key, is_causal) -> bool:
+    return (is_causal is True and isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)
+            and query.dim() == 4 and key.dim() == 4 and query.shape[2] != key.shape[2])
+
+
+def _variant_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, window_size,
+                       softcap, alibi_slopes, sinks, score_mod, mask_mod, block_mask, aux, causal_align):
+    """``attention`` with variant keywords: checked, described (``variants.make_variant``) and run
+    through the ``tylopy::attention_variant_fwd`` operator (kernel or torch path)."""
+    from tylopy_kernels.attention import variants
+    from tylopy_kernels.attention.autograd_variants import variant_op
+    if getattr(query, "dtype", None) is torch.float32:
+        query, key, value = autocast_inputs(query, key, value)
+    if type(return_lse) is not bool:
+        _fail(TypeError, "return_lse", "a bool", type(return_lse).__name__)
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or dropout_p != 0.0:
+        _fail(ValueError, "dropout_p", "0.0 (attention dropout is not implemented)", repr(dropout_p))
+    if not isinstance(is_causal, bool):
+        _fail(TypeError, "is_causal", "a bool", type(is_causal).__name__)
+    shown = (query, key, value)
+    if all(isinstance(t, torch.Tensor) and t.dtype == torch.float64 for t in shown):
+        # float64 runs the reference (the tests' oracle path): checked as 16-bit tensors of the same shapes
+        shown = tuple(torch.empty_strided(t.shape, t.stride(), dtype=torch.bfloat16, device="meta") for t in shown)
+    B, H, n_q, n_k, D, scale = check_inputs(*shown, None, False, scale, enable_gqa)
+    variant, tensors = variants.make_variant(B, H, n_q, n_k, query.device, is_causal=is_causal,
+                                             causal_align=causal_align, attn_mask=attn_mask, window_size=window_size,
+                                             softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                                             score_mod=score_mod, mask_mod=mask_mod, block_mask=block_mask, aux=aux)
+    if n_k == 0 and not variant.sinks:
+        out = query.new_zeros(query.shape)
+        lse = torch.full((B, H, n_q), float("-inf"), dtype=torch.float32, device=query.device)
+        return (out, lse) if return_lse else out
+    return variant_op(query, key, value, variant, tensors, scale, return_lse)
 
 
 class _Known:
@@ -281,8 +331,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         q, k, v = autocast_inputs(q, k, v)
     scale = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
                          enable_gqa)
-    cu_seqlens_q, cu_seqlens_k = device_cu_seqlens(q, cu_seqlens_q, q.shape[0]), device_cu_seqlens(
-        q, cu_seqlens_k, k.shape[0])
+    cu_seqlens_q, cu_seqlens_k = device_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0])
     seqused = (seqused_q, seqused_k)
     if seqused != (None, None):
         check_seqused(q, seqused_q, seqused_k, cu_seqlens_q.shape[0] - 1)

@@ -130,25 +130,34 @@ def check_prefix_sums(name, cu, total: int, max_name: str, max_len: int) -> None
 STATUS_WORDS: dict = {}  # device -> int32 count of calls whose CUDA cu_seqlens needed repair
 
 
-def device_cu_seqlens(q, cu, total: int):
-    """``cu`` as an int32 tensor on q's device, safe to index with. Host values (a list, a CPU tensor;
-    checked by ``check_varlen``) are copied over. CUDA prefix sums are repaired on the device without
-    a host sync (clamped to [0, total], made non-decreasing by a running maximum, the first entry 0),
-    and a call whose sums needed it counts in the device's status word (``cu_seqlens_status``)."""
-    cu = _as_cu_tensor("cu_seqlens", cu)
+def device_cu_seqlens(q, cu_q, cu_k, total_q: int, total_k: int):
+    """``cu_q`` and ``cu_k`` as int32 tensors on q's device, safe to index with. Host values (a list, a
+    CPU tensor; checked by ``check_varlen``) are copied over. CUDA prefix sums are repaired on the device
+    without a host sync (clamped to [0, total], made non-decreasing by a running maximum, the first entry
+    0), and a call whose sums needed it counts once in the device's status word (``cu_seqlens_status``).
+    Every step is a device kernel, so the repair also runs inside a captured CUDA graph."""
+    cu_q, cu_k = _as_cu_tensor("cu_seqlens_q", cu_q), _as_cu_tensor("cu_seqlens_k", cu_k)
     if q.device.type != "cuda":
-        return cu
-    if cu.device.type == "cpu":
-        return cu.to(q.device, non_blocking=True)
-    if torch.compiler.is_compiling():  # a traced graph keeps the sums as given (no global side effects)
-        return cu
-    safe = torch.cummax(cu.clamp(0, total), 0).values
-    safe[0] = 0
-    word = STATUS_WORDS.get(q.device)
-    if word is None:
-        word = STATUS_WORDS[q.device] = torch.zeros(1, dtype=torch.int32, device=q.device)
-    word.add_((safe != cu).any().to(torch.int32))
-    return safe.to(torch.int32)
+        return cu_q, cu_k
+    out, bad = [], None
+    for cu, total in ((cu_q, total_q), (cu_k, total_k)):
+        if cu.device.type == "cpu":
+            out.append(cu.to(q.device, non_blocking=True))
+            continue
+        if torch.compiler.is_compiling():  # a traced graph keeps the sums as given (no global side effects)
+            out.append(cu)
+            continue
+        safe = torch.cummax(cu.clamp(0, total), 0).values.to(torch.int32)
+        safe[:1].zero_()  # (an assignment of a Python 0 would copy from the host)
+        differs = (safe != cu).any()
+        bad = differs if bad is None else bad | differs
+        out.append(safe)
+    if bad is not None:
+        word = STATUS_WORDS.get(q.device)
+        if word is None:
+            word = STATUS_WORDS[q.device] = torch.zeros(1, dtype=torch.int32, device=q.device)
+        word.add_(bad.to(torch.int32))
+    return out[0], out[1]
 
 
 def cu_seqlens_status(device=None, reset: bool = True) -> int:

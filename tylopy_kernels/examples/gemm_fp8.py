@@ -25,6 +25,10 @@ accumulator with ordinary FADDs, as DeepSeek-V3 does against the tensor cores' l
 accumulation precision (docs/fp8.md); it doubles the accumulator registers, so it needs
 BLOCK_N <= 128.
 
+The library operator ``tylopy.scaled_matmul`` (``tylopy_kernels/gemm/fp8.py``) is this kernel grown
+to per-row and 128-block scales, e5m2, fp16/fp32 outputs and a bias, autotuned; it shares the
+producer and the main loop with this file.
+
 Host side: ``scaled_mm(a, b, scale_a, scale_b)`` (CUDA tensors; ``emulate=True`` runs CPU
 tensors in the emulator) and ``main()``, a benchmark against ``torch._scaled_mm``:
 
@@ -33,6 +37,9 @@ tensors in the emulator) and ``main()``, a benchmark against ``torch._scaled_mm`
 """
 import tylopy as ty
 from tylopy import hopper
+# The producer, the ring and the k-block issue are the library kernel's (tylopy_kernels/gemm/fp8.py,
+# behind tylopy.scaled_matmul); this file keeps the per-tensor bf16 epilogue and its two store paths.
+from tylopy_kernels.gemm.fp8 import add_into, bar_at, chained, kblock, my_tiles, producer, release, tile_of
 
 BLOCK_K = 128            # codes per k-block: one 128-byte swizzle row
 ROW = 128                # bytes per operand row in shared memory
@@ -57,93 +64,9 @@ def smem_layout(block_m, block_n, stages, store="tma"):
 
 
 @ty.func
-def bar_at(smem, offset):
-    return ty.ptr_cast(smem + offset, ty.u64)
-
-
-@ty.func
-def tile_of(pos, num_m, num_n, group_m):
-    """Tile (row, column) of position ``pos``: groups of ``group_m`` tile rows, column by column,
-    so the tiles in flight together share rows of A and columns of B in L2."""
-    per_group = group_m * num_n
-    group = pos // per_group
-    first = group * group_m
-    rows = ty.minimum(num_m - first, group_m)
-    r = pos - group * per_group
-    return first + r % rows, r // rows
-
-
-@ty.func
-def my_tiles(total):
-    g = ty.grid_dim(0)
-    b = ty.block_idx(0)
-    return ty.select(b < total, (total - b + (g - 1)) // g, 0)
-
-
-@ty.func
-def producer(smem, tm_a, tm_b, num_m, num_n, k_blocks, lay, block_m, block_n, stages, group_m):
-    a_bytes, b_bytes, b_off, full, empty = lay[:5]
-    hopper.setmaxnreg(REGISTERS[0], increase=False)
-    if (ty.warp_idx() & 3) == 0:
-        if hopper.elect_one():
-            hopper.prefetch_tensormap(tm_a)
-            hopper.prefetch_tensormap(tm_b)
-            it = 0
-            for local in range(my_tiles(num_m * num_n)):
-                tm, tn = tile_of(ty.block_idx(0) + local * ty.grid_dim(0), num_m, num_n, group_m)
-                for kb in range(k_blocks):
-                    stage = (it + kb) % stages
-                    phase = ((it + kb) // stages) & 1
-                    hopper.mbarrier_wait(bar_at(smem, empty + 8 * stage), phase ^ 1, "stage empty", stage)
-                    bar = bar_at(smem, full + 8 * stage)
-                    hopper.mbarrier_arrive_expect_tx(bar, a_bytes + b_bytes)
-                    hopper.tma_load(smem + stage * a_bytes, tm_a, bar, kb * BLOCK_K, tm * block_m)
-                    hopper.tma_load(smem + (b_off + stage * b_bytes), tm_b, bar, kb * BLOCK_K, tn * block_n)
-                it = it + k_blocks
-
-
-@ty.func
-def issue(acc, atom, base, a_at, b_at):
-    """Four k32 steps of one k-block into ``acc`` (None: start from zero)."""
-    a_desc = hopper.smem_descriptor(base + a_at, lbo=16, sbo=1024)
-    b_desc = hopper.smem_descriptor(base + b_at, lbo=16, sbo=1024)
-    for kk in range(BLOCK_K // 32):   # 32 bytes = 2 descriptor units per k32 step
-        acc = hopper.wgmma(atom, acc, a_desc + 2 * kk, b_desc + 2 * kk)
-    return acc
-
-
-@ty.func
-def add_into(total, part):
-    """total + part, register by register (the promotion of PROMOTE=True)."""
-    vals = [total.values[i] + part.values[i] for i in range(len(part.values))]
-    return ty.Fragment(vals, ty.WARPGROUP, part.layout)
-
-
-@ty.func
-def kblock(smem, base, atom, acc, it, lay, row_off, stages):
-    """Wait for ring iteration ``it``'s stage and issue its four k32 steps (one commit group)."""
-    a_bytes, b_bytes, b_off, full, empty = lay[:5]
-    stage = it % stages
-    hopper.mbarrier_wait(bar_at(smem, full + 8 * stage), (it // stages) & 1, "stage full", stage)
-    hopper.wgmma_fence()
-    a_at = ty.cast(stage * a_bytes + row_off * ROW, ty.u32)
-    b_at = ty.cast(b_off + stage * b_bytes, ty.u32)
-    acc = issue(acc, atom, base, a_at, b_at)
-    hopper.wgmma_commit()
-    return acc
-
-
-@ty.func
-def release(smem, lay, it, stages):
-    if (ty.thread_idx() & 127) == 0:  # one thread per consumer frees the stage
-        hopper.mbarrier_arrive(bar_at(smem, lay[4] + 8 * (it % stages)))
-
-
-@ty.func
 def mainloop(smem, base, atom, it0, k_blocks, lay, row_off, stages, promote):
-    """Every k-block of one tile (k_blocks >= 1). Plain: one accumulator chain, waiting until only
-    the newest k-block is in flight before releasing the previous stage. PROMOTE: each k-block
-    from zero, waited out and added into the f32 total."""
+    """Every k-block of one tile (k_blocks >= 1). Plain: one accumulator chain (the library's
+    ``chained``). PROMOTE: each k-block from zero, waited out and added into the f32 total."""
     if promote:
         total = hopper.wgmma_wait(0, kblock(smem, base, atom, None, it0, lay, row_off, stages))
         release(smem, lay, it0, stages)
@@ -152,14 +75,7 @@ def mainloop(smem, base, atom, it0, k_blocks, lay, row_off, stages, promote):
             release(smem, lay, it0 + kb, stages)
             total = add_into(total, part)
         return total
-    acc = kblock(smem, base, atom, None, it0, lay, row_off, stages)
-    for kb in range(1, k_blocks):
-        acc = kblock(smem, base, atom, acc, it0 + kb, lay, row_off, stages)
-        acc = hopper.wgmma_wait(1, acc)
-        release(smem, lay, it0 + kb - 1, stages)
-    acc = hopper.wgmma_wait(0, acc)
-    release(smem, lay, it0 + k_blocks - 1, stages)
-    return acc
+    return chained(smem, base, atom, it0, k_blocks, lay, row_off, stages)
 
 
 @ty.func
@@ -260,7 +176,7 @@ def gemm_fp8(tm_a: ty.tensormap, tm_b: ty.tensormap, tm_c: ty.tensormap, out: ty
     num_n = (n + (BLOCK_N - 1)) // BLOCK_N
     k_blocks = (k + (BLOCK_K - 1)) // BLOCK_K
     if ty.warpgroup_idx() == 0:
-        producer(smem, tm_a, tm_b, num_m, num_n, k_blocks, lay, block_m, BLOCK_N, STAGES, GROUP_M)
+        producer(smem, tm_a, tm_b, num_m, num_n, k_blocks, lay, block_m, BLOCK_N, STAGES, GROUP_M, REGISTERS)
     else:
         scale = scale_a[0] * scale_b[0]
         consumer(smem, (out, tm_c, ldc, m, n, STORE), num_m, num_n, k_blocks, scale, lay, block_m, BLOCK_N, STAGES,

@@ -5,8 +5,8 @@ Each family of ops has its own module with a ``RULES`` table and the set of its 
 conversions), ``memory`` (pointers, loads, stores, special registers, inline PTX), ``sync``
 (barriers, shuffles), ``warp`` (votes, matches, warp reductions), ``atomics``, ``hopper``
 (mbarriers, TMA loads, wgmma), ``async_copy`` (cp.async, TMA stores and bulk groups),
-``matrix`` (mma.sync, ldmatrix, stmatrix), ``debug`` (printf, device asserts) and
-``structure`` (for, if, while). The builder calls the rule as each op is built (so an error
+``matrix`` (mma.sync, ldmatrix, stmatrix), ``debug`` (printf, device asserts),
+``cluster`` (the cluster barrier, mapa) and ``structure`` (for, if, while). The builder calls the rule as each op is built (so an error
 points at the kernel line that built it); the verifier calls it again over a finished kernel.
 
 Adding an op: its rule here, its lowering in ``tylopy/codegen``, its semantics in
@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import async_copy, atomics, debug, hopper, matrix, memory, scalar, structure, sync, warp
+from . import async_copy, atomics, cluster, debug, hopper, matrix, memory, scalar, structure, sync, warp
 from .base import OpTypeError
 
 Rule = Callable[[tuple, dict], tuple]
-FAMILIES = (scalar, memory, sync, warp, atomics, hopper, async_copy, matrix, debug, structure)
+FAMILIES = (scalar, memory, sync, warp, atomics, hopper, async_copy, matrix, debug, structure, cluster)
 
 OPS: dict[str, Rule] = {}
 SIDE_EFFECTS: frozenset = frozenset()

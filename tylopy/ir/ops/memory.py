@@ -34,7 +34,8 @@ def _load(ts, attrs):
     expect(p.space in ("global", "shared", "generic"), f"load expects global, shared or generic memory, but got {p.space}")
     vec = attrs.get("vec", 1)
     expect(vec in (1, 2, 4, 8, 16), f"load vec expects 1, 2, 4, 8 or 16 (8-bit elements), but got {vec}")
-    expect(p.pointee.bits * vec <= 128, f"load of {vec}x{p.pointee} exceeds 16 bytes")
+    expect(p.pointee.bits * vec <= 128, f"load vec expects at most {max(128 // p.pointee.bits, 1)} {p.pointee} elements "
+                                         f"(one access moves at most 16 bytes), but got vec={vec} ({vec}x{p.pointee})")
     if len(ts) == 2:
         expect(ts[1] == i1, f"load mask expects i1, but got {ts[1]}")
     return (p.pointee,) * vec
@@ -47,13 +48,19 @@ def _store(ts, attrs):
     expect(p.space in ("global", "shared", "generic"), f"store expects global, shared or generic memory, but got {p.space}")
     for t in ts[1:]:
         expect(t == p.pointee, f"store to {p} expects {p.pointee} values, but got {t}")
-    expect(len(ts) - 1 in (1, 2, 4, 8, 16), "store vector width must be 1, 2, 4, 8 or 16 (8-bit elements)")
-    expect(p.pointee.bits * (len(ts) - 1) <= 128, f"store of {len(ts) - 1}x{p.pointee} exceeds 16 bytes")
+    n = len(ts) - 1
+    expect(n in (1, 2, 4, 8, 16), f"store expects 1, 2, 4, 8 or 16 values (16 for 8-bit elements), but got {n}")
+    expect(p.pointee.bits * n <= 128, f"store expects at most {max(128 // p.pointee.bits, 1)} {p.pointee} values "
+                                      f"(one access moves at most 16 bytes), but got {n} ({n}x{p.pointee})")
     return ()
 
 
 SPECIAL_REGS = ("tid.x", "tid.y", "tid.z", "ntid.x", "ntid.y", "ntid.z", "ctaid.x", "ctaid.y", "ctaid.z",
-                "nctaid.x", "nctaid.y", "nctaid.z", "laneid", "warpid", "clock", "globaltimer_lo")
+                "nctaid.x", "nctaid.y", "nctaid.z", "laneid", "warpid", "clock", "globaltimer_lo",
+                # thread-block clusters (sm_90): a launch without clusters is one CTA per cluster
+                "cluster.ctarank", "cluster.nctarank", "clusterid.x", "clusterid.y", "clusterid.z",
+                "nclusterid.x", "nclusterid.y", "nclusterid.z", "cluster.ctaid.x", "cluster.ctaid.y",
+                "cluster.ctaid.z", "cluster.nctaid.x", "cluster.nctaid.y", "cluster.nctaid.z")
 
 
 def _special(ts, attrs):

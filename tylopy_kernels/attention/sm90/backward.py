@@ -153,6 +153,9 @@ class Problem:
         self.k_start = 0
         self.diag = 0        # causal: key j takes part for query i when j <= i + diag
         self.stat_start = 0  # the document's first row in the padded L/delta/dQ buffers
+        # Programmable attention (``backward_variant.py``): the work list and the score transform.
+        # Dense problems keep None, which emits nothing.
+        self.variant = None
 
 
 # -- producer ---------------------------------------------------------------------------------------
@@ -174,6 +177,8 @@ def work_range(prob, n0, block_m):
 @ty.func
 def iteration(prob, hk, m_first, per_head, it, block_m):
     """(query head, first query row) of iteration ``it``."""
+    if prob.variant is not None:
+        return prob.variant.iteration(prob, hk, m_first, per_head, it, block_m)
     return hk * prob.group + it // per_head, (m_first + it % per_head) * block_m
 
 
@@ -432,10 +437,13 @@ def consumer_step(smem, lay, prob, cfg, base, wi, it, hq, m0, dv, dk, dq_accum, 
     dp = ss_gemm(atom_s, kmajor_desc(base, lay.v + mine), BLOCK_N, kmajor_desc(base, do_off), cfg.block_m, k_steps)
     s = hopper.wgmma_wait(1, s)
     bits = user_mask_bits(prob, key0, m0, hq, b, cfg.block_m) if cfg.has_mask else None
-    p = probabilities_t(s, smem, lay.lse + stage * lay.stat_bytes, scale_log2, mask_bounds(prob, key0, m0, True),
-                        bits)
-    dp = hopper.wgmma_wait(0, dp)
-    p_ops, ds_ops = score_grads_t(p, dp, smem, lay.delta + stage * lay.stat_bytes, cfg.dtype)
+    if prob.variant is None:
+        p = probabilities_t(s, smem, lay.lse + stage * lay.stat_bytes, scale_log2, mask_bounds(prob, key0, m0, True),
+                            bits)
+        dp = hopper.wgmma_wait(0, dp)
+        p_ops, ds_ops = score_grads_t(p, dp, smem, lay.delta + stage * lay.stat_bytes, cfg.dtype)
+    else:  # the score transform, its derivative and the variant's masks (``backward_variant.py``)
+        p_ops, ds_ops = prob.variant.score_grads(s, dp, smem, lay, prob, cfg, stage, key0, m0, hq, b, it, bits)
     if with_dq:
         ds_offset = lay.ds + (it & 1) * lay.ds_bytes
         store_ds(smem, ds_offset, ds_ops, wi)

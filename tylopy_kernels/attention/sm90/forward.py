@@ -37,8 +37,8 @@ import tylopy as ty
 from tylopy import hopper
 
 from tylopy_kernels.attention.sm90.consumer import consumer
-from tylopy_kernels.attention.sm90.tiles import (REGISTER_SPLIT, Plan, Problem, Schedule, bar_at, batch_coord, next_tile,
-                                                shift, skip_tile, tile_problem, tiles_of_this_cta, tma_coords)
+from tylopy_kernels.attention.sm90.tiles import (REGISTER_SPLIT, Plan, Problem, Schedule, bar_at, batch_coord, key_row,
+                                                next_tile, shift, skip_tile, tile_problem, tiles_of_this_cta, tma_coords)
 
 
 @ty.func
@@ -97,7 +97,7 @@ def producer(smem, plan, prob, tm_q, tm_k, tm_v, persistent, coord_order, tile_o
                     load_rows(smem, plan, plan.q, plan.q_chunk, tm_q, q_full, shift(m0, tp.q_start), h,
                               batch_coord(prob, b), coord_order)
                     for j in range(n_tiles):
-                        row = shift(j * prob.block_n, tp.k_start)
+                        row = key_row(prob, tp, j, m0, h, b)
                         load_tile(smem, plan, tm_k, plan.k, plan.k_full, plan.k_empty, it + j, row, kv_h, kv_b,
                                   coord_order)
                         load_tile(smem, plan, tm_v, plan.v, plan.v_full, plan.v_empty, it + j, row, kv_h, kv_b,

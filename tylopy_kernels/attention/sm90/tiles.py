@@ -92,6 +92,9 @@ class Problem:
         # Packed batches (``varlen_tiles``): the per-document view a tile works in. Dense problems keep
         # these Python zeros, so ``shift`` emits nothing for them.
         self.varlen = None
+        # Variants (``variant_tiles``): which key tiles a query tile visits and where they lie. Dense
+        # problems keep None, so ``next_tile`` and ``key_row`` emit what they did before.
+        self.variant = None
         self.q_start = 0   # first packed row of the tile's document (queries, keys)
         self.k_start = 0
         self.diag = 0      # causal diagonal offset: key j takes part for query i when j <= i + diag
@@ -152,12 +155,22 @@ def next_tile(prob, k, persistent, order):
     """
     if prob.varlen is not None:
         return prob.varlen.next_tile(prob, k, persistent, order)
+    if prob.variant is not None:
+        return prob.variant.next_tile(prob, k, persistent, order)
     if persistent:
         pos = tile_position(k)
         m0, h, b, n_tiles = work_tile(prob, pos, order)
         return pos < prob.total, m0, h, b, n_tiles
     m0 = (ty.grid_dim(0) - 1 - ty.block_idx(0)) * prob.block_m
     return ty.cast(1, ty.i1), m0, ty.block_idx(1), ty.block_idx(2), key_tiles(prob, m0)
+
+
+def key_row(prob, tp, j, m0, h, b):
+    """The first key row (in the tensor map) of the j-th key tile a work tile visits: tile j itself
+    for dense and packed problems, the j-th listed (or first in range) tile for a variant."""
+    if prob.variant is not None:
+        return prob.variant.key_row(prob, j, m0, h, b)
+    return shift(j * prob.block_n, tp.k_start)
 
 
 @ty.func

@@ -1,0 +1,74 @@
+"""The Hopper backward of programmable attention on the GPU: ``launch_backward_variant``'s dq, dk,
+dv (and dsinks) against float64 autograd of the torch reference, for every variant of the emulator
+tests at ragged sizes, D 64 and 128, GQA; and training through ``tylopy.attention`` (eager and
+``torch.compile``) without falling back to the reference path."""
+import math
+import warnings
+
+import pytest
+import torch
+
+import tylopy as ty
+from tylopy_kernels.attention import variants as V
+
+pytestmark = pytest.mark.gpu
+
+needs_hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                                  reason="needs a Hopper GPU")
+
+
+def _cases(g, B, H, n_q, n_k):
+    from test_attention_variants_backward_emulate import variant_cases
+    return {name: {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+            for name, kw in variant_cases(g, B, H, n_q, n_k).items()}
+
+
+@needs_hopper
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("name", ["softcap", "alibi-bh", "causal-bottom-right-window", "window-both-sides", "sinks",
+                                  "float-mask", "bool-mask", "score_mod", "mask_mod", "softcap-alibi-sinks-causal"])
+def test_variant_backward_on_the_gpu(name, D):
+    from test_attention_variants_backward_emulate import check
+    from tylopy_kernels.attention.sm90.backward_variant_launch import launch_backward_variant
+    B, H, H_kv, n_q, n_k = 2, 4, 2, 300, 430
+    g = torch.Generator().manual_seed(D)
+    q, k, v, dout = (torch.randn(B, h, n, D, generator=g).to(torch.bfloat16).cuda()
+                     for h, n in ((H, n_q), (H_kv, n_k), (H_kv, n_k), (H, n_q)))
+    variant, tensors = V.make_variant(B, H, n_q, n_k, q.device, **_cases(g, B, H, n_q, n_k)[name])
+    scale = 1 / math.sqrt(D)
+    out, lse = V.reference_forward(q, k, v, variant, tensors, scale)
+    dq, dk, dv = (torch.full_like(t, math.nan) for t in (q, k, v))
+    dsinks = torch.zeros(H if variant.sinks else 0, device="cuda")
+    launch_backward_variant(dout, q, k, v, out, lse.float(), dq, dk, dv, dsinks, variant, tensors, scale)
+    got = dict(dq=dq, dk=dk, dv=dv)
+    if variant.sinks:
+        got["dsinks"] = dsinks
+    print(name, D, check({n: t.cpu() for n, t in got.items()}, q.cpu(), k.cpu(), v.cpu(), dout.cpu(), variant,
+                         [t.cpu() for t in tensors], scale))
+
+
+@needs_hopper
+@pytest.mark.parametrize("compiled", [False, True])
+def test_training_step_through_tylopy_attention_runs_the_kernels(compiled):
+    B, H, n, D = 2, 4, 512, 128
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, n, D, generator=g).to(torch.bfloat16).cuda().requires_grad_() for _ in range(3))
+    sinks = torch.randn(H, generator=g).cuda().requires_grad_()
+
+    def f(q, k, v, sinks):
+        return ty.attention(q, k, v, is_causal=True, softcap=30.0, sinks=sinks, window_size=(256, 0))
+
+    fn = torch.compile(f, fullgraph=True) if compiled else f
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a fallback to the reference path warns
+        grads = torch.autograd.grad(fn(q, k, v, sinks).float().square().sum(), (q, k, v, sinks))
+    variant, tensors = V.make_variant(B, H, n, n, q.device, is_causal=True, softcap=30.0, sinks=sinks.detach(),
+                                      window_size=(256, 0))
+    leaves = [x.detach().double().requires_grad_() for x in (q, k, v, sinks)]
+    ts = list(tensors)
+    ts[variant.index("sinks")] = leaves[3]
+    o, _ = V.reference_forward(*leaves[:3], variant, ts, 1 / math.sqrt(D))
+    want = torch.autograd.grad(o.square().sum(), leaves)
+    for name, a, w in zip(("dq", "dk", "dv", "dsinks"), grads, want):
+        err = (a.double() - w).abs().max().item()
+        assert err <= 2e-2 * w.abs().max().item(), f"{name}: {err}"

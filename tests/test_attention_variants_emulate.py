@@ -1,0 +1,292 @@
+"""The Hopper variant forward (``sm90/forward_variant.py``) in the emulator against the float64
+reference of ``variants.py``, at sizes where the K/V ring wraps and the last query and key tiles
+are ragged (N = 300, N_k = 430: 3 query tiles, 4 key tiles through 2 stages), D = 64 and 128,
+grouped-query heads, with NaN in the memory past every end of K and V. Also: the three kinds of
+bad mods and their messages, the dense kernel's PTX with the variant hooks, and ptxas (no spills)
+for each builtin variant.
+"""
+import math
+
+import pytest
+import torch
+
+import tylopy as ty
+from tylopy.runtime.tensormap import TensorMapSpec
+from tylopy_kernels.attention import variants as V
+from tylopy_kernels.attention.sm90.forward_variant import attention_variant_fwd_sm90
+from tylopy_kernels.attention.sm90.variant_launch import plan_variant_launch
+
+N, NK = 300, 430
+
+
+def _spec(t, dims, strides, box):
+    return TensorMapSpec(t, tuple(dims), tuple(strides), tuple(box), "bf16" if t.dtype == torch.bfloat16 else "f16",
+                         128)
+
+
+def _nan_backed(shape, seed, dtype=torch.bfloat16, pad=64):
+    """A fresh random (B, H, n, D) view whose storage holds NaN past the last row of each head."""
+    B, H, n, D = shape
+    g = torch.Generator().manual_seed(seed)
+    buf = torch.full((B, H, n + pad, D), float("nan"), dtype=dtype)
+    buf[:, :, :n] = torch.randn(B, H, n, D, generator=g).to(dtype)
+    return buf[:, :, :n]
+
+
+def emulate(q, k, v, scale=None, **kw):
+    """(out, lse, variant, tensors): the kernel in the emulator; out and lse start NaN."""
+    B, H, n, D = q.shape
+    scale = 1 / math.sqrt(D) if scale is None else scale
+    variant, tensors = V.make_variant(B, H, n, k.shape[2], q.device, **kw)
+    out = torch.full((B, H, n, D), float("nan"), dtype=q.dtype)
+    lse = torch.full((B, H, n), float("nan"))
+    plan = plan_variant_launch(q, k, v, variant, tensors, scale, out, lse, make_map=_spec)
+    attention_variant_fwd_sm90.emulate(*plan.args, grid=plan.grid, **plan.constexprs)
+    return out, lse, variant, tensors
+
+
+def check(q, k, v, scale=None, tol=2e-2, **kw):
+    out, lse, variant, tensors = emulate(q, k, v, scale, **kw)
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    want, want_lse = V.reference_forward(q.double(), k.double(), v.double(), variant, tensors, scale)
+    assert not torch.isnan(out).any(), "NaN in the output"
+    err = (out.double() - want).abs().max().item()
+    assert err <= tol * v.double().abs().max().item(), f"max error {err:.3e}"
+    same_inf = torch.isinf(want_lse) == torch.isinf(lse)
+    assert same_inf.all() and (lse[torch.isinf(lse)] < 0).all(), "LSE -inf where no key takes part, only there"
+    finite = ~torch.isinf(want_lse)
+    lerr = (lse.double()[finite] - want_lse[finite]).abs().max().item() if finite.any() else 0.0
+    assert lerr <= 2e-4 * max(1.0, want_lse[finite].abs().max().item()), f"LSE error {lerr:.3e}"
+    return out, lse
+
+
+def qkv(B=1, H=2, Hkv=1, n=N, nk=NK, D=64, seed=0):
+    return (_nan_backed((B, H, n, D), seed), _nan_backed((B, Hkv, nk, D), seed + 1),
+            _nan_backed((B, Hkv, nk, D), seed + 2))
+
+
+def _doc_ids(n, bounds=(200, 300)):
+    """Document ids of n packed tokens, documents starting at 0 and at ``bounds`` (ragged vs. the tiles)."""
+    i = torch.arange(n)
+    return sum((i >= x).to(torch.int32) for x in bounds)
+
+
+# -- builtins --------------------------------------------------------------------------------------------
+
+def test_window_causal_gqa_d64():
+    """Window (100 back) under top-left causal masking: key tiles outside every row's range are not loaded."""
+    check(*qkv(D=64), is_causal=True, window_size=(100, 0))
+
+
+@pytest.mark.slow
+def test_softcap_bottom_right_causal_d128():
+    check(*qkv(D=128, H=2, Hkv=2, seed=3), is_causal=True, causal_align="bottom_right", softcap=5.0)
+
+
+@pytest.mark.slow
+def test_alibi_per_batch_and_head_with_sinks_d64():
+    B, H = 2, 2
+    slopes = torch.tensor([[0.5, 0.25], [0.125, 1.0]])
+    check(*qkv(B=B, H=H, Hkv=1, D=64, seed=6), alibi_slopes=slopes, sinks=torch.tensor([0.3, 2.0]))
+
+
+@pytest.mark.slow
+def test_float_mask_broadcast_d64():
+    g = torch.Generator().manual_seed(9)
+    check(*qkv(D=64, seed=9), attn_mask=torch.randn(N, NK, generator=g))
+
+
+@pytest.mark.slow
+def test_bool_mask_per_head_window_both_sides_d128():
+    g = torch.Generator().manual_seed(11)
+    mask = torch.rand(1, 2, N, NK, generator=g) > 0.4
+    check(*qkv(D=128, H=2, Hkv=2, seed=11), attn_mask=mask, window_size=(150, 40))
+
+
+def test_rows_without_keys_give_zero_and_lse_minus_inf():
+    """Bottom-right causal with N > N_k: the first N - N_k rows see no key (output 0, LSE -inf),
+    and whole query tiles visit no key tile at all."""
+    out, lse = check(*qkv(n=430, nk=100, D=64, seed=13), is_causal=True, causal_align="bottom_right")
+    assert (out[:, :, :330] == 0).all() and torch.isinf(lse[:, :, :330]).all()
+
+
+@pytest.mark.slow
+def test_negative_scale_with_window_scales_first():
+    check(*qkv(D=64, seed=15), scale=-0.1, window_size=(64, 64))
+
+
+# -- user mods -------------------------------------------------------------------------------------------
+
+def test_score_mod_with_captured_tensor_d64():
+    """A score_mod reading a per-head bias it captures (a kernel tensor parameter), torch.where and tanh."""
+    bias = torch.tensor([0.5, -1.5])
+
+    def biased(score, b, h, q_idx, kv_idx):
+        return 4.0 * torch.tanh(score / 4.0) + torch.where(q_idx >= kv_idx, bias[h], 0.0)
+    check(*qkv(D=64, seed=17), score_mod=biased)
+
+
+def test_document_mask_mod_with_block_mask_d64():
+    """mask_mod over document ids (captured int32 tensor) with its block mask: only listed key tiles
+    are visited, mask_mod runs on the partial ones."""
+    doc = _doc_ids(NK)
+
+    def document(b, h, q_idx, kv_idx):
+        return doc[torch.clamp(q_idx, max=NK - 1)] == doc[kv_idx]
+    bm = ty.create_block_mask(document, 1, 1, N, NK)
+    assert bm.full_kv_num_blocks.sum() > 0 and bm.kv_num_blocks.sum() > 0
+    check(*qkv(D=64, seed=19), mask_mod=document, block_mask=bm)
+
+
+@pytest.mark.slow
+def test_block_mask_with_empty_query_tiles_and_sinks_d128():
+    """A block mask leaving query tile 1 without any key tile: its rows give 0 and LSE = the sink."""
+    def checker(b, h, q_idx, kv_idx):
+        return ((q_idx // 128) != 1) & (((q_idx // 128) + (kv_idx // 128)) % 2 == 0)
+    bm = ty.create_block_mask(checker, None, 2, N, NK)
+    assert int(bm.kv_num_blocks[0, 0, 1] + bm.full_kv_num_blocks[0, 0, 1]) == 0
+    sinks = torch.tensor([0.3, -1.0])
+    out, lse = check(*qkv(D=128, H=2, Hkv=2, seed=21), block_mask=bm, sinks=sinks)
+    assert (out[:, :, 128:256] == 0).all()
+    assert torch.allclose(lse[0, :, 128:256], sinks[:, None].expand(2, 128))
+
+
+@pytest.mark.slow
+def test_mods_reading_aux_tuple_d64():
+    """score_mod and mask_mod taking ``aux`` as their last argument (a bool and a float tensor)."""
+    g = torch.Generator().manual_seed(23)
+    keep = torch.rand(NK, generator=g) > 0.2
+    scale_h = torch.tensor([1.0, 0.5])
+
+    def smod(score, b, h, q_idx, kv_idx, aux):
+        return score * aux[1][h]
+
+    def mmod(b, h, q_idx, kv_idx, aux):
+        return aux[0][kv_idx] | (kv_idx == 0)
+    check(*qkv(D=64, seed=23), score_mod=smod, mask_mod=mmod, aux=(keep, scale_h))
+
+
+# -- bad mods --------------------------------------------------------------------------------------------
+
+def _trace(**kw):
+    q, k, v = qkv(n=64, nk=64, D=64)
+    return emulate(q, k, v, **kw)
+
+
+def test_untraceable_mod_names_the_argument_and_the_line():
+    def branchy(b, h, q_idx, kv_idx):
+        if q_idx > kv_idx:  # a Python if on run-time values
+            return True
+        return False
+    with pytest.raises(Exception) as info:
+        _trace(mask_mod=branchy)
+    text = str(info.value)
+    assert "mask_mod" in text and "if q_idx > kv_idx" in text and "expects" in text, text
+
+
+def test_mod_returning_the_wrong_type_names_the_argument():
+    def distance(b, h, q_idx, kv_idx):
+        return q_idx - kv_idx  # an integer, not a bool
+    with pytest.raises(Exception) as info:
+        _trace(mask_mod=distance)
+    text = str(info.value)
+    assert "mask_mod expects a function returning bool" in text and "but got i32" in text, text
+
+
+def test_mod_reading_past_its_tensor_names_the_argument_and_the_line():
+    table = torch.zeros(10)
+
+    def past(score, b, h, q_idx, kv_idx):
+        return score + table[q_idx]
+    q, k, v = (t.float() for t in qkv(n=64, nk=64, D=64))
+    with pytest.warns(UserWarning, match="torch fp32 reference path"):
+        with pytest.raises(V.ModError) as info:
+            ty.attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), score_mod=past, enable_gqa=True)
+    text = str(info.value)
+    assert "score_mod" in text and "table[q_idx]" in text and "IndexError" in text, text
+
+
+def test_unknown_torch_function_in_a_mod_is_named():
+    def erf_mod(score, b, h, q_idx, kv_idx):
+        return torch.special.erf(score)
+    with pytest.raises(Exception) as info:
+        _trace(score_mod=erf_mod)
+    assert "score_mod" in str(info.value) and "torch.special" in str(info.value)
+
+
+# -- the dense kernel is untouched -------------------------------------------------------------------------
+
+def _instructions(ptx):
+    lines = (ln.split("//")[0].rstrip() for ln in ptx.splitlines())
+    return [ln for ln in lines if ln and not ln.lstrip().startswith((".loc", ".file"))]
+
+
+@pytest.mark.slow
+def test_dense_ptx_does_not_change_with_the_variant_hooks(monkeypatch):
+    """``tiles.key_row`` and ``Problem.variant`` emit for a dense problem what the producer did before."""
+    from tylopy_kernels.attention.sm90 import forward, tiles
+    from tylopy_kernels.attention.sm90.forward import attention_fwd_sm90
+    cx = dict(HEAD_DIM=64, PERSISTENT=False, ORDER="heads", EXPONENT="shared")
+    with_hooks = attention_fwd_sm90.compile(**cx).ptx
+    calls = []
+
+    def plain_key_row(prob, tp, j, m0, h, b):
+        calls.append(j)
+        return tiles.shift(j * prob.block_n, tp.k_start)
+
+    monkeypatch.setenv("TYLOPY_CACHE", "0")
+    monkeypatch.setattr(forward, "key_row", plain_key_row)
+    attention_fwd_sm90.clear_cache()
+    try:
+        without = attention_fwd_sm90.compile(**cx).ptx
+    finally:
+        monkeypatch.undo()
+        attention_fwd_sm90.clear_cache()
+    assert calls, "the replaced hook was not traced"
+    assert _instructions(with_hooks) == _instructions(without)
+
+
+# -- ptxas: no spills ------------------------------------------------------------------------------------
+
+def _bias_mod():
+    bias = torch.zeros(2)
+
+    def biased(score, b, h, q_idx, kv_idx):
+        return score + bias[h]
+    return biased
+
+
+def _doc_mod():
+    doc = torch.zeros(NK, dtype=torch.int32)
+
+    def document(b, h, q_idx, kv_idx):
+        return doc[q_idx] == doc[kv_idx]
+    return document
+
+
+SPILL_CASES = {
+    "window": lambda: dict(is_causal=True, window_size=(100, 0)),
+    "softcap": lambda: dict(is_causal=True, softcap=30.0),
+    "alibi-sinks": lambda: dict(alibi_slopes=torch.ones(2), sinks=torch.zeros(2)),
+    "float-mask": lambda: dict(attn_mask=torch.zeros(N, NK)),
+    "bool-mask": lambda: dict(attn_mask=torch.ones(N, NK, dtype=torch.bool)),
+    "score_mod": lambda: dict(score_mod=_bias_mod()),
+    "mask_mod-block": lambda: dict(mask_mod=_doc_mod(), block_mask=ty.create_block_mask(_doc_mod(), 1, 1, N, NK)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("name", list(SPILL_CASES))
+def test_builtin_variants_compile_without_spills(name, D):
+    B, H = 1, 2
+    q = torch.zeros(B, H, N, D, dtype=torch.bfloat16)
+    k = torch.zeros(B, H, NK, D, dtype=torch.bfloat16)
+    variant, tensors = V.make_variant(B, H, N, NK, q.device, **SPILL_CASES[name]())
+    out, lse = torch.zeros(B, H, N, D, dtype=torch.bfloat16), torch.zeros(B, H, N)
+    plan = plan_variant_launch(q, k, k, variant, tensors, 0.125, out, lse, make_map=_spec)
+    from tylopy_kernels.attention.sm90.variant_launch import open_dtypes
+    report = attention_variant_fwd_sm90.compile(**plan.constexprs, **open_dtypes(plan)).report
+    if not report.available:
+        pytest.skip("ptxas is not installed")
+    assert not report.has_local_memory, str(report)

@@ -1,0 +1,157 @@
+"""Host side of the Hopper backward of programmable attention (``backward_variant.py``).
+
+    launch_backward_variant(dout, q, k, v, out, lse, dq, dk, dv, dsinks, variant, tensors, scale)
+
+fills dq, dk, dv (and dsinks, fp32 (H,), when the variant has sinks) from the forward's inputs,
+output and LSE. The launches are the dense backward's (``plan_backward_hopper``: statistics, the
+Boolean mask's bit packing, the dQ conversion) with its dK/dV kernel replaced by the variant's,
+which always runs the "serial" dQ order (the transform's registers). The sink gradient is
+computed in torch from the LSE, exactly (``sink_grad``); so is a float mask's (``float_mask_grad``,
+for the autograd formula).
+
+Sinks: lse_i = log(sum_j e^(s_ij) + e^(sink)) and out_i = sum_j e^(s_ij - lse_i) v_j, so
+d out_i / d sink = -out_i e^(sink - lse_i) and, with delta_i = dout_i . out_i,
+
+    d sink_h = -sum_(b, i) e^(sink_h - lse_(b,h,i)) delta_(b,h,i)
+
+(a returned LSE's gradient adds sum_(b,i) e^(sink_h - lse) dlse_(b,h,i)). The kernels' P = e^(s - lse)
+already divides by the sink's share, and dS = P (dP - delta) holds as without sinks (the sink has
+no value row: its dP is 0).
+"""
+from __future__ import annotations
+
+import torch
+
+from tylopy_kernels.attention.sm90.backward import attention_bwd_sm90
+from tylopy_kernels.attention.sm90.backward_launch import BLOCK_N, plan_backward_hopper, supports as dense_supports
+from tylopy_kernels.attention.sm90.backward_variant import HQ_SHIFT, CompiledVariant, attention_bwd_variant_sm90
+from tylopy_kernels.attention.common import placeholder
+
+BLOCK_SIZE = 128              # the block mask's tile: one key tile of the dK/dV kernel
+
+
+def supports(q, k, v, variant) -> bool:
+    """Whether the kernel takes the call: the dense backward's limits, mods reading no tensors (aux
+    or captured ones), block masks of 128-tiles."""
+    if not dense_supports(q, k, v):
+        return False
+    for ref in (variant.score_mod, variant.mask_mod):
+        if ref is not None and (ref.takes_aux or ref.tensor_slots):
+            return False
+    return variant.block_mask is None or variant.block_mask[0] == BLOCK_SIZE
+
+
+def work_list(variant, tensors, B, H, H_kv, n_q, n_k, block_m, device):
+    """(work int32 (B, H_kv, key tiles, entries), count int32 (B, H_kv, key tiles)): per key tile, the
+    (query head, query tile of ``block_m`` rows, full) triples the block mask lists, query heads of
+    the group one after another and tiles ascending, as ``(h << 16) | (tile << 1) | full``."""
+    from tylopy_kernels.attention.block_mask import BlockMask, _tile_flags
+    names = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
+    bm = BlockMask(None, 0, 0, n_q, n_k, BLOCK_SIZE, *(tensors[variant.index(n)] for n in names))
+    full, partial = _tile_flags(bm)                     # (B|1, H|1, Q tiles, K tiles)
+    full = full.expand(B, H, *full.shape[2:])
+    listed = (full | partial.expand(B, H, *partial.shape[2:]))
+    sub = BLOCK_SIZE // block_m                          # query tiles of the kernel per mask tile
+    qt, kt = listed.shape[2], listed.shape[3]
+    n_m = -(-n_q // block_m)
+    G = H // H_kv
+    # (B, H_kv, K tiles, G, Q tiles * sub): the kernel's query tiles, in the order it walks them
+    rows = torch.arange(qt * sub, device=device)
+    in_range = (rows < n_m).view(1, 1, 1, 1, -1)
+    lst = listed.repeat_interleave(sub, dim=2).view(B, H_kv, G, qt * sub, kt).permute(0, 1, 4, 2, 3)
+    ful = full.repeat_interleave(sub, dim=2).view(B, H_kv, G, qt * sub, kt).permute(0, 1, 4, 2, 3)
+    lst = lst & in_range
+    heads = (torch.arange(H_kv, device=device).view(1, H_kv, 1, 1, 1) * G +
+             torch.arange(G, device=device).view(1, 1, 1, G, 1))
+    entry = (heads << HQ_SHIFT) | (rows.view(1, 1, 1, 1, -1) << 1) | ful.long()
+    entry = entry.expand(B, H_kv, kt, G, qt * sub).reshape(B, H_kv, kt, -1)
+    lst = lst.reshape(B, H_kv, kt, -1)
+    order = torch.argsort((~lst).to(torch.int8), dim=-1, stable=True)  # listed first, in order
+    work = torch.gather(entry, -1, order).to(torch.int32).contiguous()
+    count = lst.sum(-1).to(torch.int32).contiguous()
+    assert kt == -(-n_k // BLOCK_N)
+    return work, count
+
+
+def plan_backward_variant(dout, q, k, v, out, lse, dq, dk, dv, variant, tensors, scale, *, schedule=None,
+                          score_mod_bwd=None, encode=True):
+    """The launches (``backward_launch.Step``) that fill dq, dk, dv."""
+    bool_mask = tensors[variant.index("attn_mask")] if variant.attn_mask == "bool" else None
+    sched = dict(schedule or {})
+    if bool_mask is None:  # (with a mask the dense plan's MASKED_SCHEDULE already says "serial")
+        sched.setdefault("DQ_ORDER", "serial")
+    steps = plan_backward_hopper(q, k, v, out, dout, lse, dq, dk, dv, is_causal=False, scale=scale,
+                                 attn_mask=bool_mask, schedule=sched, encode=encode)
+    for n, step in enumerate(steps):
+        if step.kernel is attention_bwd_sm90:
+            steps[n] = _variant_step(step, q, variant, tensors, score_mod_bwd)
+    return steps
+
+
+def _variant_step(step, q, variant, tensors, score_mod_bwd):
+    from tylopy_kernels.attention.sm90.backward_launch import Step
+    a = step.args
+    head, bits = a[:10], a[10]
+    n_q, n_k, H, group, n_pad, scale, _causal = a[11:18]
+    dk_s, dv_s, mb_s = a[18:21], a[21:24], a[24:27]
+    B = q.shape[0]
+    H_kv = H // group
+    dev = q.device
+    f32 = placeholder(dev, torch.float32)
+    slopes, slope_stride_b = f32, 0
+    if variant.alibi:
+        slopes = tensors[variant.index("alibi_slopes")].float().contiguous()
+        slope_stride_b = H if variant.alibi == "bh" else 0
+    fmask, fm_s = f32, (0, 0, 0, 0)
+    if variant.attn_mask == "float":
+        fmask = tensors[variant.index("attn_mask")]
+        if fmask.dtype != torch.float32:
+            fmask = fmask.float()
+        fm_s = tuple(fmask.stride())
+    i32 = placeholder(dev, torch.int32)
+    work, count, work_stride = i32, i32, 0
+    n_kv_tiles = -(-n_k // BLOCK_N)
+    if variant.block_mask is not None:
+        work, count = work_list(variant, tensors, B, H, H_kv, n_q, n_k, step.constexprs["BLOCK_M"], dev)
+        work_stride = work.shape[-1]
+    cx = dict(step.constexprs)
+    cx.update(VARIANT=CompiledVariant(variant), SCORE_MOD_BWD=score_mod_bwd)
+    args = (*head, bits, slopes, fmask, work, count, n_q, n_k, H, group, n_pad, scale, variant.diag(n_q, n_k),
+            slope_stride_b, work_stride, n_kv_tiles, H_kv, *dk_s, *dv_s, *mb_s, *fm_s)
+    return Step(attention_bwd_variant_sm90, step.grid, args, cx)
+
+
+def sink_grad(dout, out, lse, sinks, dlse=None):
+    """fp32 (H,): d sink_h = sum_(b,i) e^(sink_h - lse) (dlse - delta), delta = dout . out (module text)."""
+    delta = (dout.float() * out.float()).sum(-1)
+    if dlse is not None:
+        delta = delta - dlse.float()
+    share = torch.exp(sinks.float().view(1, -1, 1) - lse.float())
+    return -(share * delta).sum(dim=(0, 2))
+
+
+def float_mask_grad(dout, q, k, v, out, lse, variant, tensors, scale, dlse=None):
+    """fp32 (B, H, N, N_k): d loss / d attn_mask = P (dP - delta), the logits' gradient (the mask is
+    added after the score transform, with derivative 1), recomputed in torch from the LSE."""
+    from tylopy_kernels.attention import variants as V
+    H, n_q, n_k = q.shape[1], q.shape[2], k.shape[2]
+    kf = k.float().repeat_interleave(H // k.shape[1], dim=1)
+    vf = v.float().repeat_interleave(H // v.shape[1], dim=1)
+    s = V.transformed_scores(variant, (q.float() @ kf.transpose(-1, -2)) * scale, tensors, n_q, n_k)
+    lse = lse.float()
+    p = torch.exp(s - lse.masked_fill(torch.isinf(lse), float("inf")).unsqueeze(-1))
+    dp = dout.float() @ vf.transpose(-1, -2)
+    delta = (dout.float() * out.float()).sum(-1, keepdim=True)
+    if dlse is not None:
+        delta = delta - dlse.float().unsqueeze(-1)
+    return p * (dp - delta)
+
+
+def launch_backward_variant(dout, q, k, v, out, lse, dq, dk, dv, dsinks, variant, tensors, scale, *,
+                            schedule=None, score_mod_bwd=None):
+    """Fill dq, dk, dv and (sinks) dsinks on the current stream."""
+    for step in plan_backward_variant(dout, q, k, v, out, lse, dq, dk, dv, variant, tensors, scale,
+                                      schedule=schedule, score_mod_bwd=score_mod_bwd):
+        step.launch()
+    if variant.sinks:
+        dsinks.copy_(sink_grad(dout, out, lse, tensors[variant.index("sinks")]))

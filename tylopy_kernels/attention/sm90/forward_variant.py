@@ -1,0 +1,142 @@
+"""The warp-specialized Hopper attention forward with a variant (``variants.py``): sliding window,
+softcap, ALiBi, sinks, float and bool masks, causal masks of either alignment, user score_mod /
+mask_mod and block masks.
+
+The same producer as ``forward.py`` (its key tiles come from ``variant_tiles``: only the tiles in
+the variant's key range or the block mask's lists are loaded) and the consumers' pieces of
+``consumer.py`` (turns, wgmma issue and waits, online softmax, stores), with one consumer tile
+loop of its own: each S tile goes through ``variant_tiles.scores`` (transform, masks) before the
+softmax step, and the row normalizer takes the sink. Two consumers of 64 rows, 128-key tiles,
+one work tile per CTA, no TMA store: the schedule the mods' registers fit in (240 a thread).
+
+A separate kernel (not a constexpr of the dense one) so the dense kernel's parameters, and so its
+PTX, stay what they are.
+"""
+import tylopy as ty
+from tylopy import hopper
+
+from tylopy_kernels.attention.sm90 import softmax
+from tylopy_kernels.attention.sm90.consumer import (ROWS, TURN_THREADS, Turn, descriptors, issue_pv, issue_scores,
+                                                   pack_p, release, rescale_o, store_direct, store_lse, wait_pv)
+from tylopy_kernels.attention.sm90.forward import _threads, init_barriers, producer
+from tylopy_kernels.attention.sm90.tiles import REGISTER_SPLIT, Plan, Problem, Schedule, bar_at, next_tile
+from tylopy_kernels.attention.sm90.variant_tiles import NEG_INF, VariantProblem, finish, scores, tile_number
+
+
+@ty.func
+def empty_tile(prob, sched, sink, row0, h, b):
+    """A query tile that visits no key: output 0, LSE -inf (or the sink: log exp(sink))."""
+    zero = ty.cast(0.0, ty.f32)
+    o = ty.Fragment(tuple(zero for _ in range(prob.head_dim // 2)), ty.WARPGROUP, ty.wgmma_acc(prob.head_dim))
+    store_direct(prob, sched, o, row0, h, b)
+    if sched.return_lse:
+        val = ty.cast(NEG_INF, ty.f32) if sink is None else sink
+        store_lse(prob, [val, val], row0, h, b)
+
+
+@ty.func
+def variant_tile(smem, plan, prob, sched, wg, turn, it, m0, h, b, n_tiles):
+    """One work tile for one consumer: 64 query rows against the n_tiles key tiles it visits."""
+    vp = prob.variant
+    kvv = vp.kv
+    block_n = plan.block_n
+    sm = softmax.Softmax(1.0 if kvv.transforms else prob.scale, sched.dtype.name, sched.exponent, sched.threshold,
+                         sched.poly)
+    row0 = m0 + (wg - 1) * ROWS
+    descs = descriptors(plan, ty.address(smem), wg)
+    leader = (ty.thread_idx() & 127) == 0
+    slope = None
+    if vp.v.alibi:
+        slope = vp.slopes[b, h]
+    sink = None
+    if vp.v.sinks:
+        sink = vp.sinks[h]
+    hopper.mbarrier_wait(bar_at(smem, plan.q_full), 0, "q_full")
+
+    # Tile 0: scores and softmax only; its PV product is issued with tile 1's scores.
+    parts = issue_scores(smem, plan, sched, descs, it, turn)
+    ty.barrier_arrive(turn.next, TURN_THREADS)
+    parts = hopper.wgmma_wait(0, parts)
+    release(smem, plan.k_empty, it, plan.stages, leader)
+    num, partial = tile_number(prob, 0, m0, h, b)
+    vals = scores(prob, parts[0], row0, num * block_n, b, h, partial, slope)
+    st, p, alpha, moved = softmax.update(sm, softmax.initial_state(), vals)
+    st = softmax.add_to_sums(st, alpha, [p])
+    pa = pack_p(plan, sched, p)
+    o = ty.Fragment(tuple(ty.cast(0.0, ty.f32) for _ in range(plan.head_dim // 2)), ty.WARPGROUP,
+                    ty.wgmma_acc(plan.head_dim))
+
+    for j in range(1, n_tiles):
+        cur = issue_scores(smem, plan, sched, descs, it + j, turn)
+        o = issue_pv(smem, plan, sched, descs, o, pa, it + j - 1)
+        ty.barrier_arrive(turn.next, TURN_THREADS)
+        cur, o = hopper.wgmma_wait(1, cur, o)          # S_j is ready, the PV product is not
+        release(smem, plan.k_empty, it + j, plan.stages, leader)
+        num, partial = tile_number(prob, j, m0, h, b)
+        vals = scores(prob, cur[0], row0, num * block_n, b, h, partial, slope)
+        st, p, alpha, moved = softmax.update(sm, st, vals)
+        st = softmax.add_to_sums(st, alpha, [p])
+        o, pa = wait_pv(sched, o, pa, p)
+        release(smem, plan.v_empty, it + j - 1, plan.stages, leader)
+        o = rescale_o(o, alpha, moved)
+        pa = pack_p(plan, sched, p)
+
+    o = issue_pv(smem, plan, sched, descs, o, pa, it + n_tiles - 1)
+    o, pa = hopper.wgmma_wait(0, o, pa)
+    release(smem, plan.v_empty, it + n_tiles - 1, plan.stages, leader)
+    inv, lse = finish(sm, st, sched.return_lse, sink)
+    o = o.with_data(softmax.scale_rows(o.values, inv))
+    store_lse(prob, lse, row0, h, b)
+    store_direct(prob, sched, o, row0, h, b)
+
+
+@ty.func
+def variant_consumer(smem, plan, prob, sched, wg):
+    turn = Turn(wg, plan.consumers)
+    if wg == 1:
+        ty.barrier_arrive(1, TURN_THREADS)  # consumer 1 takes the first turn
+    valid, m0, h, b, n_tiles = next_tile(prob, 0, False, sched.tile_order)
+    if valid:
+        variant_tile(smem, plan, prob, sched, wg, turn, 0, m0, h, b, n_tiles)
+    else:
+        sink = None
+        if prob.variant.v.sinks:
+            sink = prob.variant.sinks[h]
+        empty_tile(prob, sched, sink, m0 + (wg - 1) * ROWS, h, b)
+
+
+@ty.kernel(threads=_threads, min_blocks_per_sm=1, noalias=True)
+def attention_variant_fwd_sm90(
+    tm_q: ty.tensormap, tm_k: ty.tensormap, tm_v: ty.tensormap,
+    out: ty.ptr(ty.i16), lse_ptr: ty.ptr(ty.f32),
+    n_q: ty.i32, n_k: ty.i32, n_heads: ty.i32, n_batch: ty.i32, kv_group: ty.i32, kv_batch: ty.i32, scale: ty.f32,
+    o_stride_b: ty.i64, o_stride_h: ty.i64, o_stride_n: ty.i64,
+    diag: ty.i32, win_left: ty.i32, win_right: ty.i32, softcap: ty.f32,
+    slopes: ty.tensor(ty.f32, 2), sinks: ty.tensor(ty.f32, 1), mask: ty.tensor(4, index=ty.i64),
+    bm_num: ty.tensor(ty.i32, 3), bm_idx: ty.tensor(ty.i32, 4), bm_full_num: ty.tensor(ty.i32, 3),
+    bm_full_idx: ty.tensor(ty.i32, 4),
+    aux0: ty.tensor(4), aux1: ty.tensor(4), aux2: ty.tensor(4), aux3: ty.tensor(4),
+    DTYPE: ty.constexpr = ty.bf16, HEAD_DIM: ty.constexpr = 64, BLOCK_N: ty.constexpr = 128,
+    STAGES: ty.constexpr = 2, CONSUMERS: ty.constexpr = 2, RETURN_LSE: ty.constexpr = True,
+    COORD_ORDER: ty.constexpr = ("n", "h", "b"), EXPONENT: ty.constexpr = "shared",
+    RESCALE_THRESHOLD: ty.constexpr = 8.0, PV_WAIT: ty.constexpr = "pinned", VARIANT: ty.constexpr = None,
+):
+    """One CTA per (query block of 128 rows, head, batch); ``VARIANT`` is a
+    ``variant_tiles.KernelVariant``. Tensor parameters a variant does not use get 1-element
+    placeholders (``variant_launch``)."""
+    plan = Plan(HEAD_DIM, BLOCK_N, STAGES, CONSUMERS, False)
+    sched = Schedule(DTYPE, False, RETURN_LSE, False, "heads", COORD_ORDER, None, EXPONENT, RESCALE_THRESHOLD,
+                     False, PV_WAIT, 0, False, False, True)
+    smem = ty.dynamic_shared(ty.u8, plan.total, align=1024)
+    prob = Problem(n_q, n_k, n_heads, n_batch, kv_group, kv_batch, 0, scale, 0, out, lse_ptr, out, tm_q,
+                   (o_stride_b, o_stride_h, o_stride_n), (0, 0, 0, 0), plan.block_m, BLOCK_N)
+    prob.head_dim = HEAD_DIM
+    prob.variant = VariantProblem(VARIANT, diag, win_left, win_right, softcap, slopes, sinks, mask,
+                                  (bm_num, bm_idx, bm_full_num, bm_full_idx), (aux0, aux1, aux2, aux3))
+    init_barriers(smem, plan)
+    wg = ty.warpgroup_idx()
+    if wg == 0:
+        producer(smem, plan, prob, tm_q, tm_k, tm_v, False, COORD_ORDER, "heads")
+    else:
+        hopper.setmaxnreg(REGISTER_SPLIT[CONSUMERS][1], increase=True)
+        variant_consumer(smem, plan, prob, sched, wg)

@@ -1,0 +1,123 @@
+"""Host side of the Hopper variant forward (``forward_variant.py``): tensor maps, the variant's
+tensors as kernel arguments (placeholders for those it does not use), the VARIANT constexpr.
+
+``plan_variant_launch`` builds the launch without a GPU (the emulator runs it with tensor-map
+specs); ``launch_variant`` runs it.
+"""
+from __future__ import annotations
+
+import torch
+
+import tylopy as ty
+
+from tylopy_kernels.attention.sm90.forward_variant import attention_variant_fwd_sm90
+from tylopy_kernels.attention.sm90.launch import (Launch, _coord_order, _fits, _kv_view, _map_geometry, device_map)
+from tylopy_kernels.attention.sm90.mods import AUX_NDIM, AUX_SLOTS
+from tylopy_kernels.attention.sm90.tiles import Plan
+from tylopy_kernels.attention.sm90.variant_tiles import KernelVariant
+
+SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 2, "EXPONENT": "shared", "RESCALE_THRESHOLD": 8.0,
+            "PV_WAIT": "pinned"}
+BLOCK_M = 128  # = block masks' BLOCK_SIZE: a query tile of the block mask is one CTA's work tile
+
+_placeholders: dict = {}
+
+
+def _placeholder(shape, dtype, device):
+    key = (tuple(shape), dtype, str(device))
+    t = _placeholders.get(key)
+    if t is None:
+        t = _placeholders[key] = torch.zeros(shape, dtype=dtype, device=device)
+    return t
+
+
+def _as4d(t):
+    """An aux tensor as the kernel takes it: 4-D (leading 1s), bool as uint8."""
+    if t.dtype == torch.bool:
+        t = t.view(torch.uint8)
+    while t.dim() < AUX_NDIM:
+        t = t.unsqueeze(0)
+    return t
+
+
+def variant_args(variant, tensors, B, H, n_q, n_k, device):
+    """(kernel arguments after win_right: softcap .. aux3, aux meta) of a variant's tensors."""
+    def get(name):
+        return tensors[variant.index(name)] if name in variant.tensor_names else None
+    f32 = torch.float32
+    slopes = get("alibi_slopes")
+    slopes = (_placeholder((1, 1), f32, device) if slopes is None else
+              (slopes.view(1, H).expand(B, H) if slopes.dim() == 1 else slopes))
+    sinks = get("sinks")
+    sinks = _placeholder((1,), f32, device) if sinks is None else sinks
+    mask = get("attn_mask")
+    if mask is None:
+        mask = _placeholder((1, 1, 1, 1), f32, device)
+    else:
+        mask = mask.expand(B, H, n_q, n_k)
+        mask = mask.view(torch.uint8) if mask.dtype == torch.bool else mask.float()
+    bm = [get(n) for n in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")]
+    if bm[0] is None:
+        bm = [_placeholder((1,) * (3 + (k & 1)), torch.int32, device) for k in range(4)]
+    aux, meta = [], []
+    k = 0
+    while f"aux{k}" in variant.tensor_names:
+        t = get(f"aux{k}")
+        aux.append(_as4d(t))
+        meta.append((t.dim(), t.dtype == torch.bool))
+        k += 1
+    if len(aux) > AUX_SLOTS:
+        raise ValueError(f"attention: aux expects at most {AUX_SLOTS} tensors read by the mods (aux and captured "
+                         f"together), but got {len(aux)}")
+    if any(m[0] > AUX_NDIM or m[0] == 0 for m in meta):
+        raise ValueError(f"attention: aux expects tensors of 1 to {AUX_NDIM} dimensions read by the mods, but got "
+                         f"{[m[0] for m in meta]}")
+    aux += [_placeholder((1, 1, 1, 1), f32, device)] * (AUX_SLOTS - len(aux))
+    return [slopes, sinks, mask, *bm, *aux], meta
+
+
+def plan_variant_launch(q, k, v, variant, tensors, scale, out, lse, make_map=None) -> Launch:
+    """The grid, arguments and constexprs of one launch (``make_map(t, dims, strides, box)`` builds
+    a tensor map)."""
+    B, H, n_q, D = q.shape
+    n_k = k.shape[2]
+    make_map = make_map or device_map
+    (kk, k_batched), (vv, v_batched) = _kv_view(q, k), _kv_view(q, v)
+    if kk.shape[1] != vv.shape[1] or k_batched != v_batched:
+        kk, vv, k_batched = k, v, True
+    order = _coord_order(q)
+    if not all(_fits(t, order) for t in (q, kk, vv)):
+        q, kk, vv = q.contiguous(), kk.contiguous(), vv.contiguous()
+        order = _coord_order(q)
+    sched = dict(SCHEDULE)
+    maps = [make_map(t, *_map_geometry(t, rows, order)) for t, rows in ((q, BLOCK_M), (kk, sched["BLOCK_N"]),
+                                                                        (vv, sched["BLOCK_N"]))]
+    kv_group = H // kk.shape[1]
+    left, right = variant.window
+    tensor_args, meta = variant_args(variant, tensors, B, H, n_q, n_k, q.device)
+    # the folded form keeps maxima of raw scores, which needs scale > 0: else scale first
+    kvar = KernelVariant.of(variant, meta, scaled_first=scale <= 0)
+    num_m = (n_q + BLOCK_M - 1) // BLOCK_M
+    args = (*maps, out.view(torch.int16), lse, n_q, n_k, H, B, kv_group, int(k_batched), float(scale),
+            out.stride(0), out.stride(1), out.stride(2), variant.diag(n_q, n_k), left, right,
+            float(variant.softcap or 1.0), *tensor_args)
+    cx = dict(sched, DTYPE=ty.bf16 if q.dtype == torch.bfloat16 else ty.f16, HEAD_DIM=D, RETURN_LSE=True,
+              COORD_ORDER=order, VARIANT=kvar)
+    Plan(D, cx["BLOCK_N"], cx["STAGES"], cx["CONSUMERS"], False)
+    return Launch((num_m, H, B), args, cx)
+
+
+OPEN_SLOTS = {"mask": 21, "aux0": 26, "aux1": 27, "aux2": 28, "aux3": 29}  # argument positions of open tensors
+_TY_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.uint8: "u8",
+              torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64"}
+
+
+def open_dtypes(launch: Launch) -> dict:
+    """The dtypes of the open tensor parameters of ``launch`` by name (``compile(**constexprs, **these)``)."""
+    return {name: getattr(ty, _TY_DTYPES[launch.args[i].dtype]) for name, i in OPEN_SLOTS.items()}
+
+
+def launch_variant(q, k, v, variant, tensors, scale, out, lse):
+    """Run the kernel: q (B, H, N, D), k/v (B, H_kv, N_k, D), D in {64, 128}; out and lse (fp32) written."""
+    launch = plan_variant_launch(q, k, v, variant, tensors, scale, out, lse)
+    attention_variant_fwd_sm90[launch.grid](*launch.args, **launch.constexprs)

@@ -1,0 +1,278 @@
+"""Variants on the Hopper attention forward: which key tiles a query tile visits, and what happens
+to a tile of scores (``variants.py`` defines the semantics).
+
+The producer asks ``tiles.next_tile`` for its tile count and ``tiles.key_row`` for each tile's
+first key row; a problem carrying a ``VariantProblem`` answers from it:
+
+* tiles in range: the key range of causal masking and a sliding window around the diagonal
+  (``diag`` = 0 top-left, N_k - N bottom-right), so tiles wholly outside are never loaded;
+* a block mask: the query tile's partial tiles (``kv_indices``) then its full ones
+  (``full_kv_indices``); an empty query tile visits none and writes zeros (LSE -inf, or the sink).
+
+The consumers then run ``scores`` on each tile's S fragment: the score transform in natural units
+(scale, softcap, score_mod, ALiBi, float mask) when the variant has one, then the masks (key
+range, causal, window, bool mask, mask_mod on partial tiles only) as -inf before the maximum.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field, replace
+
+import tylopy as ty
+
+from tylopy_kernels.attention.sm90 import mods
+from tylopy_kernels.attention.variants import Variant
+
+NEG_INF = float("-inf")
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class KernelVariant:
+    """The VARIANT constexpr: a Variant without its run-time values (window sizes, softcap, shapes,
+    the mods' registry ids), so calls differing only in those share one specialization; ``live``
+    (not compared) is the call's Variant, whose mods the trace calls."""
+
+    key: Variant
+    aux_meta: tuple                       # per aux slot: (ndim, is_bool)
+    scaled_first: bool = False            # scale the scores before the softmax even without a transform
+    live: Variant = field(compare=False, default=None)
+
+    @staticmethod
+    def of(variant: Variant, aux_meta, scaled_first=False) -> "KernelVariant":
+        def blank(ref):
+            return None if ref is None else replace(ref, mod_id="")
+        left, right = variant.window
+        key = replace(variant, softcap=1.0 if variant.softcap else 0.0, window=(min(left, 0), min(right, 0)),
+                      block_mask=None if variant.block_mask is None else (variant.block_mask[0],),
+                      score_mod=blank(variant.score_mod), mask_mod=blank(variant.mask_mod))
+        return KernelVariant(key, tuple(aux_meta), bool(scaled_first), variant)
+
+    def __tylopy_fingerprint__(self):
+        parts = [repr(replace(self.key, score_mod=None, mask_mod=None)), repr(self.aux_meta), repr(self.scaled_first)]
+        for ref in (self.key.score_mod, self.key.mask_mod):
+            if ref is not None:
+                code = ref.code
+                digest = hashlib.sha256(code.co_code + repr((code.co_consts, code.co_names, code.co_varnames,
+                                                             code.co_filename, ref.captured)).encode())
+                parts.append(f"{ref.qualname}:{digest.hexdigest()[:24]}")
+        return "|".join(parts)
+
+    @property
+    def transforms(self) -> bool:
+        return self.key.transforms_scores or self.scaled_first
+
+
+class VariantProblem:
+    """The run-time data of a variant (kernel parameters) and its compile-time structure."""
+
+    def __init__(self, kv, diag, left, right, softcap, slopes, sinks, mask, bm, aux):
+        self.kv, self.v = kv, kv.key
+        self.diag, self.left, self.right, self.softcap = diag, left, right, softcap
+        self.inv_softcap = 1.0 / softcap if kv.key.softcap else None  # (a run-time division once per CTA)
+        self.slopes, self.sinks, self.mask = slopes, sinks, mask
+        self.bm_num, self.bm_idx, self.bm_full_num, self.bm_full_idx = bm
+        self.aux = [mods.AuxTensor(a, meta[0], meta[1], f"aux{k}") if k < len(kv.aux_meta) else None
+                    for k, (a, meta) in enumerate(zip(aux, tuple(kv.aux_meta) + ((4, False),) * 4))]
+        # called through the problem: tiles.py does not import this module
+        self.next_tile = variant_next_tile
+        self.key_row = variant_key_row
+
+    @property
+    def has_window_left(self):
+        return self.v.window[0] >= 0
+
+    @property
+    def has_right_bound(self):
+        return self.v.causal or self.v.window[1] >= 0
+
+
+@ty.func
+def key_range(prob, m0):
+    """[first key tile, end tile) that query rows m0 .. m0 + block_m - 1 may see (causal, window)."""
+    vp = prob.variant
+    hi = prob.n_k
+    if vp.has_right_bound:
+        reach = ty.cast(0, ty.i32)
+        if vp.v.window[1] >= 0:
+            reach = vp.right
+            if vp.v.causal:
+                reach = ty.minimum(reach, 0)
+        hi = ty.maximum(ty.minimum(hi, m0 + prob.block_m + vp.diag + reach), 0)
+    lo = ty.cast(0, ty.i32)
+    if vp.has_window_left:
+        lo = ty.maximum(m0 + vp.diag - vp.left, 0)
+    first = lo // prob.block_n
+    end = (hi + (prob.block_n - 1)) // prob.block_n
+    return first, ty.maximum(end - first, 0)
+
+
+@ty.func
+def block_counts(prob, m0, h, b):
+    """(partial tiles, full tiles) of the block mask for query tile m0 / block_m."""
+    vp = prob.variant
+    mt = m0 // prob.block_m
+    bb = ty.minimum(b, vp.bm_num.shape[0] - 1)
+    hh = ty.minimum(h, vp.bm_num.shape[1] - 1)
+    return vp.bm_num[bb, hh, mt], vp.bm_full_num[bb, hh, mt]
+
+
+@ty.func
+def variant_next_tile(prob, k, persistent, order):
+    """(valid, m0, h, b, key tiles): one work tile per CTA (the grid is (query blocks, H, B));
+    a query tile that visits no key tile is not valid (the consumers write its empty rows)."""
+    m0 = (ty.grid_dim(0) - 1 - ty.block_idx(0)) * prob.block_m
+    h, b = ty.block_idx(1), ty.block_idx(2)
+    if prob.variant.v.block_mask is not None:
+        partial, full = block_counts(prob, m0, h, b)
+        n_tiles = partial + full
+    else:
+        first, n_tiles = key_range(prob, m0)
+    return n_tiles > 0, m0, h, b, n_tiles
+
+
+@ty.func
+def tile_number(prob, j, m0, h, b):
+    """(key tile number of the j-th visited tile, whether mask_mod must run on it)."""
+    vp = prob.variant
+    if vp.v.block_mask is not None:
+        partial, full = block_counts(prob, m0, h, b)
+        mt = m0 // prob.block_m
+        bb = ty.minimum(b, vp.bm_idx.shape[0] - 1)
+        hh = ty.minimum(h, vp.bm_idx.shape[1] - 1)
+        is_partial = j < partial
+        jj = ty.select(is_partial, j, j - partial)
+        num = ty.select(is_partial, vp.bm_idx[bb, hh, mt, jj], vp.bm_full_idx[bb, hh, mt, jj])
+        return num, is_partial
+    first, n_tiles = key_range(prob, m0)
+    return first + j, ty.cast(1, ty.i1)
+
+
+def variant_key_row(prob, j, m0, h, b):
+    num, _ = tile_number(prob, j, m0, h, b)
+    return num * prob.block_n
+
+
+# -- one tile of scores -------------------------------------------------------------------------------------
+
+
+@ty.func
+def _mask_needed(prob, row0, col0, rows, cols):
+    """Whether any key of this consumer's rows x the tile's columns may be masked by position."""
+    vp = prob.variant
+    need = col0 + cols > prob.n_k
+    if vp.has_right_bound:
+        reach = ty.cast(0, ty.i32)
+        if vp.v.window[1] >= 0:
+            reach = vp.right
+            if vp.v.causal:
+                reach = ty.minimum(reach, 0)
+        need = need | (col0 + cols - 1 > row0 + vp.diag + reach)
+    if vp.has_window_left:
+        need = need | (col0 < row0 + rows - 1 + vp.diag - vp.left)
+    return need
+
+
+@ty.func
+def _visible(prob, row, col):
+    vp = prob.variant
+    ok = col < prob.n_k
+    if vp.v.causal:
+        ok = ok & (col <= row + vp.diag)
+    if vp.v.window[1] >= 0:
+        ok = ok & (col <= row + vp.diag + vp.right)
+    if vp.has_window_left:
+        ok = ok & (col >= row + vp.diag - vp.left)
+    return ok
+
+
+def _transform(prob, x, b, h, row, col, mask_val, slope):
+    """Steps 2-5 of ``variants.score_transform`` on one scaled score."""
+    vp = prob.variant
+    if vp.v.softcap:
+        x = vp.softcap * ty.tanh(x * vp.inv_softcap)
+    if vp.v.score_mod is not None:
+        x = mods.call_traced("score_mod", vp.kv.live.score_mod, vp.kv.live, vp.aux, (x, b, h, row, col))
+    if vp.v.alibi:
+        dist = row + (prob.n_k - prob.n_q) - col
+        x = x - slope * ty.cast(ty.select(dist < 0, -dist, dist), ty.f32)
+    if mask_val is not None:
+        x = x + mask_val
+    return x
+
+
+@ty.func
+def scores(prob, s, row0, col0, b, h, is_partial, slope):
+    """The S fragment as the softmax takes it: transformed (natural units) and masked (-inf)."""
+    vp = prob.variant
+    warp = ty.warp_idx() & 3
+    lane = ty.lane_id()
+    slots = s.layout.row_slots
+    first = [slots.index(k) for k in range(max(slots) + 1)]
+    rows = [row0 + s.layout.coord(warp, lane, i)[0] for i in first]
+    vals = list(s.values)
+    need = ty.cast(1, ty.i1)  # keys past n_k are always masked: a position mask is always there
+    if not (vp.v.attn_mask or vp.v.mask_mod is not None):
+        need = _mask_needed(prob, row0, col0, 64, s.layout.shape[1])
+    if vp.kv.transforms:
+        out = []
+        for i in range(len(vals)):
+            row = rows[slots[i]]
+            col = col0 + s.layout.coord(warp, lane, i)[1]
+            mval = None
+            if vp.v.attn_mask == "float":
+                inside = (row < prob.n_q) & (col < prob.n_k)
+                mval = ty.load(vp.mask.address((b, h, ty.select(inside, row, 0), ty.select(inside, col, 0))),
+                               mask=inside)
+            out.append(_transform(prob, vals[i] * prob.scale, b, h, row, col, mval, slope))
+        vals = out
+    if need:
+        vals = _apply_masks(prob, s, vals, rows, slots, col0, b, h, is_partial)
+    return vals
+
+
+@ty.func
+def _apply_masks(prob, s, vals, rows, slots, col0, b, h, is_partial):
+    vp = prob.variant
+    warp = ty.warp_idx() & 3
+    lane = ty.lane_id()
+    out = []
+    for i in range(len(vals)):
+        row = rows[slots[i]]
+        col = col0 + s.layout.coord(warp, lane, i)[1]
+        ok = _visible(prob, row, col)
+        if vp.v.attn_mask == "bool":
+            inside = (row < prob.n_q) & ok
+            flag = ty.load(vp.mask.address((b, h, ty.select(inside, row, 0), ty.select(inside, col, 0))),
+                           mask=inside)
+            ok = ok & (flag != 0)
+        if vp.v.mask_mod is not None:
+            keep = mods.call_traced("mask_mod", vp.kv.live.mask_mod, vp.kv.live, vp.aux, (b, h, row, col))
+            if vp.v.block_mask is not None:
+                keep = keep | ~is_partial  # full tiles: mask_mod is not asked
+            ok = ok & keep
+        out.append(ty.select(ok, vals[i], NEG_INF))
+    return out
+
+
+@ty.func
+def finish(sm, state, want_lse, sink):
+    """``softmax.finish`` with an optional sink logit (natural units) in every row's normalizer:
+    l += 2^(sink log2 e - R), R = m c - ffma lo the row's reference (``softmax`` module text)."""
+    inv, lse = [], []
+    for r in range(2):
+        l = state["l"][r]
+        l = l + ty.shfl_xor(l, 1)
+        l = l + ty.shfl_xor(l, 2)
+        m = state["m"][r]
+        m_use = ty.select(m == NEG_INF, 0.0, m)
+        lo = ty.select(state["ffma"], state["lo"][r], 0.0)
+        if sink is not None:
+            ref = ty.fma(m_use, sm.c, -lo)
+            l = l + ty.exp2(ty.fma(sink, LOG2E, -ref))
+        ok = l > 0.0  # false for 0 and NaN
+        inv.append(ty.select(ok, ty.rcp(l), 0.0))
+        if want_lse:
+            val = ty.fma(m_use, sm.scale, (ty.log2(l) - lo) * 0.6931471805599453)
+            lse.append(ty.select(ok, val, NEG_INF))
+    return inv, (lse if want_lse else None)
