@@ -96,3 +96,18 @@ def test_a_bad_unroll_count_is_an_error_at_the_line(bad, text):
     msg = str(e.value)
     assert "range unroll expects True, False or a compile-time int count in 1..1024" in msg and text in msg
     assert "for i in ty.range(n, unroll=U)" in msg
+
+
+@pytest.mark.gpu
+def test_gpu_unrolled_loops_match_the_emulator():
+    import torch
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(32 * 16).astype(np.float32)
+    for kernel, args in ((strided_sum, (32 * 13 + 7,)), (counted_sum, (13,)), (sum_until_negative, (13,))):
+        for u in (1, 4):
+            want = np.zeros(32, np.float32)
+            kernel.emulate(x, want, *args, grid=(1,), U=u)
+            got = torch.full((64,), float("nan"), device="cuda")
+            kernel[(1,)](torch.from_numpy(x).cuda(), got, *args, U=u)
+            torch.cuda.synchronize()
+            assert np.array_equal(got[:32].cpu().numpy(), want) and got[32:].isnan().all(), (kernel.name, u)

@@ -159,3 +159,28 @@ def test_zeros_has_the_accumulator_shape_of_each_atom():
     out = np.full(3, -1, np.int32)
     shapes.emulate(out, grid=(1,))
     assert out.tolist() == [64, 16, 0]
+
+
+# -- GPU tier -------------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_gpu_vec16_bytes_and_wgmma_zeros_match_the_emulator():
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("wgmma needs sm_90a")
+    x = torch.randint(0, 256, (512,), dtype=torch.uint8)
+    y = torch.full((512 + 64,), 0xAB, dtype=torch.uint8, device="cuda")
+    copy_bytes[(1,)](x.cuda(), y, 300)
+    torch.cuda.synchronize()
+    assert torch.equal(y[:304].cpu(), x[:304]) and (y[304:512] == 0).all() and (y[512:] == 0xAB).all()
+    g = torch.Generator().manual_seed(8)
+    a = torch.randn(64, 192, generator=g).bfloat16()
+    b = torch.randn(64, 192, generator=g).bfloat16()
+    want = torch.zeros(64, 64)
+    k_loop_from_zeros.emulate(ty.tensor_map(a, box=(64, 64), swizzle=128), ty.tensor_map(b, box=(64, 64), swizzle=128),
+                              want, 3, grid=(1,))
+    ac, bc = a.cuda(), b.cuda()
+    got = torch.full((64 * 64 + 32,), float("nan"), device="cuda")
+    k_loop_from_zeros[(1,)](ty.tensor_map(ac, box=(64, 64), swizzle=128), ty.tensor_map(bc, box=(64, 64), swizzle=128),
+                            got, 3)
+    torch.cuda.synchronize()
+    assert torch.equal(got[:4096].cpu().view(64, 64), want) and got[4096:].isnan().all()

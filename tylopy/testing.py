@@ -105,6 +105,30 @@ class FakeDriver:
                                   smem=smem, stream=stream.value, params=params))
         return (0,)
 
+    # cuLaunchKernelEx and its configuration objects (cluster launches)
+    class CUlaunchAttributeID:
+        CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
+
+    class CUlaunchAttribute:
+        def __init__(self):
+            import types
+            self.id = None
+            self.value = types.SimpleNamespace(clusterDim=types.SimpleNamespace(x=0, y=0, z=0))
+
+    class CUlaunchConfig:
+        pass
+
+    def cuLaunchKernelEx(self, config, f, params, extra):
+        cluster = None
+        for a in config.attrs[:config.numAttrs]:
+            if a.id == self.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
+                cluster = (a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z)
+        self.launches.append(dict(function=f.value, context=int(self.current),
+                                  grid=(config.gridDimX, config.gridDimY, config.gridDimZ), block=config.blockDimX,
+                                  smem=config.sharedMemBytes, stream=config.hStream.value, params=params,
+                                  cluster=cluster))
+        return (0,)
+
 
 @contextlib.contextmanager
 def fake_driver(capability=(9, 0), devices=2, stream_base=7000):

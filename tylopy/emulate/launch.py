@@ -22,7 +22,8 @@ from ..ir.types import FLOAT_MAX, float_fits, int_range
 from ..ir.values import KernelIR
 from ..ir.types import PointerType, ScalarType, TensorMapType
 from .errors import EmulationError, ProtocolError
-from .machine import CTA
+from .cluster import Cluster
+from .machine import CTA, run_together
 from .memory import GlobalMemory
 from .ops_hopper import TensorMapInfo
 from .program import Program
@@ -312,6 +313,10 @@ def emulate_kernel(kernel, args, grid, **kwargs) -> EmulationReport:
     if callable(grid):
         grid = grid(constexprs)
     grid3 = _grid3(kname, grid)
+    cluster = prog.kir.launch.cluster
+    if cluster and any(g % c for g, c in zip(grid3, cluster)):
+        raise LaunchValueError(f"{kname}: grid expects a multiple of the cluster shape {cluster} in every dimension, "
+                               f"but got {grid3}")
     ctas = _ctas(kname, grid3, options.pop("ctas", None))
     launch = Launch(prog, tuple(args), grid3, **options)
     if launch.rng is None:
@@ -329,10 +334,29 @@ def emulate_kernel(kernel, args, grid, **kwargs) -> EmulationReport:
     return report
 
 
+def _run_cluster(launch: Launch, coord, total: int, dims, done: set) -> None:
+    """The CTAs of the cluster holding ``coord``, run together (once per cluster)."""
+    first = tuple(c - c % d for c, d in zip(coord, dims))
+    if first in done:
+        return
+    done.add(first)
+    cluster = Cluster(dims, first, launch.grid)
+    ctas = []
+    for c in cluster.coords():
+        launch.cta_coords.append(c)
+        launch.start_cta(c, total)
+        ctas.append(CTA(launch, c, len(launch.cta_coords) - 1, cluster))
+    run_together(ctas)
+
+
 def _run_ctas(launch: Launch, order, kname: str) -> None:
     start = said = time.perf_counter()
+    dims, clusters_done = launch.prog.kir.launch.cluster, set()
     with np.errstate(all="ignore"):  # inactive lanes compute on garbage; IEEE results are what we want
         for coord in order:
+            if dims:
+                _run_cluster(launch, coord, len(order), dims, clusters_done)
+                continue
             launch.cta_coords.append(coord)
             launch.start_cta(coord, len(order))
             CTA(launch, coord, len(launch.cta_coords) - 1).run()

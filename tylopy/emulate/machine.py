@@ -22,6 +22,7 @@ import numpy as np
 
 from . import diagnose
 from .asynccopy import AsyncCopies
+from .cluster import Cluster
 from .deadlock import deadlock_error
 from .errors import ProtocolError, where
 from .memory import shared_layout
@@ -54,6 +55,7 @@ class Warp:
         self.bulk_open = np.zeros(WARP, dtype=np.int64)  # per lane: bulk (TMA store) groups committed
         self.mb_seen: dict = {}  # mbarrier address -> (phases it has seen completed, wait op, parity)
         self.mb_passes: dict = {}  # mbarrier address -> waits of this warp on it that completed
+        self.cluster_gen = None  # the cluster-barrier phase this warp arrived in and has not waited for
         self.mb_arrived: dict = {}  # mbarrier address -> (phases this warp arrived in, its last arrive op)
         self.arrive_log: list = []  # (epoch, op, mbarrier) of this warp's latest mbarrier arrivals
         self.last_mb_wait = None  # (mbarrier, op, parity) of the latest completed mbarrier wait
@@ -105,6 +107,8 @@ class Warp:
             v = np.full(WARP, cta.coord[axis[ax]], dtype=np.int32)
         elif base == "nctaid":
             v = np.full(WARP, cta.launch.grid[axis[ax]], dtype=np.int32)
+        elif base.startswith("cluster") or base == "nclusterid":
+            v = np.full(WARP, cta.cluster.specials(cta.coord)[reg], dtype=np.int32)
         elif reg == "laneid":
             v = LANES.copy()
         elif reg == "warpid":
@@ -116,6 +120,42 @@ class Warp:
 
 
 _uids = itertools.count()
+
+
+def run_together(ctas) -> None:
+    """Run the warps of ``ctas`` (one CTA, or the CTAs of one cluster) interleaved until all exit."""
+    live = [w for c in ctas for w in c.warps]
+    rng = ctas[0].rng
+    while live:
+        progressed = False
+        for w in (live if rng is None else rng.sample(live, len(live))):
+            copies = w.cta.copies
+            if rng is not None and copies.pending:
+                copies.land_some(rng)
+            if w.wait is not None:
+                if not w.wait.ready():
+                    continue
+                w.wait = None
+            try:
+                w.wait = next(w.gen)
+            except StopIteration:
+                w.exited = True
+            progressed = True
+        live = [w for w in live if not w.exited]
+        if live and not progressed:
+            pending = [c for c in ctas if c.copies.pending]
+            if pending:  # the latest point a copy can land: nothing else can happen first
+                for c in pending:
+                    c.copies.land_all()
+                continue
+            stuck = live[0].cta
+            error = stuck.deadlock([w for w in live if w.cta is stuck])
+            if len(ctas) > 1:
+                error.args = (f"{error.args[0]}\n{ctas[0].cluster.describe()}",)
+            raise error
+    for c in ctas:
+        c.copies.at_exit()
+        c._check_exit()
 
 
 class Collective:
@@ -143,7 +183,7 @@ class Collective:
 class CTA:
     """One thread block: its warps, shared memory, barriers, mbarriers and vector clocks."""
 
-    def __init__(self, launch, coord: tuple[int, int, int], serial: int = 0):
+    def __init__(self, launch, coord: tuple[int, int, int], serial: int = 0, cluster=None):
         self.launch, self.prog, self.coord, self.serial = launch, launch.prog, coord, serial
         kir = self.prog.kir
         self.threads = kir.launch.max_threads
@@ -168,6 +208,10 @@ class CTA:
         self.rng = launch.rng
         self.copies = AsyncCopies(self)
         self.warps = [Warp(self, i, launch.template) for i in range(self.nwarps)]
+        if cluster is None:  # a launch without clusters: each CTA is a cluster of one
+            cluster = Cluster((1, 1, 1), coord, launch.grid)
+        self.cluster = cluster
+        self.rank = cluster.add(self)
 
     # -- vector clocks --------------------------------------------------------------------------
     def release(self, wid: int, acc: np.ndarray):
@@ -255,30 +299,10 @@ class CTA:
 
     # -- scheduling --------------------------------------------------------------------------------
     def run(self):
-        live = list(self.warps)
-        rng, copies = self.rng, self.copies
-        while live:
-            progressed = False
-            for w in (live if rng is None else rng.sample(live, len(live))):
-                if rng is not None and copies.pending:
-                    copies.land_some(rng)
-                if w.wait is not None:
-                    if not w.wait.ready():
-                        continue
-                    w.wait = None
-                try:
-                    w.wait = next(w.gen)
-                except StopIteration:
-                    w.exited = True
-                progressed = True
-            live = [w for w in live if not w.exited]
-            if live and not progressed:
-                if copies.pending:  # the latest point a copy can land: nothing else can happen first
-                    copies.land_all()
-                    continue
-                raise self.deadlock(live)
-        copies.at_exit()
-        self._check_exit()
+        run_together([self])
+
+    def exited(self) -> bool:
+        return all(w.exited for w in self.warps)
 
     def _check_exit(self):
         for wg, log in self.wg_logs.items():

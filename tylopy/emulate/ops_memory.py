@@ -12,7 +12,8 @@ import numpy as np
 
 from ..ir.types import PointerType
 from .errors import MemoryAccessError, where
-from .memory import shared_layout
+from .cluster import is_remote, remote_parts
+from .memory import gather, scatter, shared_layout
 from .compiled import handler
 from .values import SHARED_WINDOW, WARP, np_dtype, signed_of
 
@@ -93,6 +94,27 @@ def _split_generic(addrs):
     return sh
 
 
+def _remote_load(w, op, addrs, lanes, dt, vec):
+    """Distributed shared memory (``mapa`` addresses): another CTA's shared memory, bounds checked."""
+    ranks, offs = remote_parts(addrs)
+    out = np.zeros((len(addrs), vec), dtype=dt)
+    for rank in np.unique(ranks):
+        sel = ranks == rank
+        target = w.cta.cluster.target(w, op, int(rank), "read")
+        target.smem.check(offs[sel], dt.itemsize * vec, op, w, "read", lanes[sel])
+        out[sel] = gather(target.smem.buf, offs[sel], dt, vec)
+    return out
+
+
+def _remote_store(w, op, addrs, lanes, vals, dt):
+    ranks, offs = remote_parts(addrs)
+    for rank in np.unique(ranks):
+        sel = ranks == rank
+        target = w.cta.cluster.target(w, op, int(rank), "write")
+        target.smem.check(offs[sel], dt.itemsize * vals.shape[1], op, w, "write", lanes[sel])
+        scatter(target.smem.buf, offs[sel], vals[sel], dt)
+
+
 def mem_load(w, op, space, addrs, lanes, dt, vec):
     """Values (len(addrs), vec) read by ``lanes`` at ``addrs`` in ``space``."""
     cta = w.cta
@@ -101,6 +123,13 @@ def mem_load(w, op, space, addrs, lanes, dt, vec):
         return cta.smem.load(addrs.astype(np.int64), dt, vec, op, who, lanes)
     if space == "global":
         return cta.launch.gmem.load(addrs, dt, vec, op, who, lanes)
+    rm = is_remote(addrs)
+    if rm.any():
+        out = np.zeros((len(addrs), vec), dtype=dt)
+        out[rm] = _remote_load(w, op, addrs[rm], lanes[rm], dt, vec)
+        if (~rm).any():
+            out[~rm] = mem_load(w, op, space, addrs[~rm], lanes[~rm], dt, vec)
+        return out
     sh = _split_generic(addrs)
     out = np.zeros((len(addrs), vec), dtype=dt)
     if sh.any():
@@ -114,6 +143,10 @@ def mem_store(w, op, space, addrs, lanes, vals, dt):
     cta = w.cta
     who = w
     if space == "generic":
+        rm = is_remote(addrs)
+        if rm.any():
+            _remote_store(w, op, addrs[rm], lanes[rm], vals[rm], dt)
+            addrs, lanes, vals = addrs[~rm], lanes[~rm], vals[~rm]
         sh = _split_generic(addrs)
         if sh.any():
             mem_store(w, op, "shared", addrs[sh] - np.uint64(SHARED_WINDOW), lanes[sh], vals[sh], dt)

@@ -21,14 +21,12 @@ import os
 import re
 import time
 import weakref
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from ..codegen.targets import SUPPORTED_ARCHS
 from ..errors import (CompileError, IRVerificationError, KernelSourceError, LaunchTypeError, LayoutError,
                       ResourceLimitError, TylopyError, user_facing)
-from ..ir.printer import format_ir
-from ..ir.types import PointerType, ScalarType, Type
+from ..ir.types import PointerType, ScalarType
 from ..ir.values import KernelIR, LaunchBounds, Param
 from ..ir.verify import verify
 from ..runtime import hooks, plancache
@@ -38,6 +36,7 @@ from .builder import Builder, user_location
 from .diagnostics import (constexpr_note, def_loc, innermost_user_frame, locate, lowering_error, param_loc, relocated,
                           trace_error, verification_error, with_ptx_source_line)
 from .lang import NoAliasPointer, _Constexpr
+from .compiled import CompiledKernel  # noqa: F401  (re-exported: ty.CompiledKernel)
 from .launching import _BoundLaunch
 from .options import CompileOptions, environment_snapshot, from_environment
 from .proxy import RuntimeValue
@@ -86,74 +85,6 @@ class func:
             return self._traceable.make(tracing)(*args, **kwargs)
         finally:
             self._depth -= 1
-
-
-@dataclass
-class CompiledKernel:
-    """One specialization: its IR, LLVM IR, PTX, ptxas report and (once launched) its CUfunction."""
-
-    name: str
-    arch: str
-    threads: int
-    params: tuple[tuple[str, Type], ...]
-    constexprs: dict
-    ptx: str
-    cubin: bytes | None
-    report: Any
-    dynamic_shared_bytes: int
-    cache_key: str = ""
-    compile_seconds: float = 0.0
-    from_cache: bool = False
-    options: CompileOptions | None = None
-    wait_sites: tuple = ()
-    _ir: KernelIR | None = None
-    _llvm_ir: str | None = None
-    _llvm_ir_optimized: str | None = None
-    _retrace: Callable | None = field(default=None, repr=False)
-    _launcher: Any = field(default=None, repr=False)
-    _guards: Any = field(default=None, repr=False)  # capture.Guards: the reads this process must still see
-    _env: tuple = field(default=(), repr=False)  # the environment options it was compiled under
-
-    def is_current(self) -> bool:
-        """Would ``compile()`` with the same constexprs still give this specialization? (The
-        environment options are the same, and so is every value its trace read.)"""
-        return self._env == environment_snapshot() and (self._guards is None or self._guards.valid())
-
-    @property
-    def ir(self) -> KernelIR:
-        if self._ir is None and self._retrace is not None:
-            self._ir = self._retrace()
-        return self._ir
-
-    @property
-    def ir_text(self) -> str:
-        return format_ir(self.ir)
-
-    @property
-    def llvm_ir(self) -> str:
-        if self._llvm_ir is None:
-            from ..codegen.llvm import lower_kernel
-            self._llvm_ir = str(lower_kernel(self.ir, self.options))
-        return self._llvm_ir
-
-    def launcher(self):
-        if self._launcher is None:
-            from ..runtime.launch import Launcher
-            self._launcher = Launcher(self)
-        return self._launcher
-
-    def __call__(self, grid, *args, stream=None):
-        try:
-            return self.launcher().launch(grid, args, stream)
-        except TylopyError as e:
-            raise user_facing(e)  # tylopy's own frames hidden (TYLOPY_TRACEBACK=1 shows them)
-
-    def prepare(self, grid, *args):
-        """This specialization's launch with ``args`` checked and packed once (``PreparedLaunch``)."""
-        try:
-            return self.launcher().prepare(grid, args)
-        except TylopyError as e:
-            raise user_facing(e)  # tylopy's own frames hidden (TYLOPY_TRACEBACK=1 shows them)
 
 
 class Kernel:
@@ -487,7 +418,7 @@ class Kernel:
             ck = CompiledKernel(self.name, options.arch, self._launch_bounds(cx).max_threads,
                                 self.runtime_params_for(cx), cx, entry.ptx, entry.cubin, entry.report,
                                 entry.dynamic_shared_bytes, key, from_cache=True, options=options,
-                                wait_sites=entry.wait_sites,
+                                wait_sites=entry.wait_sites, cluster=self.cluster,
                                 _retrace=functools.partial(self.trace, options, **cx))
             ck._guards = guards.Guards.build(resolved, cells)
         else:
@@ -527,7 +458,7 @@ class Kernel:
         return CompiledKernel(self.name, options.arch, kir.launch.max_threads,
                               self.runtime_params_for(cx), cx, ptx, cubin, report,
                               kir.dynamic_shared_bytes, key, options=options, wait_sites=kir.wait_sites,
-                              _ir=kir, _llvm_ir=llvm_text, _llvm_ir_optimized=optimized)
+                              cluster=kir.launch.cluster, _ir=kir, _llvm_ir=llvm_text, _llvm_ir_optimized=optimized)
 
     def cache_explain(self, **constexprs) -> str:
         """Why this specialization would miss (or hit) the disk cache."""

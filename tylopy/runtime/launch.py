@@ -410,12 +410,38 @@ class Launcher:
         if self._debug_record is not None:
             self._reset_debug_record(device, s)
         ck = self.ck
-        err, = d.cuLaunchKernel(f, gx, gy, gz, ck.threads, 1, 1, ck.dynamic_shared_bytes, s, slots.address, 0)
-        if err != self._success:
-            raise DriverError("cuLaunchKernel", drv._result_name(d, err), ck.name,
-                              f"grid={(gx, gy, gz)}, block={ck.threads}, smem={ck.dynamic_shared_bytes}")
+        if ck.cluster is not None:
+            self._launch_cluster(d, f, gx, gy, gz, slots, s)
+        else:
+            err, = d.cuLaunchKernel(f, gx, gy, gz, ck.threads, 1, 1, ck.dynamic_shared_bytes, s, slots.address, 0)
+            if err != self._success:
+                raise DriverError("cuLaunchKernel", drv._result_name(d, err), ck.name,
+                                  f"grid={(gx, gy, gz)}, block={ck.threads}, smem={ck.dynamic_shared_bytes}")
         if self._debug_record is not None:
             self._check_debug_record(device, s)
+
+    def _launch_cluster(self, d, f, gx, gy, gz, slots, s):
+        """``cuLaunchKernelEx`` with the cluster-dimension attribute (a kernel with ``cluster=``)."""
+        ck = self.ck
+        cx, cy, cz = ck.cluster
+        if gx % cx or gy % cy or gz % cz:
+            raise LaunchValueError(f"{ck.name}: grid expects a multiple of the cluster shape {ck.cluster} in every "
+                                   f"dimension, but got {(gx, gy, gz)}")
+        attr = d.CUlaunchAttribute()
+        attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cx, cy, cz
+        config = d.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
+        config.blockDimX, config.blockDimY, config.blockDimZ = ck.threads, 1, 1
+        config.sharedMemBytes = ck.dynamic_shared_bytes
+        config.hStream = s
+        config.attrs = [attr]
+        config.numAttrs = 1
+        err, = d.cuLaunchKernelEx(config, f, slots.address, 0)
+        if err != self._success:
+            raise DriverError("cuLaunchKernelEx", drv._result_name(d, err), ck.name,
+                              f"grid={(gx, gy, gz)}, cluster={ck.cluster}, block={ck.threads}, "
+                              f"smem={ck.dynamic_shared_bytes}")
 
     # -- debug mode (TYLOPY_DEBUG_WAITS=1 at compile time): bounded mbarrier waits -------------
     DEBUG_RECORD = "tylopy_debug_record"

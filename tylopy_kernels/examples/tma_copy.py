@@ -37,7 +37,8 @@ THREADS = 128
 @functools.cache
 def copy_kernel(dtype):
     @ty.kernel(threads=THREADS, arch="sm_90a", name=f"tma_scaled_copy_{dtype}")
-    def tma_scaled_copy(src: ty.tensormap, dst: ty.tensormap, alpha: ty.f32, box_bytes: ty.constexpr):
+    def tma_scaled_copy(src: ty.tensormap, dst: ty.tensormap, alpha: ty.f32,
+                        box_bytes: ty.constexpr = BM * BN * dtype.nbytes):  # what tm.box_bytes says
         tile = ty.shared(dtype, BM * BN, align=128)   # TMA tiles are 128-byte aligned
         bar = ty.shared(ty.u64, 1, align=8)
         t = ty.thread_idx()
