@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import requires_sm90
-from test_attention_layouts import check_layouts, hopper_inputs, portable_inputs
+from attention_layout_cases import check_layouts, hopper_inputs, portable_inputs
 from tylopy_kernels.attention.testing.reference import HOPPER, PORTABLE
 from tylopy_kernels.attention.testing import scenarios as S
 

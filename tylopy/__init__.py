@@ -98,6 +98,6 @@ _OTHER_NAMES = {
 # which import this package for the kernel language. Loading them registers the tylopy:: torch
 # operators, so an exported program runs after `import tylopy` alone; no kernel is traced or
 # compiled here (tylopy/functions.py).
-from .functions import attention, attention_varlen, attention_decode, matmul, scaled_matmul  # noqa: E402
-from .functions import create_block_mask, BlockMask  # noqa: E402
+from .functions import (attention, attention_varlen, attention_decode, matmul, scaled_matmul,  # noqa: E402
+                        create_block_mask, BlockMask)
 from . import distributed  # noqa: E402
