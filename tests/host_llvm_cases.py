@@ -28,7 +28,8 @@ from tylopy.codegen.host_llvm import HostKernel
 
 N = 2048  # elements per launch: each thread of the one warp handles N / 32 of them
 PAD = 64  # elements past the end of every buffer, filled with NaN (floats) or a sentinel (ints)
-SENTINEL = {np.int32: -0x5A5A5A5B, np.uint32: 0xA5A5A5A5, np.int64: -0x5A5A5A5A5A5A5A5B}
+SENTINEL = {np.int32: -0x5A5A5A5B, np.uint32: 0xA5A5A5A5, np.int64: -0x5A5A5A5A5A5A5A5B,
+            np.uint64: 0xA5A5A5A5A5A5A5A5}
 
 
 class Caught(AssertionError):
@@ -53,6 +54,7 @@ def _cmp_kernel(t):
 
 
 compare_i32, compare_u32, compare_f32 = _cmp_kernel(ty.i32), _cmp_kernel(ty.u32), _cmp_kernel(ty.f32)
+compare_i64, compare_u64, compare_f64 = _cmp_kernel(ty.i64), _cmp_kernel(ty.u64), _cmp_kernel(ty.f64)
 
 
 @ty.kernel(threads=32)
@@ -154,9 +156,10 @@ def _out(dtype):
 
 def compare_inputs(dtype):
     def make(rng):
-        if dtype is np.float32:
-            edges = [0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 3.4028235e38]
-            a = rng.integers(-4, 4, N).astype(np.float32) * 0.5  # small values: many ties
+        if np.dtype(dtype).kind == "f":
+            tiny = np.finfo(dtype).smallest_subnormal
+            edges = [0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, tiny, -tiny, np.finfo(dtype).max]
+            a = rng.integers(-4, 4, N).astype(dtype) * 0.5  # small values: many ties
         else:
             info = np.iinfo(dtype)
             edges = [info.min, info.max, 0, 1, info.max // 2, info.max // 2 + 1] + ([-1] if info.min else [])
@@ -313,6 +316,9 @@ CASES = [
     Case("compare_i32", compare_i32, *compare_inputs(np.int32)),
     Case("compare_u32", compare_u32, *compare_inputs(np.uint32)),
     Case("compare_f32", compare_f32, *compare_inputs(np.float32)),
+    Case("compare_i64", compare_i64, *compare_inputs(np.int64)),
+    Case("compare_u64", compare_u64, *compare_inputs(np.uint64)),
+    Case("compare_f64", compare_f64, *compare_inputs(np.float64)),
     Case("select_pairs", select_pairs, select_inputs, select_reference),
     Case("range_sums", range_sums, range_inputs, range_reference),
     Case("conversions", conversions, conversion_inputs, conversion_reference),

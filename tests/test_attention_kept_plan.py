@@ -15,7 +15,7 @@ from tylopy_kernels.attention.portable import launch as PLaunch
 from tylopy_kernels.attention.sm90 import launch as HL
 from tylopy_kernels.attention.testing import scenarios as S
 
-from test_attention_host_path import hopper_host, qkv  # noqa: F401 - the fixture is used by name
+from attention_host_cases import hopper_host, qkv  # noqa: F401 - the fixture is used by name
 
 
 @pytest.fixture

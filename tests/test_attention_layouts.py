@@ -27,23 +27,7 @@ PL = pytest.importorskip("tylopy_kernels.attention.portable.launch")
 L = pytest.importorskip("tylopy_kernels.attention.sm90.launch")
 from tylopy_kernels.attention.sm90.forward import attention_fwd_sm90  # noqa: E402
 from tylopy_kernels.attention.testing.reference import HOPPER, PORTABLE  # noqa: E402
-from tylopy_kernels.attention.testing.rules import check_output  # noqa: E402
-
-
-def _in_buffer(values, buffer_shape, permute, index):
-    """``values`` (B, H, n, D) written into a NaN-filled buffer of ``buffer_shape``; the view
-    ``buffer.permute(permute)[index]`` is returned (it must have the shape of ``values``)."""
-    buf = torch.full(buffer_shape, float("nan"), dtype=values.dtype)
-    view = buf.permute(permute)[index]
-    assert view.shape == values.shape, (view.shape, values.shape)
-    view.copy_(values)
-    return view
-
-
-def _check(out, lse, q, k, v, scale, model):
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # the reference wants all heads
-    return check_output(out, lse, q, k, v, None, False, scale, model, stats=False)
+from attention_layout_cases import check_layouts, hopper_inputs, portable_inputs  # noqa: E402
 
 
 def _caught_by(run, plan, mutation):
@@ -66,17 +50,6 @@ def _mutated(module, name, old, new):
 
 # -- the portable kernel: strides per tensor ------------------------------------------------------------
 
-def portable_inputs(B=2, H=4, H_kv=2, n_q=40, n_k=150, D=32, dtype=torch.bfloat16, seed=3):
-    g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(B, h, n, D, generator=g).to(dtype) for h, n in ((H, n_q), (H_kv, n_k), (H_kv, n_k)))
-    q = _in_buffer(q, (B, n_q, H, D), (0, 2, 1, 3), slice(None))                       # (B, n, H, D) storage
-    k = _in_buffer(k, (B, H_kv, n_k + 24, D + 32), (0, 1, 2, 3), (slice(None), slice(None), slice(0, n_k),
-                                                                   slice(8, 8 + D)))    # padded rows and dims
-    v = _in_buffer(v, (n_k + 8, B, H_kv, D), (1, 2, 0, 3), (slice(None), slice(None), slice(0, n_k)))  # (n, B, H, D)
-    assert len({q.stride(), k.stride(), v.stride()}) == 3 and k.stride() != v.stride()
-    return q, k, v
-
-
 def run_portable(plan_forward):
     q, k, v = portable_inputs()
     out = torch.full(q.shape, float("nan"), dtype=q.dtype)
@@ -84,7 +57,7 @@ def run_portable(plan_forward):
     scale = 1 / math.sqrt(q.shape[-1])
     plan = plan_forward(q, k, v, out, lse, scale=scale, block_n=32, warps=2)
     plan.run(emulate=True)
-    return _check(out, lse, q, k, v, scale, PORTABLE.replace(block_n=32, lse=True, dtype=q.dtype))
+    return check_layouts(out, lse, q, k, v, scale, PORTABLE.replace(block_n=32, lse=True, dtype=q.dtype))
 
 
 def test_portable_q_k_v_in_three_layouts():
@@ -103,19 +76,6 @@ def _spec(t, dims, strides, box):
                          128)
 
 
-def hopper_inputs(B=2, H=2, H_kv=1, n_q=70, n_k=200, D=64, dtype=torch.bfloat16, seed=4):
-    g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(B, h, n, D, generator=g).to(dtype) for h, n in ((H, n_q), (H_kv, n_k), (H_kv, n_k)))
-    every = (slice(None), slice(None))
-    q = _in_buffer(q, (B, H, n_q, D + 16), (0, 1, 2, 3), (*every, slice(None), slice(0, D)))
-    k = _in_buffer(k, (B, H_kv, n_k + 40, D), (0, 1, 2, 3), (*every, slice(0, n_k)))
-    v = _in_buffer(v, (B, H_kv, n_k + 72, D + 8), (0, 1, 2, 3), (*every, slice(16, 16 + n_k), slice(0, D)))
-    order = L._coord_order(q)
-    assert all(L._fits(t, order) for t in (q, k, v)), "the layouts must map without a contiguous copy"
-    assert len({q.stride(), k.stride(), v.stride()}) == 3
-    return q, k, v
-
-
 def run_hopper(plan_launch):
     q, k, v = hopper_inputs()
     out = torch.full(q.shape, float("nan"), dtype=q.dtype)
@@ -125,7 +85,7 @@ def run_hopper(plan_launch):
                        make_map=_spec, sm_count=132)
     attention_fwd_sm90.emulate(*plan.args, grid=plan.grid, **plan.constexprs)
     model = HOPPER.replace(block_n=plan.constexprs["BLOCK_N"], lse=True, dtype=q.dtype)
-    return _check(out, lse, q, k, v, scale, model)
+    return check_layouts(out, lse, q, k, v, scale, model)
 
 
 def test_hopper_q_k_v_with_different_strides():

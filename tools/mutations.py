@@ -7,9 +7,10 @@ kernels and see whether the emulator tests catch it, and how.
     python tools/mutations.py --list       # the mutations and the tests each runs
 
 Each mutation is a list of textual edits (``old`` -> ``new``) applied to the kernel source as it
-is when the script runs, in a temporary copy of the ``tylopy_kernels`` package that shadows the
-installed one (``PYTHONPATH``); a mutation whose text no longer matches is reported as "not
-applied". For each mutation the script runs a few CPU tests chosen for it (the emulator coverage
+is when the script runs, in a temporary copy of the source tree (``tylopy``, ``tylopy_kernels``,
+``tests``) where the tests then run (the folder a test run starts in comes first on ``sys.path``,
+so its packages shadow the installed ones); a mutation whose text no longer matches is reported as
+"not applied". For each mutation the script runs a few CPU tests chosen for it (the emulator coverage
 tests, ``tests/test_emulate_coverage_*.py``) and classifies the first failure: "protocol" (the
 emulator's ProtocolError: a race, a deadlock, an mbarrier or wgmma misuse), "trace" (a protocol check
 of the tile library while tracing, e.g. a wgmma result read before its wait), "memory" (an access
@@ -32,10 +33,10 @@ import time
 from dataclasses import dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KERNELS = os.path.join(ROOT, "kernels")
-HOPPER = ["attention/hopper.py", "attention/hopper_consumer.py", "attention/hopper_tiles.py",
-          "attention/hopper_softmax.py"]
-PORTABLE = ["attention/portable.py"]
+KERNELS = os.path.join(ROOT, "tylopy_kernels")
+HOPPER = ["attention/sm90/forward.py", "attention/sm90/consumer.py", "attention/sm90/tiles.py",
+          "attention/sm90/softmax.py"]
+PORTABLE = ["attention/portable/forward.py"]
 SOFTMAX = ["softmax/streaming.py", "softmax/row.py"]
 COV_A = "tests/test_emulate_coverage_attention.py"
 COV_S = "tests/test_emulate_coverage_softmax.py"
@@ -151,7 +152,8 @@ MUTATIONS = [
     # -- the Hopper kernel: numerics -----------------------------------------------------------------------
     M("hopper-ignored-mask", HOPPER, [("            ok = ok & (flag != 0)\n", "            ok = ok\n")],
       [hopper("masked-gqa")], False, "the user mask is loaded but ignored"),
-    M("hopper-causal-off-by-one", HOPPER, [("((prob.causal == 0) | (col <= row))", "((prob.causal == 0) | (col < row))")],
+    M("hopper-causal-off-by-one", HOPPER, [("((prob.causal == 0) | (col <= shift(row, prob.diag)))",
+                                          "((prob.causal == 0) | (col < shift(row, prob.diag)))")],
       [hopper("persistent-causal-lpt")], False, "causal masking drops the diagonal"),
     M("hopper-key-bound-off-by-one", HOPPER, [("ok = (col < prob.n_k)", "ok = (col <= prob.n_k)")],
       [hopper("c3-long")], False, "the key past n_k (TMA zero fill) is not masked"),
@@ -215,9 +217,19 @@ def apply(mut: Mutation, files: dict) -> dict | None:
     return texts
 
 
+TREE = ("tylopy", "tylopy_kernels", "tests", "pyproject.toml")
+
+
 def copy_package(dst: str, texts: dict):
+    """The source tree copied into ``dst`` with ``texts`` (paths relative to tylopy_kernels/) written
+    over; returns the copy's tylopy_kernels folder."""
+    for name in TREE:
+        src = os.path.join(ROOT, name)
+        if os.path.isdir(src):
+            shutil.copytree(src, os.path.join(dst, name), ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy(src, dst)
     pkg = os.path.join(dst, "tylopy_kernels")
-    shutil.copytree(KERNELS, pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     for rel, text in texts.items():
         with open(os.path.join(pkg, rel), "w") as f:
             f.write(text)
@@ -246,13 +258,13 @@ def classify(output: str, rc: int) -> tuple[str, str]:
     return kind, text
 
 
-def run_tests(tests: list, pythonpath: str, timeout: float) -> tuple[str, str]:
-    env = dict(os.environ, PYTHONPATH=pythonpath + os.pathsep + os.environ.get("PYTHONPATH", ""), COLUMNS="4000")
+def run_tests(tests: list, tree: str, timeout: float) -> tuple[str, str]:
+    env = dict(os.environ, COLUMNS="4000")
     env.setdefault("TYLOPY_CACHE_DIR", tempfile.mkdtemp(prefix="tylopy-mut-cache-"))
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-rfE",
            "--tb=no", *tests]
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return "timeout", f"no result within {timeout:.0f} s"
     return classify(proc.stdout + proc.stderr, proc.returncode)
@@ -287,9 +299,8 @@ def baseline(muts, timeout) -> str | None:
     tests = sorted({t for m in muts for t in m.tests})
     with tempfile.TemporaryDirectory(prefix="tylopy-mut-") as tmp:
         pkg = copy_package(tmp, {})
-        env = dict(os.environ, PYTHONPATH=tmp)
         where = subprocess.run([sys.executable, "-c", "import tylopy_kernels; print(tylopy_kernels.__file__)"],
-                               env=env, capture_output=True, text=True).stdout.strip()
+                               cwd=tmp, capture_output=True, text=True).stdout.strip()
         if not where.startswith(pkg):
             return f"the temporary package does not shadow the installed one (imported {where or 'nothing'})"
         result, detail = run_tests(tests, tmp, timeout * max(1, len(tests)))

@@ -21,54 +21,29 @@ host lists per (batch, key/value head, key tile) the (query head, query tile) pa
 lists, each with a flag for a full tile (mask_mod is not evaluated there), in
 ``backward_variant_launch.work_list``; empty tiles are never visited.
 """
-import dataclasses
-import hashlib
-
 import tylopy as ty
 from tylopy import hopper
 
 from tylopy_kernels.attention.sm90.backward import (Config, Problem, Smem, check_config, column_stats, consumer,
                                                     init_barriers, producer)
 from tylopy_kernels.attention.sm90.backward_common import LOG2E, NEG_INF, mask_bit
-from tylopy_kernels.attention.sm90.mod_grad import score_and_grad, transform_has_slope
+from tylopy_kernels.attention.sm90.mod_grad import (ForwardView, float_mask_at, mask_mod_keep,
+                                                    score_and_grad, transform_has_slope)
+from tylopy_kernels.attention.sm90.variant_tiles import VariantProblem, forget_loads
 
 HQ_SHIFT = 16            # a work entry: (query head << 16) | (query tile << 1) | full
 
 
-class CompiledVariant:
-    """The VARIANT constexpr: the call's Variant, fingerprinted by value for the compile cache (its
-    mods by their code, constants and captured values; not by their registry ids)."""
-
-    def __init__(self, variant):
-        self.variant = variant
-
-    def __eq__(self, other):
-        return isinstance(other, CompiledVariant) and self.__tylopy_fingerprint__() == other.__tylopy_fingerprint__()
-
-    def __hash__(self):
-        return hash(self.__tylopy_fingerprint__())
-
-    def __tylopy_fingerprint__(self):
-        v = self.variant
-        parts = [repr(dataclasses.replace(v, score_mod=None, mask_mod=None))]
-        for ref in (v.score_mod, v.mask_mod):
-            if ref is not None:
-                code = ref.code
-                digest = hashlib.sha256(code.co_code + repr((code.co_consts, code.co_names, code.co_varnames,
-                                                             code.co_filename, ref.captured)).encode())
-                parts.append(f"{ref.qualname}:{digest.hexdigest()[:24]}")
-        return "|".join(parts)
-
-
 class VariantBwd:
-    """The compile-time variant and its run-time data (called through ``Problem.variant``)."""
+    """The variant's data (called through ``Problem.variant``): ``fwd`` is the forward's view of it
+    (``variant_tiles.VariantProblem`` with the lengths), so the transform and masks are the forward's.
+    Compile-time structure is read from ``key`` only (``KernelVariant.key``: window sizes and the
+    softcap are run-time values)."""
 
-    def __init__(self, variant, n_q, n_k, diag, slopes, slope_stride_b, fmask, fm_strides, work, work_count,
-                 work_stride, n_kv_tiles, n_kv_heads, score_mod_bwd):
-        self.variant = variant
-        self.n_q, self.n_k, self.diag = n_q, n_k, diag
-        self.slopes, self.slope_stride_b = slopes, slope_stride_b
-        self.fmask, self.fm_strides = fmask, fm_strides
+    def __init__(self, vp, n_q, n_k, work, work_count, work_stride, n_kv_tiles, n_kv_heads, score_mod_bwd):
+        self.fwd = ForwardView(vp, n_q, n_k)
+        self.key = vp.v
+        self.diag = vp.diag
         self.work, self.work_count, self.work_stride = work, work_count, work_stride
         self.n_kv_tiles, self.n_kv_heads = n_kv_tiles, n_kv_heads
         self.score_mod_bwd = score_mod_bwd
@@ -89,18 +64,21 @@ def work_range(prob, n0, block_m):
     tiles whose rows can see keys n0..n0+127 under the causal diagonal and the window, or (block
     mask) the length of this CTA's list."""
     vb = prob.variant
-    var = vb.variant
-    if var.block_mask is not None:
+    key = vb.key
+    vp = vb.fwd.variant
+    if key.block_mask is not None:
         return 0, 0, vb.work_count[work_slot(vb)]
-    left, right = var.window
-    if var.causal:
-        right = 0 if right < 0 else min(right, 0)
     m_first = 0
     m_end = prob.num_m
-    if right >= 0:  # key j is seen by queries i >= j - diag - right
-        m_first = ty.maximum(n0 - vb.diag - right, 0) // block_m
-    if left >= 0:   # ... and i <= j - diag + left
-        m_end = ty.minimum(ty.maximum(n0 + 127 - vb.diag + left, -1) // block_m + 1, prob.num_m)
+    if key.causal or key.window[1] >= 0:  # key j is seen by queries i >= j - diag - reach
+        reach = ty.cast(0, ty.i32)
+        if key.window[1] >= 0:
+            reach = vp.right
+            if key.causal:
+                reach = ty.minimum(reach, 0)
+        m_first = ty.maximum(n0 - vb.diag - reach, 0) // block_m
+    if key.window[0] >= 0:                # ... and i <= j - diag + left
+        m_end = ty.minimum(ty.maximum(n0 + 127 - vb.diag + vp.left, -1) // block_m + 1, prob.num_m)
     per_head = ty.maximum(m_end - m_first, 0)
     return m_first, per_head, per_head * prob.group
 
@@ -113,33 +91,49 @@ def work_entry(prob, it):
 
 @ty.func
 def iteration(prob, hk, m_first, per_head, it, block_m):
-    if prob.variant.variant.block_mask is not None:
+    if prob.variant.key.block_mask is not None:
         entry = work_entry(prob, it)
         return entry >> HQ_SHIFT, ((entry >> 1) & ((1 << (HQ_SHIFT - 1)) - 1)) * block_m
     return hk * prob.group + it // per_head, (m_first + it % per_head) * block_m
 
 
 @ty.func
-def visible(prob, b, hq, qi, ki, full):
-    """Step 6 without the Boolean mask's bits: keys past n_k, causal, window, mask_mod (not on a
-    block mask's full tiles). Rows past n_q need nothing: their L is +inf."""
-    vb = prob.variant
-    var = vb.variant
-    keep = ki < vb.n_k
-    if var.causal:
-        keep = keep & (ki <= qi + vb.diag)
-    left, right = var.window
-    if left >= 0:
-        keep = keep & (ki >= qi + vb.diag - left)
-    if right >= 0:
-        keep = keep & (ki <= qi + vb.diag + right)
-    if var.mask_mod is not None:
-        # in-range indices only: a mod may index a tensor with them (the element is masked anyway)
-        qc = ty.minimum(qi, vb.n_q - 1)
-        kc = ty.minimum(ki, vb.n_k - 1)
-        got = var.mask_mod.function()(b, hq, qc, kc)
-        keep = keep & (got | full) if full is not None else keep & got
-    return keep
+def position_bounds(vb, key0, m0):
+    """Per key row of this thread (g and g + 8 of its warp's 16): (key < N_k, lo, hi) such that query
+    column offset o_i = 8(i >> 2) + (i & 1) of register i is visible under the causal diagonal and
+    the window iff lo <= o_i <= hi (``variant_tiles._visible``'s rules, solved for the query once per
+    row so each register costs two compares with immediates)."""
+    key = vb.key
+    vp = vb.fwd.variant
+    warp = ty.warp_idx() & 3
+    lane = ty.lane_id()
+    base = m0 + 2 * (lane & 3) + vb.diag      # query i of offset o: i = base - diag + o
+    out = []
+    for h in range(2):
+        ki = key0 + 16 * warp + (lane >> 2) + 8 * h
+        lo = None
+        hi = None
+        if key.causal or key.window[1] >= 0:   # i >= ki - diag - reach
+            reach = ty.cast(0, ty.i32)
+            if key.window[1] >= 0:
+                reach = vp.right
+                if key.causal:
+                    reach = ty.minimum(reach, 0)
+            lo = ki - reach - base
+        if key.window[0] >= 0:                 # i <= ki - diag + left
+            hi = ki + vp.left - base
+        out.append((ki < vb.fwd.n_k, lo, hi))
+    return out
+
+
+def position_keep(bounds, i):
+    ok, lo, hi = bounds[(i >> 1) & 1]
+    o = 8 * (i >> 2) + (i & 1)
+    if lo is not None:
+        ok = ok & (lo <= o)
+    if hi is not None:
+        ok = ok & (hi >= o)
+    return ok
 
 
 @ty.func
@@ -147,19 +141,25 @@ def score_grads(s, dp, smem, lay, prob, cfg, stage, key0, m0, hq, b, it, bits):
     """(P^T operands of dV, dS^T operands of dK), the variant's ``score_grads_t``: P^T from the
     transformed scores, dS^T = P^T (dP^T - delta) t'."""
     vb = prob.variant
-    var = vb.variant
+    key = vb.key
     warp = ty.warp_idx() & 3
     lane = ty.lane_id()
     full = None
-    if var.block_mask is not None and var.mask_mod is not None:
+    if key.block_mask is not None and key.mask_mod is not None:
         full = (work_entry(prob, it) & 1) != 0
-    with_grad = transform_has_slope(var) or vb.score_mod_bwd is not None
-    fused = with_grad or var.transforms_scores   # (a transform's registers: no f32 P tile beside dP^T)
+    slope = vb.fwd.variant.slopes[b, hq] if key.alibi else None
+    with_grad = transform_has_slope(key) or vb.score_mod_bwd is not None
+    fused = with_grad or key.transforms_scores   # (a transform's registers: no f32 P tile beside dP^T)
     if fused:
         # dS needs t' beside P: wait for dP^T first and finish each element at once (P, t', dS,
         # both packed), so no f32 tile of P t' waits beside dP^T's registers (that spills).
         dp = hopper.wgmma_wait(0, dp)
     vals = list(s.values)
+    bounds = position_bounds(vb, key0, m0)
+    forget_loads(vb.fwd.variant)     # a new scope for the mods' shared loads (``mods.AuxTensor``)
+    # One index value per key row, so loads a mod makes with a key's index are made once per tile.
+    g2 = ty.lane_id() & 3
+    keys = [key0 + 16 * warp + (lane >> 2) + 8 * h for h in range(2)]
     dv = dp.values if fused else None
     p_f32 = []     # t' = 1: f32 P until dP^T is there
     p_words = []
@@ -171,11 +171,16 @@ def score_grads(s, dp, smem, lay, prob, cfg, stage, key0, m0, hq, b, it, bits):
         ds = []
         for e in range(4):
             i = 4 * j + e
-            r, c = s.layout.coord(warp, lane, i)
-            ki = key0 + r
-            qi = m0 + c
-            t, grad = score_and_grad(prob, b, hq, qi, ki, vals[i] * prob.scale, with_grad)
-            keep = visible(prob, b, hq, qi, ki, full)
+            o = 8 * (i >> 2) + (i & 1)
+            ki = keys[(i >> 1) & 1]
+            qi = m0 + (2 * g2 + o)
+            mval = None
+            if key.attn_mask == "float":
+                mval = float_mask_at(vb, b, hq, qi, ki)
+            t, grad = score_and_grad(vb, b, hq, qi, ki, vals[i] * prob.scale, with_grad, slope, mval)
+            keep = position_keep(bounds, i)
+            if key.mask_mod is not None:
+                keep = keep & mask_mod_keep(vb, b, hq, qi, ki, full)
             if bits is not None:
                 h, w, bit = mask_bit(i)
                 keep = keep & ((bits[h][w] & (1 << bit)) != 0)
@@ -210,23 +215,27 @@ def attention_bwd_variant_sm90(
     tm_q: ty.tensormap, tm_k: ty.tensormap, tm_v: ty.tensormap, tm_do: ty.tensormap,
     tm_lse: ty.tensormap, tm_delta: ty.tensormap, tm_dq: ty.tensormap,
     dk: ty.ptr(ty.i16), dv: ty.ptr(ty.i16), dq_accum: ty.ptr(ty.f32), mask_bits: ty.ptr(ty.u32),
-    slopes: ty.ptr(ty.f32), fmask: ty.ptr(ty.f32), work: ty.ptr(ty.i32), work_count: ty.ptr(ty.i32),
-    n_q: ty.i32, n_k: ty.i32, n_heads: ty.i32, group: ty.i32, n_pad: ty.i32, scale: ty.f32, diag: ty.i32,
-    slope_stride_b: ty.i32, work_stride: ty.i64, n_kv_tiles: ty.i32, n_kv_heads: ty.i32,
+    work: ty.ptr(ty.i32), work_count: ty.ptr(ty.i32),
+    n_q: ty.i32, n_k: ty.i32, n_heads: ty.i32, group: ty.i32, n_pad: ty.i32, scale: ty.f32,
+    work_stride: ty.i64, n_kv_tiles: ty.i32, n_kv_heads: ty.i32,
     dk_stride_b: ty.i64, dk_stride_h: ty.i64, dk_stride_n: ty.i64,
     dv_stride_b: ty.i64, dv_stride_h: ty.i64, dv_stride_n: ty.i64,
     mb_stride_b: ty.i64, mb_stride_h: ty.i64, mb_stride_row: ty.i64,
-    fm_stride_b: ty.i64, fm_stride_h: ty.i64, fm_stride_q: ty.i64, fm_stride_k: ty.i64,
-    VARIANT: ty.constexpr, SCORE_MOD_BWD: ty.constexpr = None,
+    diag: ty.i32, win_left: ty.i32, win_right: ty.i32, softcap: ty.f32,
+    slopes: ty.tensor(ty.f32, 2), sinks: ty.tensor(ty.f32, 1), mask: ty.tensor(4, index=ty.i64),
+    bm_num: ty.tensor(ty.i32, 3), bm_idx: ty.tensor(ty.i32, 4), bm_full_num: ty.tensor(ty.i32, 3),
+    bm_full_idx: ty.tensor(ty.i32, 4),
+    aux0: ty.tensor(4), aux1: ty.tensor(4), aux2: ty.tensor(4), aux3: ty.tensor(4),
+    VARIANT: ty.constexpr = None, SCORE_MOD_BWD: ty.constexpr = None,
     DTYPE: ty.constexpr = ty.bf16, HEAD_DIM: ty.constexpr = 64, BLOCK_M: ty.constexpr = 128,
     STAGES: ty.constexpr = 2, HAS_MASK: ty.constexpr = False, DQ: ty.constexpr = "tma",
     DQ_ORDER: ty.constexpr = "serial", DK_SMEM: ty.constexpr = False,
     Q_ORDER: ty.constexpr = ("n", "h", "b"), KV_ORDER: ty.constexpr = ("n", "h", "b"),
 ):
-    """``attention_bwd_sm90`` with ``VARIANT`` (a ``variants.Variant``): grid (key tiles of 128,
-    key/value heads, batch). ``mask_bits``: the Boolean attn_mask packed as the dense kernel's;
-    ``slopes``: ALiBi slopes (b * slope_stride_b + h); ``fmask``: the float attn_mask in fp32 read
-    through its strides; ``work``/``work_count``: the block mask's lists (``work_list``)."""
+    """``attention_bwd_sm90`` with ``VARIANT`` (a ``variant_tiles.KernelVariant``): grid (key tiles of
+    128, key/value heads, batch). ``mask_bits``: a Boolean attn_mask packed as the dense kernel's;
+    ``work``/``work_count``: the block mask's lists (``backward_variant_launch.work_list``); from
+    ``diag`` on, the forward's variant arguments (``variant_launch.variant_args``)."""
     check_config(HEAD_DIM, BLOCK_M, STAGES, DQ, DQ_ORDER)
     cfg = Config(DTYPE, HEAD_DIM, BLOCK_M, STAGES, HAS_MASK, DQ, DQ_ORDER, DK_SMEM, Q_ORDER, KV_ORDER)
     lay = Smem(HEAD_DIM, BLOCK_M, STAGES, DQ)
@@ -234,9 +243,9 @@ def attention_bwd_variant_sm90(
     prob = Problem(n_q, n_k, n_heads, group, n_pad, scale, 0, mask_bits, (mb_stride_b, mb_stride_h, mb_stride_row),
                    BLOCK_M)
     prob.diag = diag
-    prob.variant = VariantBwd(VARIANT.variant, n_q, n_k, diag, slopes, slope_stride_b, fmask,
-                              (fm_stride_b, fm_stride_h, fm_stride_q, fm_stride_k), work, work_count, work_stride,
-                              n_kv_tiles, n_kv_heads, SCORE_MOD_BWD)
+    vp = VariantProblem(VARIANT, diag, win_left, win_right, softcap, slopes, sinks, mask,
+                        (bm_num, bm_idx, bm_full_num, bm_full_idx), (aux0, aux1, aux2, aux3))
+    prob.variant = VariantBwd(vp, n_q, n_k, work, work_count, work_stride, n_kv_tiles, n_kv_heads, SCORE_MOD_BWD)
     init_barriers(smem, lay, STAGES)
     wg = ty.warpgroup_idx()
     if wg == 0:

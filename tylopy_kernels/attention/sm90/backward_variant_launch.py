@@ -24,20 +24,20 @@ import torch
 
 from tylopy_kernels.attention.sm90.backward import attention_bwd_sm90
 from tylopy_kernels.attention.sm90.backward_launch import BLOCK_N, plan_backward_hopper, supports as dense_supports
-from tylopy_kernels.attention.sm90.backward_variant import HQ_SHIFT, CompiledVariant, attention_bwd_variant_sm90
+from tylopy_kernels.attention.sm90.backward_variant import HQ_SHIFT, attention_bwd_variant_sm90
 from tylopy_kernels.attention.common import placeholder
 
 BLOCK_SIZE = 128              # the block mask's tile: one key tile of the dK/dV kernel
 
 
 def supports(q, k, v, variant) -> bool:
-    """Whether the kernel takes the call: the dense backward's limits, mods reading no tensors (aux
-    or captured ones), block masks of 128-tiles."""
+    """Whether the kernel takes the call: the dense backward's limits, block masks of 128-tiles, at
+    most ``mods.AUX_SLOTS`` tensors read by the mods (aux and captured ones)."""
+    from tylopy_kernels.attention.sm90.mods import AUX_SLOTS
     if not dense_supports(q, k, v):
         return False
-    for ref in (variant.score_mod, variant.mask_mod):
-        if ref is not None and (ref.takes_aux or ref.tensor_slots):
-            return False
+    if sum(1 for n in variant.tensor_names if n.startswith("aux")) > AUX_SLOTS:
+        return False
     return variant.block_mask is None or variant.block_mask[0] == BLOCK_SIZE
 
 
@@ -90,6 +90,8 @@ def plan_backward_variant(dout, q, k, v, out, lse, dq, dk, dv, variant, tensors,
 
 def _variant_step(step, q, variant, tensors, score_mod_bwd):
     from tylopy_kernels.attention.sm90.backward_launch import Step
+    from tylopy_kernels.attention.sm90.variant_launch import variant_args
+    from tylopy_kernels.attention.sm90.variant_tiles import KernelVariant
     a = step.args
     head, bits = a[:10], a[10]
     n_q, n_k, H, group, n_pad, scale, _causal = a[11:18]
@@ -97,27 +99,18 @@ def _variant_step(step, q, variant, tensors, score_mod_bwd):
     B = q.shape[0]
     H_kv = H // group
     dev = q.device
-    f32 = placeholder(dev, torch.float32)
-    slopes, slope_stride_b = f32, 0
-    if variant.alibi:
-        slopes = tensors[variant.index("alibi_slopes")].float().contiguous()
-        slope_stride_b = H if variant.alibi == "bh" else 0
-    fmask, fm_s = f32, (0, 0, 0, 0)
-    if variant.attn_mask == "float":
-        fmask = tensors[variant.index("attn_mask")]
-        if fmask.dtype != torch.float32:
-            fmask = fmask.float()
-        fm_s = tuple(fmask.stride())
     i32 = placeholder(dev, torch.int32)
     work, count, work_stride = i32, i32, 0
     n_kv_tiles = -(-n_k // BLOCK_N)
     if variant.block_mask is not None:
         work, count = work_list(variant, tensors, B, H, H_kv, n_q, n_k, step.constexprs["BLOCK_M"], dev)
         work_stride = work.shape[-1]
+    tensor_args, meta = variant_args(variant, tensors, B, H, n_q, n_k, dev)
+    left, right = variant.window
     cx = dict(step.constexprs)
-    cx.update(VARIANT=CompiledVariant(variant), SCORE_MOD_BWD=score_mod_bwd)
-    args = (*head, bits, slopes, fmask, work, count, n_q, n_k, H, group, n_pad, scale, variant.diag(n_q, n_k),
-            slope_stride_b, work_stride, n_kv_tiles, H_kv, *dk_s, *dv_s, *mb_s, *fm_s)
+    cx.update(VARIANT=KernelVariant.of(variant, meta), SCORE_MOD_BWD=score_mod_bwd)
+    args = (*head, bits, work, count, n_q, n_k, H, group, n_pad, scale, work_stride, n_kv_tiles, H_kv, *dk_s, *dv_s,
+            *mb_s, variant.diag(n_q, n_k), left, right, float(variant.softcap or 1.0), *tensor_args)
     return Step(attention_bwd_variant_sm90, step.grid, args, cx)
 
 

@@ -1,81 +1,73 @@
-"""The score transform of programmable attention (steps 2-5 of ``attention/variants.py``) as DSL
-code, and its derivative for the backward.
+"""The score transform of programmable attention (steps 2-5 of ``attention/variants.py``) and its
+derivative, for the backward kernel.
 
-``score_and_grad(prob, b, h, q_idx, kv_idx, x, with_grad)`` gives ``(T(x), dT/dx)`` at the scaled
-score x of one element (``dT/dx`` None when ``with_grad`` is False):
+The transform itself is the forward kernel's (``variant_tiles._transform``: softcap, the user's
+score_mod traced by ``mods.call_traced``, ALiBi, the float mask), so both passes compute the same
+scores bit for bit. ``score_and_grad(vb, b, h, q_idx, kv_idx, x, with_grad, slope, mval)`` gives ``(T(x),
+dT/dx)`` at the scaled score x of one element (``dT/dx`` None when ``with_grad`` is False):
 
-* by default ``dT/dx`` is ``ty.value_and_derivative`` of the very DSL function that gives T(x):
-  the chain rule over the ops T traced (softcap's tanh, a user score_mod, ALiBi's and the float
-  mask's additions, whose loads carry no derivative). A user score_mod made of operations without
-  a derivative rule is an error naming the op and the line of the mod.
+* by default ``dT/dx`` is ``ty.value_and_derivative`` of that very DSL function: the chain rule
+  over the ops T traced (softcap's tanh, a user score_mod, ALiBi's and the float mask's
+  additions, whose loads carry no derivative). A user score_mod made of operations without a
+  derivative rule is an error naming the op and the line of the mod.
 * with an explicit ``score_mod_bwd(score, grad, b, h, q_idx, kv_idx) -> grad`` (FlexAttention's
-  joint-graph convention: the gradient with respect to the mod's input ``score`` given ``grad``, the
-  gradient of its output; linear in ``grad``), the mod's derivative is ``score_mod_bwd(s, 1)``
-  chained with softcap's; ALiBi and the float mask add constants.
-
-Mods receive indices clamped into [0, N) and [0, N_k): a mod may index a tensor with them, and the
-elements outside are masked anyway.
+  convention: the gradient with respect to the mod's input ``score`` given ``grad``, the gradient of
+  its output; linear in ``grad``; written against torch like the mod), ``dT/dx`` is
+  ``score_mod_bwd(s, ds)`` with ``s, ds`` softcap's value and derivative; ALiBi and the float mask
+  add constants.
 """
 import tylopy as ty
 
+from tylopy_kernels.attention.sm90 import mods
+from tylopy_kernels.attention.sm90.variant_tiles import _transform
 
-def transform_has_slope(variant) -> bool:
+
+class ForwardView:
+    """What ``variant_tiles``' element functions read of a problem: its variant and lengths."""
+
+    def __init__(self, vp, n_q, n_k):
+        self.variant, self.n_q, self.n_k = vp, n_q, n_k
+
+
+def transform_has_slope(key) -> bool:
     """Whether dT/dx can differ from 1 (softcap or a score_mod): else the backward skips it."""
-    return bool(variant.softcap) or variant.score_mod is not None
+    return bool(key.softcap) or key.score_mod is not None
 
 
-@ty.func
-def clamped(vb, q_idx, kv_idx):
-    return ty.minimum(q_idx, vb.n_q - 1), ty.minimum(kv_idx, vb.n_k - 1)
+def float_mask_at(vb, b, h, q_idx, kv_idx):
+    """The float mask at (q_idx, kv_idx), 0 outside [0, N) x [0, N_k) (the load predicated off),
+    as the forward reads it."""
+    fv = vb.fwd
+    inside = (q_idx < fv.n_q) & (kv_idx < fv.n_k)
+    return ty.load(fv.variant.mask.address((b, h, q_idx, kv_idx)), mask=inside)
 
 
-@ty.func
-def softcapped(variant, x):
-    if variant.softcap:
-        return ty.tanh(x * (1.0 / variant.softcap)) * variant.softcap
-    return x
+def score_and_grad(vb, b, h, q_idx, kv_idx, x, with_grad, slope, mval):
+    """(T(x), dT/dx or None): see the module text (``mval``: the float mask's value, or None)."""
+    fv = vb.fwd
+    vp = fv.variant
+    key = vp.v
 
+    def transform(v):
+        return _transform(fv, v, b, h, q_idx, kv_idx, mval, slope)
 
-@ty.func
-def additive(vb, s, b, h, q_idx, kv_idx):
-    """Steps 4-5: ALiBi's -slope |i + N_k - N - j| and the float mask's value (constants in s)."""
-    var = vb.variant
-    if var.alibi:
-        slope = vb.slopes[b * vb.slope_stride_b + h]
-        dist = ty.abs(q_idx + (vb.n_k - vb.n_q) - kv_idx)
-        s = s - slope * ty.cast(dist, ty.f32)
-    if var.attn_mask == "float":
-        qc, kc = clamped(vb, q_idx, kv_idx)
-        st = vb.fm_strides
-        off = (ty.cast(b, ty.i64) * st[0] + ty.cast(h, ty.i64) * st[1] + ty.cast(qc, ty.i64) * st[2]
-               + ty.cast(kc, ty.i64) * st[3])
-        s = s + vb.fmask[off]
-    return s
-
-
-def score_transform(vb, x, b, h, q_idx, kv_idx):
-    """T(x): steps 2-5 on one scaled score (an f32 run-time value), natural units."""
-    var = vb.variant
-    s = softcapped(var, x)
-    if var.score_mod is not None:
-        qc, kc = clamped(vb, q_idx, kv_idx)
-        s = var.score_mod.function()(s, b, h, qc, kc)
-    return additive(vb, s, b, h, q_idx, kv_idx)
-
-
-def score_and_grad(prob, b, h, q_idx, kv_idx, x, with_grad):
-    """(T(x), dT/dx or None): see the module text."""
-    vb = prob.variant
     if not with_grad:
-        return score_transform(vb, x, b, h, q_idx, kv_idx), None
+        return transform(x), None
     if vb.score_mod_bwd is None:
-        return ty.value_and_derivative(lambda v: score_transform(vb, v, b, h, q_idx, kv_idx), x)
-    var = vb.variant
-    s, ds = ty.value_and_derivative(lambda v: softcapped(var, v), x)
-    qc, kc = clamped(vb, q_idx, kv_idx)
-    t = s
+        return ty.value_and_derivative(transform, x)
+    s, ds = x, 1.0
+    if key.softcap:
+        s, ds = ty.value_and_derivative(lambda v: vp.softcap * ty.tanh(v * vp.inv_softcap), x)
     grad = ds
-    if var.score_mod is not None:
-        t = var.score_mod.function()(s, b, h, qc, kc)
-        grad = vb.score_mod_bwd(s, ds, b, h, qc, kc)
-    return additive(vb, t, b, h, q_idx, kv_idx), grad
+    if key.score_mod is not None:
+        bwd = mods.substituted(vb.score_mod_bwd, {})  # torch -> the DSL, as for the mod
+        grad = mods.raw(bwd(*(mods.Val(a) for a in (s, ds, b, h, q_idx, kv_idx))))
+    return transform(x), grad
+
+
+def mask_mod_keep(vb, b, h, q_idx, kv_idx, full):
+    """The user's mask_mod at one element (traced as the forward traces it); True on a block mask's
+    full tiles (``full``: None without a block mask), where the forward does not ask it."""
+    vp = vb.fwd.variant
+    got = mods.call_traced("mask_mod", vp.kv.live.mask_mod, vp.kv.live, vp.aux, (b, h, q_idx, kv_idx))
+    return got | full if full is not None else got
