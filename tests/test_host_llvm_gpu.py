@@ -1,5 +1,6 @@
 """GPU tier of the host run's cases (tests/host_llvm_cases.py): the device runs each scalar kernel on
-the same inputs and must give the emulator's bits, padding included (a loop one step too long, or
+the same inputs and must give the emulator's bits (a NaN may carry other bits: the device returns
+the canonical 0x7FFFFFFF for an invalid operation, the emulator numpy's NaN), padding included (a loop one step too long, or
 a negative-step run-time loop counting the wrong way, shows here as it does on the host)."""
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ def test_device_gives_the_emulators_bits(case):
         torch.cuda.synchronize()
         for idx in case.reference(args):
             got = dev[idx].cpu().numpy()
-            same = cases._same(got, emu[idx])
+            same = cases._same(got, emu[idx], nan_bits=False)  # NaN payloads of arithmetic: not modelled
             assert same.all(), f"{case.name} (seed {seed}) " + cases._first(
                 args, case.reference(args), idx, same, got, emu[idx], "emulator")
 

@@ -209,6 +209,9 @@ def test_string_annotations_are_evaluated_where_the_kernel_is_defined():
     x = torch.randn(32)
     m.make_scaled(ty.f32).emulate(x.clone(), 32, grid=1)
     assert m.make_scaled(ty.f32).signature[0][1] == ty.ptr(ty.f32)
+    # a copy for another target keeps the evaluated annotations (the factory's locals are gone by then)
+    other = m.make_scaled(ty.f16).with_arch("sm_80")
+    assert other.signature[0][1] == ty.ptr(ty.f16) and other.arch == "sm_80"
 
 
 def test_a_string_annotation_that_does_not_evaluate_names_the_parameter():

@@ -6,7 +6,7 @@ disagree (a test checks every scalar op on random inputs with subnormals, infini
 
 * Floats: f32 ``add/sub/mul/div`` round to nearest even and keep subnormals (PTX ``.rn``
   without ``.ftz``, which is what LLVM's NVPTX backend emits); ``fma`` rounds once;
-  ``min/max`` ignore a NaN operand (``fminf``/``fmaxf``); ``exp2``/``log2``/``rsqrt`` are the
+  ``min/max`` ignore a NaN operand (``fminf``/``fmaxf``) and order -0 below +0; ``exp2``/``log2``/``rsqrt`` are the
   MUFU approximations ``ex2.approx.ftz``, ``lg2.approx.ftz``, ``rsqrt.approx.ftz``, computed
   here as the correctly rounded value of the flushed input with the result flushed (the
   hardware is within 2**-22.5 relative of it, measured and documented in docs/emulator.md);
@@ -255,8 +255,22 @@ def _fp8_convert(src, dst):
 
 # -- ops by opcode ---------------------------------------------------------------------------------------
 
+def _fmin(a, b):
+    """fminf, with -0 below +0: min of +0 and -0 is -0 in either order (measured on an H200)."""
+    r = np.fmin(a, b)
+    zeros = (a == 0) & (b == 0)
+    return np.where(zeros, np.where(np.signbit(a) | np.signbit(b), -np.abs(r), r), r) if np.any(zeros) else r
+
+
+def _fmax(a, b):
+    """fmaxf, with +0 above -0 (max of +0 and -0 is +0 in either order, the mirror of min)."""
+    r = np.fmax(a, b)
+    zeros = (a == 0) & (b == 0)
+    return np.where(zeros, np.where(np.signbit(a) & np.signbit(b), r, np.abs(r)), r) if np.any(zeros) else r
+
+
 _FLOAT_BIN = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "rem": np.fmod,
-              "min": np.fmin, "max": np.fmax}
+              "min": _fmin, "max": _fmax}
 _INT_BIN = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "and": np.bitwise_and, "or": np.bitwise_or,
             "xor": np.bitwise_xor, "min": np.minimum, "max": np.maximum}
 
