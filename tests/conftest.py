@@ -122,7 +122,13 @@ def pytest_collection_modifyitems(config, items):
     gpu_skip = None if cuda_available() else pytest.mark.skip(
         reason="needs a CUDA GPU: torch.cuda.is_available() is False")
     sm90_reason = _sm90_skip_reason()
+    # exhaustive: the second head dim of the heaviest emulations and assemblies (minutes each on two
+    # cores); CI runs the first, TYLOPY_EXHAUSTIVE=1 or a -m expression naming it runs them all
+    exhaustive_skip = None if os.environ.get("TYLOPY_EXHAUSTIVE") == "1" or "exhaustive" in (
+        config.option.markexpr or "") else pytest.mark.skip(reason="exhaustive: set TYLOPY_EXHAUSTIVE=1")
     for item in items:
+        if exhaustive_skip is not None and "exhaustive" in item.keywords:
+            item.add_marker(exhaustive_skip)
         if gpu_skip is not None and "gpu" in item.keywords:
             item.add_marker(gpu_skip)
         if sm90_reason is not None and "sm90" in item.keywords:

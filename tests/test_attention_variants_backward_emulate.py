@@ -75,7 +75,7 @@ def test_variant_backward_small(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [64, pytest.param(128, marks=pytest.mark.exhaustive)])
 @pytest.mark.parametrize("name", ALL)
 def test_variant_backward_ragged_gqa(name, D):
     B, H, H_kv, n_q, n_k = (2 if name == "alibi-bh" else 1), 2, 1, 300, 430
@@ -190,7 +190,7 @@ SPILLS = pytest.mark.xfail(strict=True, reason="16-52 bytes of spills: float mas
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [64, pytest.param(128, marks=pytest.mark.exhaustive)])
 @pytest.mark.parametrize("name", ["softcap", "alibi-window", "score_mod-sinks", "mask_mod-block", "bool-mask",
                                   "float-mask"])
 def test_variant_backward_assembles_without_spills(name, D, request):

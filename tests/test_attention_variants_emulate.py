@@ -276,7 +276,7 @@ SPILL_CASES = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [64, pytest.param(128, marks=pytest.mark.exhaustive)])
 @pytest.mark.parametrize("name", list(SPILL_CASES))
 def test_builtin_variants_compile_without_spills(name, D):
     B, H = 1, 2

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import copy
 import dataclasses
 import functools
 import inspect
@@ -92,7 +93,7 @@ class Kernel:
 
     def __init__(self, fn: Callable, threads, arch: str = DEFAULT_ARCH, min_blocks_per_sm: int | None = None,
                  max_registers: int | None = None, name: str | None = None, noalias: bool = False,
-                 _register: bool = True, cluster=None, _signature=None):
+                 _register: bool = True, cluster=None):
         if not callable(fn) or not hasattr(fn, "__code__"):
             raise TypeError(f"ty.kernel expects a Python function, but got {fn!r}")
         self.fn = fn
@@ -112,10 +113,8 @@ class Kernel:
         self.noalias = bool(noalias)
         self._debug = None  # the compile option debug when set (with_debug), else TYLOPY_DEBUG decides
         source_of(fn)  # no source, no tracing: say so at the decorator, not at the first launch
-        # A copy for another target takes the evaluated signature: string annotations naming a
-        # factory's locals can be evaluated only while the factory runs (at the decorator).
-        self.signature = list(_signature) if _signature is not None else []
-        for p in inspect.signature(fn).parameters.values() if _signature is None else ():
+        self.signature = []
+        for p in inspect.signature(fn).parameters.values():
             if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
                 raise KernelSourceError(f"kernel {self.name!r}: parameter {p.name!r} expects a plain positional "
                                         f"parameter, but it is {p.kind.description}", param_loc(fn, p.name),
@@ -159,9 +158,13 @@ class Kernel:
         """The same kernel compiled for another target (``sm_80``, ``sm_90a``, ...); a new object."""
         if arch not in SUPPORTED_ARCHS:
             raise ValueError(f"arch expects one of {', '.join(SUPPORTED_ARCHS)}, but got {arch!r}")
-        return Kernel(self.fn, self.threads, arch, self.min_blocks_per_sm, self.max_registers, self.name,
-                      self.noalias, _register=False, cluster=self.cluster,
-                      _signature=self.signature).with_debug(self._debug)
+        # A copy, not a second decoration: the evaluated signature carries over (string annotations
+        # naming a factory's locals can be evaluated only while the factory runs); compiles do not.
+        other = copy.copy(self)
+        other.arch = arch
+        other.cluster = _cluster_dims(self.fn, self.name, arch, self.cluster)
+        other._compiled, other._fast, other._fast_by_dtype = {}, {}, {}
+        return other.with_debug(self._debug)
 
     def with_debug(self, debug: bool | None = True) -> "Kernel":
         """This kernel with the compile option ``debug`` (device asserts and prints) set: True or False
