@@ -326,6 +326,8 @@ class Kernel:
                 raise KernelSourceError(f"kernel {self.name!r}: tracing recursed too deeply (a function that calls "
                                         "itself without a compile-time end?)", innermost_user_frame()) from None
             except Exception as e:  # noqa: BLE001 - Python code in the kernel failed while tracing
+                if getattr(e, "names_user_line", False):  # a helper's error that already names the user's line
+                    raise
                 raise trace_error(e, f"{type(e).__name__} while tracing kernel {self.name!r}{constexpr_note(cx)}: "
                                      f"{e}", innermost_user_frame()) from None
             if out is not None:

@@ -152,6 +152,8 @@ def _cell_filled(cell) -> bool:
 class ModError(ValueError):
     """A user mod that cannot be evaluated: names the keyword and the line of the user's function."""
 
+    names_user_line = True  # tracing re-raises it as it is (no kernel context around the user's line)
+
     @staticmethod
     def from_exception(arg, fn, e):
         import traceback

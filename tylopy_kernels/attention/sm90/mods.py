@@ -264,7 +264,7 @@ def call_traced(arg, ref, variant, aux_args, args):
         raise
     except Exception as e:  # noqa: BLE001 - re-raised naming the keyword and the user's line
         raise ModError(f"attention: {arg} expects a function the kernel can trace (torch.where instead of a Python "
-                       f"if on values; the torch functions TORCH lists) ({_user_line(fn, e)}), but got "
+                       f"if on values; the torch functions listed in docs/attention-variants.md) ({_user_line(fn, e)}), but got "
                        f"{type(e).__name__}: {e}") from None
     return _checked_result(arg, fn, got)
 
