@@ -7,6 +7,8 @@ import math
 import pytest
 import torch
 
+import tylopy
+
 from attention_decode_cases import DecodeCase, check_result, make_inputs, scale_of
 from tylopy_kernels.attention.decode import kernel as kd
 from tylopy_kernels.attention.decode import launch as dl
@@ -162,21 +164,21 @@ def test_bad_inputs_are_named(change, exc, text):
     a = dict(q=q, k_cache=k, v_cache=v, cache_seqlens=lens)
     change(a)
     with pytest.raises(exc, match="attention_decode: " + text.replace("(", r"\(").replace(")", r"\)")):
-        dl.attention_decode(**a)
+        tylopy.attention_decode(**a)
 
 
 def test_bad_heads_and_pages_are_named():
     q, k, v, lens, _ = _inputs(h_q=6, h_kv=4)
     with pytest.raises(ValueError, match="k_cache heads expects a divisor of the 6 query heads"):
-        dl.attention_decode(q, k, v, lens)
+        tylopy.attention_decode(q, k, v, lens)
     q, k, v, lens, table = _inputs(page_size=16)
     with pytest.raises(ValueError, match="page size"):
-        dl.attention_decode(q, k[:, :8], v[:, :8], lens, block_table=table)
+        tylopy.attention_decode(q, k[:, :8], v[:, :8], lens, block_table=table)
     with pytest.raises(TypeError, match="block_table expects dtype torch.int32"):
-        dl.attention_decode(q, k, v, lens, block_table=table.long())
+        tylopy.attention_decode(q, k, v, lens, block_table=table.long())
 
 
 def test_cpu_tensors_are_refused_after_the_checks():
     q, k, v, lens, _ = _inputs()
     with pytest.raises(ValueError, match="q expects a CUDA tensor"):
-        dl.attention_decode(q, k, v, lens)
+        tylopy.attention_decode(q, k, v, lens)

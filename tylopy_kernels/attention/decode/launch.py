@@ -305,13 +305,7 @@ class DecodePlan:
     """What a call's shapes, strides, dtypes and options decide: the specialization, grids and
     scalar arguments. ``steps`` binds tensors to it; ``launch`` allocates the partials and runs."""
 
-    B: int
-    n_q: int
-    H_q: int
-    H_kv: int
-    D: int
-    cap: int
-    page_size: int
+    shape: DecodeShape
     num_pages: int
     scale: float
     is_causal: bool
@@ -330,33 +324,34 @@ class DecodePlan:
 
     @property
     def n_rows(self) -> int:
-        return self.B * self.H_q * self.n_q
+        return self.shape.B * self.shape.H_q * self.shape.n_q
 
     def steps(self, ins: DecodeTensors, out, lse, scratch: Scratch):
         """[main] or [main, merge] on the given (aligned) tensors; ``ins.block_table`` a placeholder
         when unpaged."""
         q, k, v, lens, table = ins
         o_part, lse_part, counters, status = scratch
+        B, n_q, H_q, H_kv, D, cap, page_size = self.shape
         i16 = torch.int16
         q_s, o_s = _bnh(q, self.layout), _bnh(out, self.layout)
         k_s, v_s = _bnh(k, self.layout, self.paged), _bnh(v, self.layout, self.paged)
         args = (q.view(i16), k.view(i16), v.view(i16), out.view(i16), lse, o_part, lse_part, lens, table, counters,
-                status, self.n_q, self.H_q // self.H_kv, self.H_q, self.cap, self.scale, int(self.is_causal),
-                self.splits, self.row_blocks, self.page_size, self.num_pages, *q_s, *k_s, *v_s, *o_s, table.stride(0) if self.paged else 0)
-        steps = [Step(kd.attention_decode_fwd, (self.splits, self.H_kv * self.row_blocks, self.B), args, self.cx)]
+                status, n_q, H_q // H_kv, H_q, cap, self.scale, int(self.is_causal), self.splits, self.row_blocks,
+                page_size, self.num_pages, *q_s, *k_s, *v_s, *o_s, table.stride(0) if self.paged else 0)
+        steps = [Step(kd.attention_decode_fwd, (self.splits, H_kv * self.row_blocks, B), args, self.cx)]
         if self.split and not self.fused:
-            grid = (-(-self.n_rows * (self.D // 4) // kd.MERGE_THREADS),)
+            grid = (-(-self.n_rows * (D // 4) // kd.MERGE_THREADS),)
             steps.append(Step(kd.attention_decode_merge, grid, (o_part, lse_part, out.view(i16), lse, self.n_rows,
-                                                                self.n_q, self.H_q, self.splits, *o_s), self.merge_cx))
+                                                                n_q, H_q, self.splits, *o_s), self.merge_cx))
         return steps
 
     def buffers(self, device, lse):
         """(Scratch without its status word, lse or a placeholder) for a launch."""
         f32 = torch.float32
         n = self.n_rows * self.splits if self.split else 1
-        o_part = torch.empty(n * self.D if self.split else 4, dtype=f32, device=device)
+        o_part = torch.empty(n * self.shape.D if self.split else 4, dtype=f32, device=device)
         lse_part = torch.empty(n if self.split else 4, dtype=f32, device=device)
-        groups = self.B * self.H_kv * self.row_blocks
+        groups = self.shape.B * self.shape.H_kv * self.row_blocks
         counters = (_counter_buffer(device, groups) if device.type == "cuda" and self.fused else
                     torch.zeros(max(groups, 4), dtype=torch.int32, device=device))
         return (o_part, lse_part, counters), (lse if lse is not None else _placeholder(device, f32))
@@ -392,9 +387,8 @@ def make_plan(ins: DecodeTensors, opts: DecodeOptions, sm_count=132) -> DecodePl
     paged = ins.block_table is not None
     cx = dict(cx, DTYPE=dtype, PAGED=paged, SPLIT=splits > 1, FUSED_MERGE=fused, RETURN_LSE=opts.return_lse)
     num_pages = ins.k_cache.shape[0] if paged else 0
-    B, n_q, H_q, H_kv, D, cap, page_size = shape
-    return DecodePlan(B, n_q, H_q, H_kv, D, cap, page_size, num_pages, scale, opts.is_causal, opts.layout, paged,
-                      splits, row_blocks, fused, cx, dict(DTYPE=dtype, HEAD_DIM=D, RETURN_LSE=opts.return_lse))
+    return DecodePlan(shape, num_pages, scale, opts.is_causal, opts.layout, paged, splits, row_blocks, fused, cx,
+                      dict(DTYPE=dtype, HEAD_DIM=shape.D, RETURN_LSE=opts.return_lse))
 
 
 def plan_decode(ins: DecodeTensors, out, lse, opts: DecodeOptions, sm_count=132):
@@ -441,11 +435,11 @@ def attention_decode(ins: DecodeTensors, opts: DecodeOptions, check_inputs=False
         plan = make_plan(ins, dataclasses.replace(opts, scale=s), devices.sm_count(q.device))
         _plans.put(key, plan)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((plan.B, plan.H_q, plan.n_q), dtype=torch.float32, device=q.device) if return_lse else None
+    lse = torch.empty((plan.shape.B, plan.shape.H_q, plan.shape.n_q), dtype=torch.float32, device=q.device) if return_lse else None
     if out.numel() == 0:
         return (out, lse) if return_lse else out
     if check_inputs and block_table is not None:
-        check_table_on_host(block_table, cache_seqlens, plan.page_size, plan.num_pages, plan.cap)
+        check_table_on_host(block_table, cache_seqlens, plan.shape.page_size, plan.num_pages, plan.shape.cap)
     if scale is not None and scale <= 0:
         ins = ins._replace(q=torch.zeros_like(q) if scale == 0 else -q)
     plan.launch(ins, out, lse)
