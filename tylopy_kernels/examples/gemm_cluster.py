@@ -322,10 +322,11 @@ def emulate_example(m: int = 300, n: int = 136, k: int = 200, grid=None):
     return c.double().numpy(), want.numpy(), tol
 
 
-def bench(sizes=(4096, 8192)) -> list:
+def bench(sizes=(4096, 8192), **cfg) -> list:
     """For each square size: TFLOP/s of the cluster kernel, the kernel without clusters and
     torch.matmul (cuBLAS), CUDA-event medians after warm-up in one process; each result checked
-    against torch's. Returns one dict per size."""
+    against torch's. ``cfg``: matmul's tile options (block_n, stages, group_m, grid) for both
+    variants. Returns one dict per size."""
     import torch
     from tylopy.benchmarking import median_ms
     rows = []
@@ -335,7 +336,8 @@ def bench(sizes=(4096, 8192)) -> list:
         b = torch.randn(s, s, device="cuda", generator=gen, dtype=torch.bfloat16)
         ref = torch.matmul(a, b.T)
         row = dict(size=s)
-        for name, fn in (("cluster", lambda: matmul(a, b)), ("no_cluster", lambda: matmul(a, b, cluster=False)),
+        for name, fn in (("cluster", lambda: matmul(a, b, **cfg)),
+                         ("no_cluster", lambda: matmul(a, b, cluster=False, **cfg)),
                          ("torch", lambda: torch.matmul(a, b.T))):
             got = fn()
             torch.cuda.synchronize()
@@ -358,14 +360,27 @@ def main(argv=None):
                                             "clusters and against torch.matmul")
     p.add_argument("--bench", action="store_true", help="time the kernels (CUDA)")
     p.add_argument("--sizes", type=int, nargs="+", default=[4096, 8192])
+    p.add_argument("--block-n", type=int, default=256)
+    p.add_argument("--stages", type=int, default=None, help="default: the deepest ring that fits")
+    p.add_argument("--group-m", type=int, default=8, help="cluster-tile rows per raster group")
+    p.add_argument("--grid", type=int, default=None, help="CTAs (default: one per SM)")
+    p.add_argument("--output", default=None, help="write the timings as JSON (results/...)")
     args = p.parse_args(argv)
     if args.bench:
-        bench(args.sizes)
+        rows = bench(args.sizes, block_n=args.block_n, stages=args.stages, group_m=args.group_m, grid=args.grid)
+        if args.output:
+            from tylopy.benchmarking import write_results
+            write_results("gemm_cluster", dict(rows=rows, config=vars(args)), args.output)
         return 0
     got, want, tol = emulate_example()
     err = float(abs(got - want).max())
     print(f"emulated {got.shape}: max |C - float64| = {err:.3g} (tolerance {tol:.3g}) {'OK' if err <= tol else 'FAIL'}")
     return 0 if err <= tol else 1
+
+
+def bench_main(argv=None):
+    """``tylopy bench gemm_cluster [options]``: main with --bench."""
+    return main(["--bench", *(argv or [])])
 
 
 if __name__ == "__main__":
