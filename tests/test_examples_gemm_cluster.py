@@ -40,21 +40,22 @@ def near_f64(c, a, b) -> bool:
     return bool(((c.double().cpu() - exact).abs() <= bound).all())
 
 
-@pytest.mark.parametrize("m, n, k, cluster, grid", [
-    (300, 136, 200, True, 2),    # ragged M (the second cluster tile half empty), N and K; one cluster, two tiles
-    (100, 256, 136, True, 2),    # M inside rank 0's rows: rank 1 only loads and multicasts its half of B
-    (300, 136, 200, False, 2),   # the same kernel without clusters
+@pytest.mark.parametrize("m, n, k, cluster, grid, store", [
+    (300, 136, 200, True, 2, "tma"),      # ragged M (the second cluster tile half empty), N and K; two tiles
+    (100, 256, 136, True, 2, "direct"),   # M inside rank 0's rows: rank 1 only loads and multicasts its B half
+    (300, 138, 200, False, 2, "direct"),  # the same kernel without clusters; N even, not a multiple of 8
 ])
-def test_emulated_cluster_gemm_is_the_model_and_near_float64(m, n, k, cluster, grid):
+def test_emulated_cluster_gemm_is_the_model_and_near_float64(m, n, k, cluster, grid, store):
     a, b = inputs(m, n, k, seed=m + k)
-    c = G.matmul(a, b, cluster=cluster, block_n=128, stages=2, emulate=True, grid=grid)
+    c = G.matmul(a, b, cluster=cluster, block_n=128, stages=2, emulate=True, grid=grid, store=store)
     np.testing.assert_array_equal(c.float().numpy(), model(a, b))
     assert near_f64(c, a, b)
 
 
-@pytest.mark.parametrize("cluster_m, block_n", [(2, 256), (1, 256), (2, 128)])
-def test_every_variant_assembles_without_spills_or_serialized_wgmma(cluster_m, block_n):
-    ck = G.gemm_kernel(cluster_m).compile(BLOCK_N=block_n, STAGES=G.stages_for(block_n))
+@pytest.mark.parametrize("cluster_m, block_n, store", [(2, 256, "tma"), (1, 256, "tma"), (2, 128, "tma"),
+                                                      (2, 256, "direct")])
+def test_every_variant_assembles_without_spills_or_serialized_wgmma(cluster_m, block_n, store):
+    ck = G.gemm_kernel(cluster_m).compile(BLOCK_N=block_n, STAGES=G.stages_for(block_n, store), STORE=store)
     assert f"wgmma.mma_async.sync.aligned.m64n{block_n}k16.f32.bf16.bf16" in ck.ptx
     multicast = ".multicast::cluster" in ck.ptx and "mbarrier.arrive.release.cluster.shared::cluster.b64" in ck.ptx
     assert multicast == (cluster_m == 2)
@@ -70,7 +71,8 @@ def test_host_checks_name_the_argument():
                        (lambda: G.matmul(a[:, :60].contiguous(), b[:, :60].contiguous(), emulate=True),
                         "K (a's and b's columns) to be a multiple of 8"),
                        (lambda: G.matmul(a, b[:63], emulate=True), "N (b's rows) to be even"),
-                       (lambda: G.matmul(a, b, grid=3, emulate=True), "grid to be a multiple of the cluster size 2")):
+                       (lambda: G.matmul(a, b, grid=3, emulate=True), "grid to be a multiple of the cluster size 2"),
+                       (lambda: G.matmul(a, b[:62], store="tma", emulate=True), "store 'tma' (with N % 8 == 0)")):
         with pytest.raises((TypeError, ValueError)) as e:
             call()
         assert text in str(e.value), (text, str(e.value))

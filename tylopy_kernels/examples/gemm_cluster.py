@@ -24,15 +24,20 @@ Algorithm. A persistent, warp-specialized kernel: 384 threads, one CTA per SM.
 3. Warpgroups 1 and 2 are consumers (``setmaxnreg.inc``), 64 rows each: per k-block four
    m64 n{BLOCK_N} k16 SS wgmmas, commit, wait until only this k-block is in flight, free the
    previous stage in every CTA of the cluster. Epilogue: round to bf16 and store the rows < M and
-   columns < N straight from the registers (the producer is already loading the next tile).
+   columns < N (below) while the producer already loads the next tile.
 4. Barriers are initialized, fenced (``fence_mbarrier_init``) and published to the cluster with a
    ``cluster_sync`` before any remote use, and every warp of every CTA ends with a ``cluster_sync``:
    no CTA exits (taking its shared memory and barriers) while another may still arrive on them.
 5. Tiles run in groups of ``GROUP_M`` cluster-tile rows, column by column (L2 reuse of B).
 
+Epilogue (``STORE``): "tma" stages 64-column chunks of each consumer's rows in two alternating
+128-byte-swizzled buffers and TMA-stores them (the TMA clips rows >= M and columns >= N); "direct"
+stores bf16 pairs straight from the registers.
+
 Shape rules (``check_inputs`` raises ValueError naming the argument): K a multiple of 8 and N even
-(16-byte TMA row strides, 4-byte bf16 pair stores); any M, N, K otherwise: TMA zero-fills rows and
-k past the ends, the epilogue stores only rows < M and columns < N. The grid is a multiple of
+(16-byte TMA row strides, 4-byte bf16 pair stores), N a multiple of 8 for STORE="tma" (the
+default then; "direct" otherwise); any M, N, K otherwise: TMA zero-fills rows and k past the ends,
+and only rows < M and columns < N are stored. The grid is a multiple of
 CLUSTER_M; a CTA whose rows all lie past M still loads and multicasts its share of B.
 
 Run it: ``matmul(a, b)`` on CUDA tensors (``cluster=False`` for the kernel without clusters,
@@ -52,21 +57,26 @@ CONSUMERS = 2
 THREADS = 128 * (1 + CONSUMERS)
 REGISTERS = (40, 232)    # setmaxnreg split: 128 * 40 + 256 * 232 = 384 * 168
 SMEM_LIMIT = 232448      # H100/H200 opt-in dynamic shared memory per block
+EPI_COLS = 64            # bf16 columns of one 128-byte staging row
+EPI_BUF = 64 * ROW       # one consumer's staging buffer: its 64 rows x 128 bytes
+EPILOGUE_BARRIER = 1     # named barriers 1 and 2: consumer c's staging buffers
 
 
-def smem_layout(block_n, stages):
-    """Byte offsets: (A stage bytes, B stage bytes, B ring, full barriers, empty barriers, total)."""
+def smem_layout(block_n, stages, store="tma"):
+    """Byte offsets: (A stage bytes, B stage bytes, B ring, full barriers, empty barriers, total,
+    epilogue staging: two buffers per consumer with STORE="tma")."""
     a_bytes, b_bytes = BLOCK_M * ROW, block_n * ROW
     b = stages * a_bytes
-    full = b + stages * b_bytes
+    epi = b + stages * b_bytes
+    full = epi + (CONSUMERS * 2 * EPI_BUF if store == "tma" else 0)
     empty = full + 8 * stages
-    return a_bytes, b_bytes, b, full, empty, empty + 8 * stages
+    return a_bytes, b_bytes, b, full, empty, empty + 8 * stages, epi
 
 
-def stages_for(block_n: int) -> int:
+def stages_for(block_n: int, store: str = "tma") -> int:
     """The deepest ring (up to 6) that fits 227 KB."""
     for stages in range(6, 1, -1):
-        if smem_layout(block_n, stages)[5] <= SMEM_LIMIT:
+        if smem_layout(block_n, stages, store)[5] <= SMEM_LIMIT:
             return stages
     return 2
 
@@ -101,8 +111,8 @@ def tile_of(pos, num_m, num_n, group_m):
 
 @ty.func
 def producer(smem, tm_a, tm_b, grid_tiles, k_blocks, cfg):
-    cluster_m, block_n, stages, group_m = cfg
-    a_bytes, b_bytes, b_off, full, empty, _ = smem_layout(block_n, stages)
+    cluster_m, block_n, stages, group_m, how = cfg
+    a_bytes, b_bytes, b_off, full, empty = smem_layout(block_n, stages, how)[:5]
     share = block_n // cluster_m           # B rows this CTA loads (and multicasts)
     rank = ty.cluster_ctarank() if cluster_m > 1 else 0
     hopper.setmaxnreg(REGISTERS[0], increase=False)
@@ -135,9 +145,10 @@ def producer(smem, tm_a, tm_b, grid_tiles, k_blocks, cfg):
 # -- consumers --------------------------------------------------------------------------------------
 
 @ty.func
-def kblock(smem, base, atom, acc, it, row_off, block_n, stages):
+def kblock(smem, base, atom, acc, it, row_off, cfg):
     """Wait for ring iteration ``it``'s stage and issue its four k16 steps (one commit group)."""
-    a_bytes, b_bytes, b_off, full, empty, _ = smem_layout(block_n, stages)
+    cluster_m, block_n, stages, group_m, how = cfg
+    a_bytes, b_bytes, b_off, full, empty = smem_layout(block_n, stages, how)[:5]
     stage = it % stages
     hopper.mbarrier_wait(bar_at(smem, full + 8 * stage), (it // stages) & 1, "stage full", stage)
     hopper.wgmma_fence()
@@ -150,10 +161,11 @@ def kblock(smem, base, atom, acc, it, row_off, block_n, stages):
 
 
 @ty.func
-def release(smem, it, cluster_m, block_n, stages):
+def release(smem, it, cfg):
     """One thread per consumer frees the stage of ring iteration ``it`` in every CTA of the cluster
     (each of their producers multicasts into this CTA's copy of the stage)."""
-    empty = smem_layout(block_n, stages)[4]
+    cluster_m, block_n, stages, group_m, how = cfg
+    empty = smem_layout(block_n, stages, how)[4]
     if (ty.thread_idx() & 127) == 0:
         bar = bar_at(smem, empty + 8 * (it % stages))
         if cluster_m > 1:
@@ -184,8 +196,39 @@ def store(acc, out, m, n, row0, col0, block_n):
 
 
 @ty.func
-def consumer(smem, out, m, n, grid_tiles, k_blocks, cfg):
-    cluster_m, block_n, stages, group_m = cfg
+def store_tma(acc, tm_c, smem, epi, seq, row0, col0, block_n):
+    """Stage 64-column chunks in the 128-byte-swizzled image TMA expects (row r at 128 r, 16-byte
+    piece p at p ^ (r % 8)) in two alternating buffers and TMA-store each (the TMA clips rows >= M
+    and columns >= N). Register i holds column 8(i >> 2) + 2t + (i & 1) of row 16w + g + 8((i >> 1) & 1),
+    so a pair of 8-column group q lands at piece q ^ g. ``seq`` counts this consumer's chunks so far."""
+    c = ty.warpgroup_idx() - 1
+    w = ty.warp_idx() & 3
+    g = ty.lane_id() >> 2
+    t = ty.lane_id() & 3
+    leader = (ty.thread_idx() & 127) == 0
+    vals = acc.values
+    for j in range(block_n // EPI_COLS):
+        buf = smem + (epi + (2 * c) * EPI_BUF) + ((seq + j) & 1) * EPI_BUF
+        if leader:
+            hopper.bulk_wait(1, read=True)   # the store that last read this buffer is done reading
+        ty.barrier_sync(EPILOGUE_BARRIER + c, 128)
+        for q in range(EPI_COLS // 8):
+            for half in range(2):
+                i = 4 * (8 * j + q) + 2 * half
+                at = buf + ((16 * w + g + 8 * half) * ROW + (q ^ g) * 16 + 4 * t)
+                ty.store(ty.ptr_cast(at, ty.b32), ty.pack2(vals[i], vals[i + 1], ty.bf16))
+        hopper.fence_proxy_async()
+        ty.barrier_sync(EPILOGUE_BARRIER + c, 128)
+        if leader:
+            hopper.tma_store(tm_c, buf, col0 + EPI_COLS * j, row0)
+            hopper.bulk_commit()
+    return seq + block_n // EPI_COLS
+
+
+@ty.func
+def consumer(smem, dst, m, n, grid_tiles, k_blocks, cfg):
+    cluster_m, block_n, stages, group_m, how = cfg
+    out, tm_c = dst
     hopper.setmaxnreg(REGISTERS[1], increase=True)
     row_off = (ty.warpgroup_idx() - 1) * 64
     rank = ty.cluster_ctarank() if cluster_m > 1 else 0
@@ -193,17 +236,25 @@ def consumer(smem, out, m, n, grid_tiles, k_blocks, cfg):
     atom = hopper.WgmmaAtom(block_n, ty.bf16, "ss")
     first, step, count = my_units(grid_tiles[0] * grid_tiles[1], cluster_m)
     it = 0
+    seq = 0
     for local in range(count):
         tm, tn = tile_of(first + local * step, grid_tiles[0], grid_tiles[1], group_m)
-        acc = kblock(smem, base, atom, None, it, row_off, block_n, stages)
+        acc = kblock(smem, base, atom, None, it, row_off, cfg)
         for kb in range(1, k_blocks):
-            acc = kblock(smem, base, atom, acc, it + kb, row_off, block_n, stages)
+            acc = kblock(smem, base, atom, acc, it + kb, row_off, cfg)
             acc = hopper.wgmma_wait(1, acc)
-            release(smem, it + kb - 1, cluster_m, block_n, stages)
+            release(smem, it + kb - 1, cfg)
         acc = hopper.wgmma_wait(0, acc)
-        release(smem, it + k_blocks - 1, cluster_m, block_n, stages)
-        store(acc, out, m, n, (tm * cluster_m + rank) * BLOCK_M + row_off, tn * block_n, block_n)
+        release(smem, it + k_blocks - 1, cfg)
+        row0 = (tm * cluster_m + rank) * BLOCK_M + row_off
+        if how == "tma":
+            seq = store_tma(acc, tm_c, smem, smem_layout(block_n, stages, how)[6], seq, row0, tn * block_n, block_n)
+        else:
+            store(acc, out, m, n, row0, tn * block_n, block_n)
         it = it + k_blocks
+    if how == "tma":
+        if (ty.thread_idx() & 127) == 0:
+            hopper.bulk_wait(0)   # the staging buffers must outlive the last stores' reads
 
 
 @functools.cache
@@ -213,12 +264,16 @@ def gemm_kernel(cluster_m: int):
 
     @ty.kernel(threads=THREADS, min_blocks_per_sm=1, noalias=True, arch="sm_90a", name=f"gemm_cluster{cluster_m}",
                **extra)
-    def gemm_cluster(tm_a: ty.tensormap, tm_b: ty.tensormap, out: ty.ptr(ty.bf16), m: ty.i32, n: ty.i32, k: ty.i32,
-                     BLOCK_N: ty.constexpr = 256, STAGES: ty.constexpr = 4, GROUP_M: ty.constexpr = 8):
+    def gemm_cluster(tm_a: ty.tensormap, tm_b: ty.tensormap, tm_c: ty.tensormap, out: ty.ptr(ty.bf16), m: ty.i32,
+                     n: ty.i32, k: ty.i32, BLOCK_N: ty.constexpr = 256, STAGES: ty.constexpr = 4,
+                     GROUP_M: ty.constexpr = 8, STORE: ty.constexpr = "tma"):
         """C = A B^T for A (M x K) and B (N x K) bf16 behind the tensor maps (boxes 64 x 128 and
-        64 x BLOCK_N / CLUSTER_M, 128-byte swizzle); C row-major M x N."""
-        cfg = (cluster_m, BLOCK_N, STAGES, GROUP_M)
-        lay = smem_layout(BLOCK_N, STAGES)
+        64 x BLOCK_N / CLUSTER_M, 128-byte swizzle); C row-major M x N, stored through ``tm_c``
+        (64 x 64 boxes) with STORE="tma" or straight from the registers with "direct"."""
+        if STORE not in ("tma", "direct"):
+            raise ValueError(f"STORE expects 'tma' or 'direct', but got {STORE!r}")
+        cfg = (cluster_m, BLOCK_N, STAGES, GROUP_M, STORE)
+        lay = smem_layout(BLOCK_N, STAGES, STORE)
         smem = ty.dynamic_shared(ty.u8, lay[5], align=1024)
         if ty.thread_idx() == 0:
             for s in range(STAGES):
@@ -235,7 +290,7 @@ def gemm_kernel(cluster_m: int):
         if ty.warpgroup_idx() == 0:
             producer(smem, tm_a, tm_b, grid_tiles, k_blocks, cfg)
         else:
-            consumer(smem, out, m, n, grid_tiles, k_blocks, cfg)
+            consumer(smem, (out, tm_c), m, n, grid_tiles, k_blocks, cfg)
         if cluster_m > 1:
             ty.cluster_sync()   # no CTA exits while the others may still arrive on its barriers
 
@@ -270,16 +325,20 @@ def check_inputs(a, b) -> None:
 
 
 def matmul(a, b, *, cluster: bool = True, block_n: int = 256, stages: int | None = None, group_m: int = 8,
-           grid: int | None = None, emulate: bool = False):
+           grid: int | None = None, store: str | None = None, emulate: bool = False):
     """bf16 ``a @ b.T`` for ``a`` (M x K) and ``b`` (N x K); ``cluster=False`` runs the same kernel
     without clusters (each CTA loads its whole B tile). ``grid``: CTAs (a multiple of the cluster
-    size), default one per SM."""
+    size), default one per SM. ``store``: "tma" (staged TMA stores; needs N % 8 == 0, the default
+    then) or "direct" (from the registers)."""
     import torch
     check_inputs(a, b)
     if block_n not in (64, 128, 256):
         raise ValueError(f"matmul expects block_n 64, 128 or 256, but got {block_n}")
     m, k = a.shape
     n = b.shape[0]
+    store = store or ("tma" if n % 8 == 0 else "direct")
+    if store not in ("tma", "direct") or (store == "tma" and n % 8):
+        raise ValueError(f"matmul expects store 'tma' (with N % 8 == 0) or 'direct', but got {store!r} with N = {n}")
     c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
     if m == 0 or n == 0:
         return c
@@ -294,12 +353,13 @@ def matmul(a, b, *, cluster: bool = True, block_n: int = 256, stages: int | None
     grid = max(cluster_m, min(grid, units * cluster_m))
     tm_a = ty.tensor_map(a, box=(BLOCK_M, BLOCK_K), swizzle=128)
     tm_b = ty.tensor_map(b, box=(block_n // cluster_m, BLOCK_K), swizzle=128)
-    cfg = dict(BLOCK_N=block_n, STAGES=stages or stages_for(block_n), GROUP_M=group_m)
+    tm_c = ty.tensor_map(c, box=(64, EPI_COLS), swizzle=128) if store == "tma" else tm_a  # direct: unused
+    cfg = dict(BLOCK_N=block_n, STAGES=stages or stages_for(block_n, store), GROUP_M=group_m, STORE=store)
     kernel = gemm_kernel(cluster_m)
     if emulate:
-        kernel.emulate(tm_a, tm_b, c, m, n, k, grid=(grid,), **cfg)
+        kernel.emulate(tm_a, tm_b, tm_c, c, m, n, k, grid=(grid,), **cfg)
     else:
-        kernel[(grid,)](tm_a, tm_b, c, m, n, k, **cfg)
+        kernel[(grid,)](tm_a, tm_b, tm_c, c, m, n, k, **cfg)
     return c
 
 
@@ -364,10 +424,12 @@ def main(argv=None):
     p.add_argument("--stages", type=int, default=None, help="default: the deepest ring that fits")
     p.add_argument("--group-m", type=int, default=8, help="cluster-tile rows per raster group")
     p.add_argument("--grid", type=int, default=None, help="CTAs (default: one per SM)")
+    p.add_argument("--store", choices=("tma", "direct"), default=None, help="epilogue (default: tma)")
     p.add_argument("--output", default=None, help="write the timings as JSON (results/...)")
     args = p.parse_args(argv)
     if args.bench:
-        rows = bench(args.sizes, block_n=args.block_n, stages=args.stages, group_m=args.group_m, grid=args.grid)
+        rows = bench(args.sizes, block_n=args.block_n, stages=args.stages, group_m=args.group_m, grid=args.grid,
+                     store=args.store)
         if args.output:
             from tylopy.benchmarking import write_results
             write_results("gemm_cluster", dict(rows=rows, config=vars(args)), args.output)
