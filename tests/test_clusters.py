@@ -243,3 +243,19 @@ def test_gpu_clusters_match_the_emulator():
     emulated = np.zeros(2, np.float32)
     cluster_sum.emulate(x, emulated, grid=(8,))
     assert np.array_equal(sums.cpu().numpy(), emulated)
+
+
+@pytest.mark.gpu
+def test_gpu_multicast_and_remote_arrives_match_the_emulator():
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("TMA multicast needs sm_90a")
+    x, tm_cpu, _ = multicast_case(iters=6, seed=4)
+    n = 4 * 6 * 512                                              # two clusters of two CTAs, 6 tiles each
+    want = torch.full((n,), float("nan"))
+    multicast_rows.emulate(tm_cpu, want, grid=(4,), ITERS=6)
+    assert torch.equal(want, x.reshape(6, 512).repeat(4, 1).reshape(-1))
+    xd = x.cuda()
+    out = torch.full((n + 64,), float("nan"), device="cuda")
+    multicast_rows[(4,)](ty.tensor_map(xd, box=(8, 32)), out, ITERS=6)
+    torch.cuda.synchronize()
+    assert torch.equal(out[:n].cpu(), want) and out[n:].isnan().all()
