@@ -188,12 +188,16 @@ def test_a_remote_arrive_on_the_wrong_cta_or_barrier_is_named():
                 hopper.mbarrier_arrive(bars, cta=ty.cluster_ctarank() + 1)
             elif WHERE == "slot":
                 hopper.mbarrier_arrive(bars + 1, cta=ty.cluster_ctarank() ^ 1)
+            elif WHERE == "expect_tx":   # an arrival that announces no bytes completes the phase as well
+                hopper.mbarrier_arrive_expect_tx(bars, 0, cta=ty.cluster_ctarank() ^ 1)
             else:
                 hopper.mbarrier_arrive(bars, cta=ty.cluster_ctarank() ^ 1)
         hopper.mbarrier_wait(bars, 0, label="freed")
         ty.cluster_sync()
 
     remote_arrive.emulate(grid=(2,), WHERE="partner")  # each CTA frees the other one
+    remote_arrive.emulate(grid=(2,), WHERE="expect_tx")
+    assert "mbarrier.arrive.expect_tx.release.cluster.shared::cluster.b64" in remote_arrive.compile(WHERE="expect_tx").ptx
     with pytest.raises(ty.TylopyError, match=r"names CTA rank 2, but the cluster has 2 CTAs"):
         remote_arrive.emulate(grid=(2,), WHERE="rank")
     with pytest.raises(ty.TylopyError, match=r"uses the mbarrier at smem0\[1\] of CTA rank \d \(\d, 0, 0\), which "

@@ -14,6 +14,9 @@ SIMPLE = {
     # mapa to the same offset in CTA $1 of the cluster, then a release.cluster arrive there
     "mbarrier_arrive_cluster": ("{\n\t.reg .b32 remote;\n\tmapa.shared::cluster.u32 remote, $0, $1;\n\t"
                                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n\t}", "r,r,~{memory}"),
+    "mbarrier_arrive_expect_tx_cluster": ("{\n\t.reg .b32 remote;\n\tmapa.shared::cluster.u32 remote, $0, $2;\n\t"
+                                          "mbarrier.arrive.expect_tx.release.cluster.shared::cluster.b64 _, [remote], $1;"
+                                          "\n\t}", "r,r,r,~{memory}"),
     "mbarrier_arrive_expect_tx": ("mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", "r,r,~{memory}"),
     "mbarrier_try_wait": ("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2;\n\tselp.u32 $0, 1, 0, p;\n\t}",
                           "=r,r,r,~{memory}"),

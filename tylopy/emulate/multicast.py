@@ -24,6 +24,7 @@ import numpy as np
 from .asynccopy import TmaLoad
 from .compiled import handler
 from .errors import ProtocolError, where
+from .sync import mbarrier_lookup
 
 
 def remote_barrier(target, w, op, addr: int, what: str):
@@ -147,6 +148,15 @@ def issue_remote(w, op, target, dst: int, bar: int, info, data):
     target.copies.issue(rec)
 
 
+def _barrier_of(w, op, addr: int, rank: int, what: str):
+    """The mbarrier at ``addr`` of CTA ``rank`` (this CTA's own through the local rules)."""
+    target = w.cta.cluster.target(w, op, rank, "mbarrier arrive")
+    if target is w.cta:
+        return target, mbarrier_lookup(target, w, op, addr)
+    target.cluster.touch(w, rank, op, "arrives on an mbarrier of")
+    return target, remote_barrier(target, w, op, addr, what)
+
+
 @handler("mbarrier_arrive_cluster")
 def make_mbarrier_arrive_cluster(prog, op):
     b, r = (prog.slot(v) for v in op.operands)
@@ -155,12 +165,18 @@ def make_mbarrier_arrive_cluster(prog, op):
         lanes = np.flatnonzero(w.mask)
         keys = [(int(w.env[b][i]), int(w.env[r][i])) for i in lanes]
         for addr, rank in sorted(set(keys)):
-            n = keys.count((addr, rank))
-            target = w.cta.cluster.target(w, op, rank, "mbarrier arrive")
-            if target is w.cta:
-                from .sync import mbarrier_lookup
-                mbarrier_lookup(target, w, op, addr).arrive(target, w, op, n)
-                continue
-            target.cluster.touch(w, rank, op, "arrives on an mbarrier of")
-            remote_barrier(target, w, op, addr, "mbarrier_arrive(cta=...)").arrive(target, w, op, n)
+            target, mb = _barrier_of(w, op, addr, rank, "mbarrier_arrive(cta=...)")
+            mb.arrive(target, w, op, keys.count((addr, rank)))
+    return False, run
+
+
+@handler("mbarrier_arrive_expect_tx_cluster")
+def make_mbarrier_arrive_expect_tx_cluster(prog, op):
+    b, nb, r = (prog.slot(v) for v in op.operands)
+
+    def run(w):
+        for lane in np.flatnonzero(w.mask):
+            target, mb = _barrier_of(w, op, int(w.env[b][lane]), int(w.env[r][lane]),
+                                     "mbarrier_arrive_expect_tx(cta=...)")
+            mb.arrive(target, w, op, 1, int(w.env[nb][lane]))
     return False, run

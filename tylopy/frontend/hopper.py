@@ -58,9 +58,15 @@ def _rank(v, what: str) -> Value:
     return r
 
 
-def mbarrier_arrive_expect_tx(bar, nbytes) -> None:
-    """Arrive and add ``nbytes`` to the phase's expected transaction count (before the TMA copies)."""
-    emit("mbarrier_arrive_expect_tx", (_bar(bar), as_value(nbytes, i32)))
+def mbarrier_arrive_expect_tx(bar, nbytes, cta=None) -> None:
+    """Arrive and add ``nbytes`` to the phase's expected transaction count (before the TMA copies).
+    With ``cta`` (a rank in the cluster): on the barrier at the same offset in CTA ``cta``
+    (``mbarrier.arrive.expect_tx.release.cluster.shared::cluster``)."""
+    if cta is None:
+        emit("mbarrier_arrive_expect_tx", (_bar(bar), as_value(nbytes, i32)))
+        return
+    _cluster_op("mbarrier_arrive_expect_tx(cta=...)")
+    emit("mbarrier_arrive_expect_tx_cluster", (_bar(bar), as_value(nbytes, i32), _rank(cta, "mbarrier_arrive_expect_tx cta")))
 
 
 def mbarrier_try_wait(bar, parity) -> Value:
