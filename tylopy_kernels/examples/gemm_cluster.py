@@ -13,8 +13,8 @@ Algorithm. A persistent, warp-specialized kernel: 384 threads, one CTA per SM.
    the cluster tile, and all of them need the same BLOCK_N rows of B. So each CTA loads its own
    A tile (128 x 64 per k-block) and 1/CLUSTER_M of the B tile, which it multicasts
    (``tma_load(..., multicast=0b11)``) into the same stage of every CTA of the cluster: each B
-   byte crosses from L2 once per cluster instead of once per CTA (3/4 of the operand traffic of
-   a 128 x 256 tile pair instead of all of it).
+   byte crosses from L2 once per cluster instead of once per CTA (per k-block a pair of 128 x 256
+   tiles reads 2 x 16 KB of A and 32 KB of B instead of 2 x (16 + 32) KB: 2/3 of the traffic).
 2. Warpgroup 0 is the producer: it gives registers back (``setmaxnreg``), and one thread streams
    k-blocks through a ring of ``STAGES`` stages. Each stage has a full mbarrier (the producer's
    ``expect_tx`` of the whole stage: its A, its B half and the other CTAs' B halves, which complete
@@ -38,7 +38,9 @@ Shape rules (``check_inputs`` raises ValueError naming the argument): K a multip
 (16-byte TMA row strides, 4-byte bf16 pair stores), N a multiple of 8 for STORE="tma" (the
 default then; "direct" otherwise); any M, N, K otherwise: TMA zero-fills rows and k past the ends,
 and only rows < M and columns < N are stored. The grid is a multiple of
-CLUSTER_M; a CTA whose rows all lie past M still loads and multicasts its share of B.
+CLUSTER_M; a CTA whose rows all lie past M still loads and multicasts its share of B. The default
+grid is one CTA per SM: the persistent loop assumes every cluster is resident at once (an H200's
+132 SMs form 66 pairs; a larger grid would run its extra clusters only after others finish).
 
 Run it: ``matmul(a, b)`` on CUDA tensors (``cluster=False`` for the kernel without clusters,
 ``emulate=True`` with CPU tensors); ``tylopy emulate tylopy_kernels/examples/gemm_cluster.py``
