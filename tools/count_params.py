@@ -2,7 +2,8 @@
 
     python tools/count_params.py                      # tylopy/, tylopy_kernels/ and tools/
     python tools/count_params.py tylopy --max 8       # one tree, the default limit
-    python tools/count_params.py tylopy --check tools/params_allowlist.txt
+    python tools/count_params.py --check tools/params_allowlist.txt
+    python tools/count_params.py --write-allowlist tools/params_allowlist.txt   # regenerate it
 
 The rule: no function takes more than 8 parameters, except kernel signatures (functions decorated
 with ``@ty.kernel`` or ``@ty.func``, or Triton's ``@triton.jit``: their parameters are the kernel's
@@ -11,9 +12,15 @@ Counted: every named parameter (positional-only, positional, keyword-only, ``*ar
 ``**kwargs`` one each), less a method's ``self`` or ``cls``. Nested functions and lambdas count too,
 named by their qualified name (``outer.<locals>.inner``, ``<lambda>`` at its line).
 
-``--check FILE`` compares with an allowlist (lines ``path::qualname count``, ``#`` comments): exit 1
-when a function not on it is over the limit, one on it grew, or one on it is no longer over the
-limit (delete its line: the list only shrinks).
+``--check FILE`` compares with an allowlist (lines ``path::qualname count  # reason``, other lines
+starting with ``#`` are comments): exit 1 when a function not on it is over the limit, one on it grew,
+one on it is no longer over the limit (delete its line: the list only shrinks), or a line has no reason.
+
+``--write-allowlist FILE`` rewrites the allowlist from the functions now over the limit: the header
+comments and the reason of every entry still over the limit are kept, entries no longer over the
+limit are dropped, and new ones get the reason ``--reason`` (default ``to split``); it prints what
+changed. Use it after a merge, then review the added lines (a public API, an operator schema or a
+kernel-facing view deserves a real reason; everything else stays "to split" until it is split).
 """
 from __future__ import annotations
 
@@ -89,15 +96,52 @@ def over_limit(trees, limit: int = 8, root: str = ROOT) -> dict:
     return found
 
 
-def read_allowlist(path: str) -> dict:
-    allowed = {}
+PLACEHOLDER_REASON = "to split"
+
+
+def read_entries(path: str):
+    """(header comment lines, {"path::qualname": (count, reason)}) of an allowlist file."""
+    header, entries = [], {}
     with open(path, encoding="utf-8") as fh:
         for line in fh:
-            line = line.split("#", 1)[0].strip()
-            if line:
-                name, n = line.rsplit(None, 1)
-                allowed[name] = int(n)
-    return allowed
+            text, _, reason = line.partition("#")
+            if not text.strip():
+                if line.strip() and not entries:
+                    header.append(line.rstrip("\n"))
+                continue
+            name, n = text.strip().rsplit(None, 1)
+            entries[name] = (int(n), reason.strip())
+    return header, entries
+
+
+def read_allowlist(path: str) -> dict:
+    """{"path::qualname": allowed count} of an allowlist file."""
+    return {name: n for name, (n, _) in read_entries(path)[1].items()}
+
+
+def missing_reasons(path: str) -> list:
+    """The allowlist entries that give no reason (each line needs ``# why``)."""
+    return [f"{name} on the allowlist gives no reason (add '  # why' to its line)"
+            for name, (_, reason) in sorted(read_entries(path)[1].items()) if not reason]
+
+
+def write_allowlist(path: str, found: dict, reason: str = PLACEHOLDER_REASON) -> list:
+    """Rewrite the allowlist at ``path`` to list exactly ``found``, keeping its header and the reasons
+    of the entries it already has; returns the changes, one line each."""
+    header, old = read_entries(path) if os.path.exists(path) else ([], {})
+    changes, lines = [], list(header)
+    for name, (n, line) in sorted(found.items()):
+        if name in old:
+            if old[name][0] != n:
+                changes.append(f"changed {name}: {old[name][0]} -> {n} parameters")
+            lines.append(f"{name} {n}  # {old[name][1] or reason}")
+        else:
+            changes.append(f"added {name} {n} (line {line})  # {reason}")
+            lines.append(f"{name} {n}  # {reason}")
+    changes += [f"removed {name} (no longer over the limit)" for name in sorted(set(old) - set(found))]
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write("\n".join(lines) + "\n")
+    return changes
 
 
 def compare(found: dict, allowed: dict) -> list:
@@ -119,8 +163,17 @@ def main(argv=None) -> int:
     ap.add_argument("trees", nargs="*", default=list(DEFAULT_TREES), help="folders or files, relative to the root")
     ap.add_argument("--max", type=int, default=8, help="the most parameters a function may take (8)")
     ap.add_argument("--check", metavar="ALLOWLIST", help="compare with an allowlist file")
+    ap.add_argument("--write-allowlist", metavar="ALLOWLIST",
+                    help="rewrite an allowlist file from the functions now over the limit, keeping its reasons")
+    ap.add_argument("--reason", default=PLACEHOLDER_REASON,
+                    help=f"the reason --write-allowlist gives new entries ({PLACEHOLDER_REASON!r})")
     args = ap.parse_args(argv)
     found = over_limit(args.trees, args.max)
+    if args.write_allowlist:
+        for change in write_allowlist(args.write_allowlist, found, args.reason):
+            print(change)
+        print(f"{args.write_allowlist}: {len(found)} entries")
+        return 0
     by_package = defaultdict(list)
     for name, (n, line) in found.items():
         by_package[package_of(name.split("::")[0])].append((n, name, line))
@@ -131,7 +184,7 @@ def main(argv=None) -> int:
             print(f"  {n:3d}  {name}  (line {line})")
     print(f"total: {len(found)} function(s) over {args.max} parameters (kernel signatures excluded)")
     if args.check:
-        problems = compare(found, read_allowlist(args.check))
+        problems = compare(found, read_allowlist(args.check)) + missing_reasons(args.check)
         for p in problems:
             print("error:", p, file=sys.stderr)
         return 1 if problems else 0
