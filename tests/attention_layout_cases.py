@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from tylopy_kernels.attention.sm90 import launch as L
+from tylopy_kernels.attention.testing.reference import AttentionInputs
 from tylopy_kernels.attention.testing.rules import check_output
 
 
@@ -21,7 +22,7 @@ def _in_buffer(values, buffer_shape, permute, index):
 def check_layouts(out, lse, q, k, v, scale, model):
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # the reference wants all heads
-    return check_output(out, lse, q, k, v, None, False, scale, model, stats=False)
+    return check_output(out, lse, AttentionInputs(q, k, v, scale=scale), model, stats=False)
 
 
 def portable_inputs(B=2, H=4, H_kv=2, n_q=40, n_k=150, D=32, dtype=torch.bfloat16, seed=3, device="cpu"):

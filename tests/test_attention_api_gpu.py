@@ -22,7 +22,8 @@ def _inputs(B, H, H_kv, n_q, n_k, D, dtype=torch.bfloat16, seed=0):
 
 def _check_forward(out, lse, q, k, v, mask=None, causal=False):
     got = dict(out=out) if lse is None else dict(out=out, lse=lse)
-    return grad_check.check(got, q, k, v, torch.zeros_like(q), mask, causal, 1 / math.sqrt(q.shape[-1]))
+    return grad_check.check(got, grad_check.BackwardInputs(q, k, v, torch.zeros_like(q), mask, causal,
+                                                           1 / math.sqrt(q.shape[-1])))
 
 
 @pytest.mark.parametrize("block_n", [32, 64])

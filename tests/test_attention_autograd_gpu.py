@@ -84,7 +84,8 @@ def test_autograd_gradients_pass_the_flash_attention_rule(case):
     _, B, H, H_kv, n_q, n_k, D, dtype, causal, mask_kind, layout = case
     q, k, v, dout, mask = make_case(B, H, H_kv, n_q, n_k, D, dtype, mask_kind, layout)
     got = run_autograd(q, k, v, dout, mask, causal, H_kv != H)
-    grad_check.check(got, q.detach(), k.detach(), v.detach(), dout, mask, causal, 1 / math.sqrt(D))
+    grad_check.check(got, grad_check.BackwardInputs(q.detach(), k.detach(), v.detach(), dout, mask, causal,
+                                                    1 / math.sqrt(D)))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -97,7 +98,7 @@ def test_portable_backward_passes_the_rule_at_every_head_dim(case):
     grads = [torch.full(t.shape, float("nan"), dtype=dtype, device="cuda") for t in (q, k, v)]
     launch_backward_portable(q, k, v, out, dout, lse, *grads, is_causal=causal, scale=scale, attn_mask=mask)
     got = dict(out=out, dq=grads[0], dk=grads[1], dv=grads[2])
-    grad_check.check(got, q, k, v, dout, mask, causal, scale)
+    grad_check.check(got, grad_check.BackwardInputs(q, k, v, dout, mask, causal, scale))
 
 
 @pytest.mark.parametrize("D", [32, 64, 128])
@@ -105,7 +106,8 @@ def test_lse_gradient_is_included(D):
     q, k, v, dout, mask = make_case(1, 2, 2, 130, 170, D, torch.bfloat16, seed=2)
     dlse = torch.randn(1, 2, 130, device="cuda")
     got = run_autograd(q, k, v, dout, mask, False, False, return_lse=True, dlse=dlse)
-    grad_check.check(got, q.detach(), k.detach(), v.detach(), dout, None, False, 1 / math.sqrt(D), dlse=dlse)
+    grad_check.check(got, grad_check.BackwardInputs(q.detach(), k.detach(), v.detach(), dout, None, False,
+                                                    1 / math.sqrt(D), dlse=dlse))
 
 
 @pytest.mark.parametrize("scale", [-0.2, 0.0])
@@ -116,7 +118,7 @@ def test_nonpositive_scale_gradients(scale):
     out = tylopy.attention(q, k, v, scale=scale)
     out.backward(dout)
     got = dict(out=out.detach(), dq=q.grad, dk=k.grad, dv=v.grad)
-    grad_check.check(got, q.detach(), k.detach(), v.detach(), dout, None, False, scale)
+    grad_check.check(got, grad_check.BackwardInputs(q.detach(), k.detach(), v.detach(), dout, None, False, scale))
 
 
 @pytest.mark.parametrize("D", [32, 64, 128])
@@ -125,8 +127,8 @@ def test_gradient_of_a_plain_sum_has_zero_strides_and_still_works(D):
     out = tylopy.attention(q, k, v)
     out.sum().backward()  # dout is a zero-stride expand of one element
     ones = torch.ones_like(out)
-    grad_check.check(dict(dq=q.grad, dk=k.grad, dv=v.grad), q.detach(), k.detach(), v.detach(), ones, None, False,
-                     1 / math.sqrt(D))
+    inputs = grad_check.BackwardInputs(q.detach(), k.detach(), v.detach(), ones, None, False, 1 / math.sqrt(D))
+    grad_check.check(dict(dq=q.grad, dk=k.grad, dv=v.grad), inputs)
 
 
 # -- determinism --------------------------------------------------------------------------------------------------
@@ -184,7 +186,8 @@ def test_forward_and_backward_replay_in_a_cuda_graph(D, gqa, causal):
     graph.replay()
     torch.cuda.synchronize()
     got = dict(out=out.detach().clone(), dq=q.grad.clone(), dk=k.grad.clone(), dv=v.grad.clone())
-    grad_check.check(got, q.detach(), k.detach(), v.detach(), dout, None, causal, 1 / math.sqrt(D))
+    grad_check.check(got, grad_check.BackwardInputs(q.detach(), k.detach(), v.detach(), dout, None, causal,
+                                                    1 / math.sqrt(D)))
 
 
 class Block(torch.nn.Module):

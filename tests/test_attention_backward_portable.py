@@ -124,8 +124,8 @@ def _case_inputs(B, H, H_kv, n_q, n_k, D, dtype, mask_kind, dlse, seed=0):
 def test_emulated_gradients_pass_the_flash_attention_rule(case):
     _, B, H, H_kv, n_q, n_k, D, dtype, causal, mask_kind, with_dlse = case
     q, k, v, dout, mask, dlse = _case_inputs(B, H, H_kv, n_q, n_k, D, dtype, mask_kind, with_dlse)
-    got, scale = grad_check.emulate(q, k, v, dout, mask, causal, dlse=dlse)
-    summary = grad_check.check(got, q, k, v, dout, mask, causal, scale, dlse)
+    got, scale = grad_check.emulate(grad_check.BackwardInputs(q, k, v, dout, mask, causal, dlse=dlse))
+    summary = grad_check.check(got, grad_check.BackwardInputs(q, k, v, dout, mask, causal, scale, dlse))
     assert summary
     if mask_kind == "rows":  # rows with no key: zeros out, -inf LSE, no gradient
         empty = ~mask.expand(B, H, n_q, n_k).any(-1)
@@ -135,9 +135,9 @@ def test_emulated_gradients_pass_the_flash_attention_rule(case):
 
 def test_gradients_are_bitwise_the_same_under_random_warp_schedules():
     q, k, v, dout, mask, _ = _case_inputs(1, 4, 2, 33, 40, 32, torch.bfloat16, None, False, seed=5)
-    first, _ = grad_check.emulate(q, k, v, dout, seed=None)
+    first, _ = grad_check.emulate(grad_check.BackwardInputs(q, k, v, dout), seed=None)
     for seed in (1, 2):
-        again, _ = grad_check.emulate(q, k, v, dout, seed=seed)
+        again, _ = grad_check.emulate(grad_check.BackwardInputs(q, k, v, dout), seed=seed)
         for name in ("dq", "dk", "dv"):
             assert torch.equal(first[name].view(torch.int16), again[name].view(torch.int16)), (name, seed)
 
@@ -146,7 +146,7 @@ def test_nonpositive_and_tiny_shapes_give_zero_or_exact_gradients():
     gen = torch.Generator().manual_seed(3)
     # one query, one key: P = 1, so dV = dO exactly, dQ = dK = 0 (dS = P (dP - delta) = 0)
     q, k, v, dout = (torch.randn(1, 1, 1, 16, generator=gen).to(torch.bfloat16) for _ in range(4))
-    got, _ = grad_check.emulate(q, k, v, dout)
+    got, _ = grad_check.emulate(grad_check.BackwardInputs(q, k, v, dout))
     assert torch.equal(got["dv"], dout) and (got["dq"] == 0).all() and (got["dk"] == 0).all()
     # no keys: the launcher zeroes the gradients without a launch
     q = torch.randn(1, 2, 5, 32).to(torch.bfloat16)

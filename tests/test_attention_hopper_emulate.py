@@ -268,10 +268,10 @@ def test_pass_rules_need_the_lazy_reference():
     out, lse, plan = emulate(q, k, v, case.causal, mask, case.scale)
     model = R.HOPPER.replace(block_n=plan.constexprs["BLOCK_N"], lse=True, dtype=q.dtype,
                              rescale_threshold=plan.constexprs["RESCALE_THRESHOLD"])
-    rules.check_output(out, lse, q, k, v, mask, case.causal, case.scale, model, stats=case.stats)
+    rules.check_output(out, lse, R.AttentionInputs(q, k, v, mask, case.causal, case.scale), model, stats=case.stats)
     with pytest.raises(AssertionError, match="differ from the same-boundary"):
-        rules.check_output(out, lse, q, k, v, mask, case.causal, case.scale, model.replace(rescale_threshold=None),
-                           stats=case.stats)
+        rules.check_output(out, lse, R.AttentionInputs(q, k, v, mask, case.causal, case.scale),
+                           model.replace(rescale_threshold=None), stats=case.stats)
 
 
 @pytest.mark.parametrize("D,causal,with_lse", [(64, False, True), (64, True, False), (128, False, True),
@@ -302,6 +302,7 @@ def _check_emulated_case(case, schedule=None, model_change=None):
     from tylopy_kernels.attention.testing import cases as C
     from tylopy_kernels.attention.testing import rules as rules
     from tylopy_kernels.attention.testing import scenarios as S
+    from tylopy_kernels.attention.testing.reference import AttentionInputs
     from tylopy_kernels.attention import _nonpositive_scale
     q, k, v, mask = C.make_inputs(case, "cpu")
     query, scale = _nonpositive_scale(q, case.resolved_scale)
@@ -310,7 +311,8 @@ def _check_emulated_case(case, schedule=None, model_change=None):
     plan = launch.plan_launch(query, k, v, mask, case.causal, scale, out, lse, schedule, make_map=_spec, sm_count=132)
     attention_fwd_sm90.emulate(*plan.args, grid=plan.grid, **plan.constexprs)
     model = S.hopper_model(case, plan.constexprs).replace(**(model_change or {}))
-    return rules.check_output(out, lse, q, k, v, mask, case.causal, case.scale, model, stats=case.stats)
+    return rules.check_output(out, lse, AttentionInputs(q, k, v, mask, case.causal, case.scale), model,
+                              stats=case.stats)
 
 
 def test_rules_on_large_fp16_logits_with_a_mask():

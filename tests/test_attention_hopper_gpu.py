@@ -36,7 +36,7 @@ from tylopy_kernels.attention.sm90 import launch as launch
 from tylopy_kernels.attention.testing import cases as C
 from tylopy_kernels.attention.testing import rules as rules
 from tylopy_kernels.attention.testing import scenarios as S
-from tylopy_kernels.attention.testing.reference import HOPPER
+from tylopy_kernels.attention.testing.reference import HOPPER, AttentionInputs
 from tylopy_kernels.attention import attention
 
 try:
@@ -101,7 +101,7 @@ def test_fully_masked_rows(dtype):
     assert bool((out[:, :, dead] == 0).all()) and bool((lse[:, :, dead] == float("-inf")).all())
     model = HOPPER.replace(block_n=launches[-1]["BLOCK_N"], lse=True,
                            rescale_threshold=launches[-1]["RESCALE_THRESHOLD"])
-    rules.check_output(out, lse, q, k, v, mask, model=model)
+    rules.check_output(out, lse, AttentionInputs(q, k, v, mask), model=model)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
@@ -274,7 +274,7 @@ def _check_grouped(q, k, v, out, lse, launches, causal=False):
     k_rep, v_rep = (t.repeat_interleave(H // t.shape[1], dim=1) for t in (k, v))
     model = HOPPER.replace(block_n=launches[-1]["BLOCK_N"], lse=lse is not None, dtype=q.dtype,
                            rescale_threshold=launches[-1]["RESCALE_THRESHOLD"])
-    return rules.check_output(out, lse, q, k_rep, v_rep, None, causal, None, model)
+    return rules.check_output(out, lse, AttentionInputs(q, k_rep, v_rep, None, causal), model)
 
 
 GQA = [(2, 8, 2, 300, 300, 64, torch.bfloat16, True), (1, 8, 1, 1024, 1024, 64, torch.float16, False),

@@ -106,19 +106,19 @@ def test_rules_reject_nan_and_nonzero_empty_rows():
     case = C.Case("bf16", 1, 2, 40, 70, mask="random", lse=True)
     q, k, v, mask = _case_tensors(case)
     out, lse = F.fp32_model(128)(q, k, v, attn_mask=mask, return_lse=True)
-    rules.check_output(out, lse, q, k, v, mask, model=R.HOPPER)
+    rules.check_output(out, lse, R.AttentionInputs(q, k, v, mask), model=R.HOPPER)
     bad = out.clone()
     bad[0, 1, 5, 3] = float("nan")
     with pytest.raises(AssertionError, match="NaN"):
-        rules.check_output(bad, lse, q, k, v, mask, model=R.HOPPER)
+        rules.check_output(bad, lse, R.AttentionInputs(q, k, v, mask), model=R.HOPPER)
     bad = out.clone()
     bad[0, 0, 0, 0] = 1e-3  # row 0 has no key
     with pytest.raises(AssertionError, match="no key"):
-        rules.check_output(bad, lse, q, k, v, mask, model=R.HOPPER)
+        rules.check_output(bad, lse, R.AttentionInputs(q, k, v, mask), model=R.HOPPER)
     bad_lse = lse.clone()
     bad_lse[0, 0, 0] = 0.0
     with pytest.raises(AssertionError, match="LSE"):
-        rules.check_output(out, bad_lse, q, k, v, mask, model=R.HOPPER)
+        rules.check_output(out, bad_lse, R.AttentionInputs(q, k, v, mask), model=R.HOPPER)
 
 
 def test_scenarios_accept_the_float32_model():

@@ -45,8 +45,10 @@ def test_emulated_varlen_passes_the_flash_attention_rule(case):
     q, dout = packed(lq, H, D, dtype, gen), packed(lq, H, D, dtype, gen)
     k, v = packed(lk, H_kv, D, dtype, gen, pad=5), packed(lk, H_kv, D, dtype, gen, pad=5)
     cu_q, cu_k = cu(lq), cu(lk)
-    got, scale = grad_check.emulate(q, k, v, dout, causal=causal, varlen=(cu_q, cu_k, max(lq), max(lk)))
-    summary = grad_check.check(got, q, k, v, dout, causal=causal, scale=scale, varlen=(cu_q, cu_k))
+    got, scale = grad_check.emulate(grad_check.BackwardInputs(q, k, v, dout, causal=causal, varlen=(cu_q, cu_k,
+                                                              max(lq), max(lk))))
+    summary = grad_check.check(got, grad_check.BackwardInputs(q, k, v, dout, causal=causal, scale=scale,
+                                                              varlen=(cu_q, cu_k)))
     assert summary
     n_q, n_k = sum(lq), sum(lk)
     for name, rows in (("out", n_q), ("dq", n_q), ("dk", n_k), ("dv", n_k)):
@@ -67,8 +69,9 @@ def test_varlen_matches_the_batched_kernels_on_equal_lengths():
     q, k, v, dout = (torch.randn(B, n, H, D, generator=gen).to(torch.bfloat16) for _ in range(4))
     flat = [t.reshape(B * n, H, D) for t in (q, k, v, dout)]
     lengths = cu([n] * B)
-    mine, _ = grad_check.emulate(*flat, causal=True, varlen=(lengths, lengths, n, n))
-    batched, _ = grad_check.emulate(*(t.transpose(1, 2) for t in (q, k, v, dout)), causal=True)
+    mine, _ = grad_check.emulate(grad_check.BackwardInputs(*flat, causal=True, varlen=(lengths, lengths, n, n)))
+    batched, _ = grad_check.emulate(grad_check.BackwardInputs(*(t.transpose(1, 2) for t in (q, k, v, dout)),
+                                                              causal=True))
     for name in ("out", "dq", "dk", "dv"):
         want = batched[name].transpose(1, 2).reshape(B * n, H, D)
         assert torch.equal(mine[name].view(torch.int16), want.contiguous().view(torch.int16)), name

@@ -45,8 +45,8 @@ def test_varlen_forward_and_gradients_pass_the_rule(case):
                                        enable_gqa=H != H_kv, return_lse=True)
     out.backward(dout)
     got = dict(out=out.detach(), lse=lse.detach(), dq=q.grad, dk=k.grad, dv=v.grad)
-    grad_check.check(got, q.detach(), k.detach(), v.detach(), dout, None, causal, 1 / math.sqrt(D),
-                     varlen=(cu_q, cu_k))
+    grad_check.check(got, grad_check.BackwardInputs(q.detach(), k.detach(), v.detach(), dout, None, causal,
+                                                    1 / math.sqrt(D), varlen=(cu_q, cu_k)))
     n_q, n_k = sum(lq), sum(lk)
     assert (out[n_q:] == 0).all() and (q.grad[n_q:] == 0).all() and (k.grad[n_k:] == 0).all()
 
@@ -95,7 +95,8 @@ def test_varlen_training_step_replays_in_a_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     got = dict(out=out.detach().clone(), dq=q.grad.clone(), dk=k.grad.clone(), dv=v.grad.clone())
-    grad_check.check(got, q.detach(), k.detach(), v.detach(), dout, None, True, 1 / 8, varlen=(c, c))
+    grad_check.check(got, grad_check.BackwardInputs(q.detach(), k.detach(), v.detach(), dout, None, True, 1 / 8,
+                                                    varlen=(c, c)))
 
 
 def test_compiled_varlen_has_no_graph_break_and_matches_eager():

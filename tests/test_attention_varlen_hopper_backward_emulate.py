@@ -55,7 +55,7 @@ CASES = [
 def test_varlen_backward_passes_the_flash_attention_rule(case):
     _, lq, lk, H, H_kv, D, causal, schedule = case
     got, (q, k, v, dout, cu_q, cu_k, scale) = emulate_training_step(lq, lk, H, H_kv, D, causal, schedule=schedule)
-    assert grad_check.check(got, q, k, v, dout, None, causal, scale, varlen=(cu_q, cu_k))
+    assert grad_check.check(got, grad_check.BackwardInputs(q, k, v, dout, None, causal, scale, varlen=(cu_q, cu_k)))
     n_q, n_k = sum(lq), sum(lk)
     for name, rows in (("dq", n_q), ("dk", n_k), ("dv", n_k)):
         assert (got[name][rows:] == 0).all(), f"{name} written past the last document"

@@ -19,7 +19,7 @@ from tylopy.runtime.tensormap import TensorMapSpec
 from tylopy_kernels.attention.sm90 import tiles
 from tylopy_kernels.attention.sm90.varlen_forward import attention_varlen_fwd_sm90
 from tylopy_kernels.attention.sm90.varlen_launch import plan_varlen_launch
-from tylopy_kernels.attention.testing.packed import packed, prefix_sums, reference
+from tylopy_kernels.attention.testing.packed import Documents, packed, prefix_sums, reference
 
 
 def _spec(t, dims, strides, box):
@@ -47,7 +47,8 @@ def emulate_varlen(lens_q, lens_k, H, H_kv, D, causal, used_q=None, used_k=None,
 
 def check_varlen(out, lse, q, k, v, lens_q, lens_k, causal, used_q=None, used_k=None, tol=2e-2):
     used_q, used_k = used_q or lens_q, used_k or lens_k
-    want, want_lse, rows = reference(q, k, v, lens_q, lens_k, used_q, used_k, causal, 1 / math.sqrt(q.shape[-1]))
+    want, want_lse, rows = reference(q, k, v, Documents(lens_q, used_q), Documents(lens_k, used_k), causal,
+                                     1 / math.sqrt(q.shape[-1]))
     assert torch.isfinite(out).all(), "NaN/inf in the output"
     err = (out.double() - want).abs().max().item()
     assert err <= tol * torch.nan_to_num(v.double()).abs().max().item(), f"max error {err:.3e}"
@@ -96,7 +97,7 @@ def test_malformed_lengths_are_clamped_on_the_device():
     cu = torch.tensor([0, 100, 60], dtype=torch.int32)  # the second document runs backwards
     plan = plan_varlen_launch(q, k, v, cu, cu, 64, 64, False, 0.125, out, lse, make_map=_spec)
     attention_varlen_fwd_sm90.emulate(*plan.args, grid=plan.grid, **plan.constexprs)
-    want, want_lse, _ = reference(q[:64], k[:64], v[:64], (64,), (64,), (64,), (64,), False, 0.125)
+    want, want_lse, _ = reference(q[:64], k[:64], v[:64], Documents((64,), (64,)), Documents((64,), (64,)), False, 0.125)
     assert (out[:64].double() - want).abs().max().item() < 2e-2
     assert (out[64:] == 0).all() and (lse[:, 64:] == float("-inf")).all()
 

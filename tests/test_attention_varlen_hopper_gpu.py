@@ -10,7 +10,7 @@ import torch
 
 from tylopy_kernels.attention import attention_varlen
 from tylopy_kernels.attention.testing import grad_check as grad_check
-from tylopy_kernels.attention.testing.packed import packed, prefix_sums, reference
+from tylopy_kernels.attention.testing.packed import Documents, packed, prefix_sums, reference
 
 pytestmark = pytest.mark.gpu
 
@@ -50,7 +50,7 @@ def test_hopper_varlen_forward_against_the_reference(case, monkeypatch):
                                 max(lq), max(lk), is_causal=causal, enable_gqa=H != H_kv, return_lse=True, **seqused)
     assert launched, "the Hopper varlen kernel did not run"
     out, lse = out.cpu(), lse.cpu()
-    want, want_lse, rows = reference(q, k, v, lq, lk, uq, uk, causal, 1 / math.sqrt(D))
+    want, want_lse, rows = reference(q, k, v, Documents(lq, uq), Documents(lk, uk), causal, 1 / math.sqrt(D))
     assert torch.isfinite(out).all()
     err = (out.double() - want).abs().max().item()
     assert err <= 2e-2 * torch.nan_to_num(v.double()).abs().max().item(), f"max error {err:.3e}"
@@ -76,8 +76,8 @@ def test_hopper_varlen_gradients_pass_the_rule(D, causal):
                                 return_lse=True)
     out.backward(dout)
     got = dict(out=out.detach(), lse=lse.detach(), dq=q.grad, dk=k.grad, dv=v.grad)
-    grad_check.check(got, q.detach(), k.detach(), v.detach(), dout, None, causal, 1 / math.sqrt(D),
-                     varlen=(cu_q, cu_k))
+    grad_check.check(got, grad_check.BackwardInputs(q.detach(), k.detach(), v.detach(), dout, None, causal,
+                                                    1 / math.sqrt(D), varlen=(cu_q, cu_k)))
 
 
 @pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")

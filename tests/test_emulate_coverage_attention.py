@@ -24,6 +24,7 @@ L = pytest.importorskip("tylopy_kernels.attention.sm90.launch")
 PL = pytest.importorskip("tylopy_kernels.attention.portable.launch")
 from tylopy_kernels.attention.sm90.forward import attention_fwd_sm90  # noqa: E402
 from tylopy_kernels.attention.testing.reference import HOPPER, PORTABLE  # noqa: E402
+from tylopy_kernels.attention.testing.reference import AttentionInputs  # noqa: E402
 from tylopy_kernels.attention.testing.rules import check_output  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
@@ -64,8 +65,8 @@ def check_rows(out, lse, q, k, v, mask, causal, scale, model, rows=slice(None)):
     H = q.shape[1]
     k, v = k.expand(-1, H, -1, -1), v.expand(-1, H, -1, -1)  # grouped heads: the reference wants all heads
     sub_mask = _rows_mask(q.shape[2], k.shape[2], rows, mask, causal) if causal or mask is not None else None
-    return check_output(out[:, :, rows], None if lse is None else lse[:, :, rows], q[:, :, rows], k, v,
-                        sub_mask, False, scale, model, stats=False)
+    inputs = AttentionInputs(q[:, :, rows], k, v, sub_mask, False, scale)
+    return check_output(out[:, :, rows], None if lse is None else lse[:, :, rows], inputs, model, stats=False)
 
 
 def _spec(t, dims, strides, box):

@@ -319,7 +319,7 @@ def test_emulated_kernel_matches_the_references(name):
         assert (out.double() - 6.0).abs().max().item() < 1e-2
         return
     model = scenarios.portable_model(case).replace(lse=True)
-    rules.check_output(out, lse, q, k, v, mask, case.causal, scale, model, stats=False)
+    rules.check_output(out, lse, R.AttentionInputs(q, k, v, mask, case.causal, scale), model, stats=False)
     ref = R.oracle(q, k, v, mask, case.causal, scale)
     half_ulp = R.UNIT_ROUNDOFF[q.dtype]
     assert (out.double() - ref.out).abs().max().item() <= 8 * half_ulp * max(1.0, ref.out.abs().max().item())

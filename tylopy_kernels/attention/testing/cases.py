@@ -305,9 +305,12 @@ NONPOSITIVE_SCALE_CASES = (Case("bf16", 1, 1, 128, 128, scale=0.0),
 
 # -- the portable suite -------------------------------------------------------------------------------------
 
-def portable_case(label, n_q, n_k=None, D=64, dtype="bf16", block_n=64, B=1, H=1, warps=4, **fields) -> Case:
-    """A case of the portable suite: inputs drawn on the CPU, an explicit tile and warp count."""
-    return Case(dtype, B, H, n_q, n_q if n_k is None else n_k, head_dim=D, block_n=block_n, warps=warps,
+def portable_case(label, n_q, n_k=None, D=64, block_n=64, warps=4, **fields) -> Case:
+    """A case of the portable suite: inputs drawn on the CPU, an explicit tile and warp count;
+    ``fields`` are Case's (``dtype`` "bf16" unless given), ``B`` and ``H`` (batch and heads, 1
+    unless given)."""
+    shape = dict(dtype=fields.pop("dtype", "bf16"), batch=fields.pop("B", 1), heads=fields.pop("H", 1))
+    return Case(**shape, n_q=n_q, n_k=n_q if n_k is None else n_k, head_dim=D, block_n=block_n, warps=warps,
                 draw="cpu", label=label, **fields)
 
 

@@ -11,10 +11,14 @@ checked against torch autograd by the tests): ``ref64`` in float64, the other in
 dtype. ``check`` applies the rule to out, lse (against float64 only: its rule is relative),
 dq, dk and dv, and raises AssertionError naming every quantity that fails; varlen inputs
 (packed (total, H, D) tensors and cu_seqlens) are compared over the rows of their sequences.
+
+    got, scale = emulate(BackwardInputs(q, k, v, dout, mask, causal))      # CPU, the portable kernels
+    check(got, BackwardInputs(q, k, v, dout, mask, causal, scale))
 """
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -24,8 +28,31 @@ UNIT_ROUNDOFF = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 LSE_RTOL = 1e-5
 
 
-def references(q, k, v, dout, mask=None, causal=False, scale=1.0, dlse=None, varlen=None):
+class BackwardInputs(NamedTuple):
+    """One attention backward problem: q, k, v and the output gradient ``dout`` ((B, H, n, D), or
+    packed (total, H, D) with ``varlen``), the optional mask, SDPA's top-left ``causal``, the scale
+    (None: 1/sqrt(D)), the optional gradient of the returned LSE (``dlse``), and ``varlen``:
+    (cu_q, cu_k) for the references and checks, (cu_q, cu_k, max_seqlen_q, max_seqlen_k) for
+    ``emulate``."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    dout: torch.Tensor
+    mask: torch.Tensor | None = None
+    causal: bool = False
+    scale: float | None = None
+    dlse: torch.Tensor | None = None
+    varlen: tuple | None = None
+
+    def resolved_scale(self) -> float:
+        return 1.0 / math.sqrt(self.q.shape[-1]) if self.scale is None else self.scale
+
+
+def references(inputs: BackwardInputs):
     """{name: tensor} in float64 and {name: tensor} in the inputs' dtype (out, lse, dq, dk, dv)."""
+    q, k, v, dout, mask, causal, _, dlse, varlen = inputs
+    scale = inputs.resolved_scale()
     result = []
     for dtype in (torch.float64, q.dtype):
         t = [x.to(dtype) for x in (q, k, v, dout)]
@@ -34,7 +61,7 @@ def references(q, k, v, dout, mask=None, causal=False, scale=1.0, dlse=None, var
             out, lse = A.reference_forward(*t[:3], mask, causal, scale)
             grads = A.reference_backward(t[3], *t[:3], out, lse, mask, d, causal, scale)
         else:
-            cu_q, cu_k = varlen
+            cu_q, cu_k = varlen[:2]
             out, lse = A.reference_varlen_forward(*t[:3], cu_q, cu_k, causal, scale)
             grads = A.reference_varlen_backward(t[3], *t[:3], out, lse, cu_q, cu_k, d, causal, scale)
         result.append(dict(zip(("out", "lse", "dq", "dk", "dv"), (out, lse, *grads))))
@@ -45,7 +72,7 @@ def _rows(name, varlen):
     """The rows of a packed tensor that belong to sequences: (dim, count) or None for all."""
     if varlen is None:
         return None
-    cu_q, cu_k = varlen
+    cu_q, cu_k = varlen[:2]
     n = int((cu_q if name in ("out", "dq", "lse") else cu_k)[-1])
     return (1 if name == "lse" else 0), n
 
@@ -55,9 +82,13 @@ def _valid(t, name, varlen):
     return t if rows is None else t.narrow(rows[0], 0, rows[1])
 
 
-def check(got: dict, q, k, v, dout, mask=None, causal=False, scale=1.0, dlse=None, varlen=None) -> str:
-    """Apply the rule to every entry of ``got`` (out, lse, dq, dk, dv); returns a one-line summary."""
-    ref64, same = references(q, k, v, dout, mask, causal, scale, dlse, varlen)  # on the inputs' device
+def check(got: dict, inputs: BackwardInputs) -> str:
+    """Apply the rule to every entry of ``got`` (out, lse, dq, dk, dv) of ``inputs``; returns a
+    one-line summary."""
+    if not isinstance(inputs, BackwardInputs):
+        raise TypeError(f"check expects inputs=BackwardInputs(q, k, v, dout, ...), but got {type(inputs).__name__}")
+    ref64, same = references(inputs)  # on the inputs' device
+    q, varlen = inputs.q, inputs.varlen
     u = UNIT_ROUNDOFF[q.dtype]
     problems, parts = [], []
     for name, value in got.items():
@@ -87,14 +118,15 @@ def check(got: dict, q, k, v, dout, mask=None, causal=False, scale=1.0, dlse=Non
     return ", ".join(parts)
 
 
-def emulate(q, k, v, dout, mask=None, causal=False, scale=None, dlse=None, seed=None, varlen=None):
-    """({out, lse, dq, dk, dv}, scale) by the portable launchers' plans run in the emulator on CPU
-    tensors (``varlen=(cu_q, cu_k, max_seqlen_q, max_seqlen_k)`` for packed ones). Outputs start
+def emulate(inputs: BackwardInputs, seed=None):
+    """({out, lse, dq, dk, dv}, scale) of ``inputs`` by the portable launchers' plans run in the
+    emulator on CPU tensors (``varlen=(cu_q, cu_k, max_seqlen_q, max_seqlen_k)`` for packed ones). Outputs start
     NaN-filled, except the rows of packed tensors past every sequence (zeros, LSE -inf: the kernels
     do not write them); ``seed`` picks a random warp schedule for the backward."""
     from tylopy_kernels.attention.portable.backward_launch import plan_backward_portable
     from tylopy_kernels.attention.portable.launch import plan_forward
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    q, k, v, dout, mask, causal, _, dlse, varlen = inputs
+    scale = inputs.resolved_scale()
     packed = varlen is not None
     heads = q.shape[-2 if packed else 1]
     out = torch.full(q.shape, float("nan"), dtype=q.dtype)

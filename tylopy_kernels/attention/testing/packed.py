@@ -3,6 +3,8 @@ and the float64 reference the kernels are checked against (``autograd.reference_
 seqused applied by cutting each document to its used rows)."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from tylopy_kernels.attention import autograd as A
@@ -38,11 +40,19 @@ def used_prefix_sums(lengths, used):
     return prefix_sums(used), torch.tensor(rows, dtype=torch.long)
 
 
-def reference(q, k, v, lens_q, lens_k, used_q, used_k, causal, scale):
-    """float64 (out, lse) over the packed rows: documents' used rows only; zeros and LSE -inf
-    elsewhere (rows past a document's used ones are not written by the kernels)."""
-    cu_q, rows_q = used_prefix_sums(lens_q, used_q)
-    cu_k, rows_k = used_prefix_sums(lens_k, used_k)
+class Documents(NamedTuple):
+    """The documents of one packed tensor: each one's rows in the buffer (``lengths``, what
+    cu_seqlens sums) and how many of its first rows hold data (``used``, seqused)."""
+
+    lengths: tuple
+    used: tuple
+
+
+def reference(q, k, v, docs_q: Documents, docs_k: Documents, causal, scale):
+    """float64 (out, lse, used query rows) over the packed rows: documents' used rows only; zeros
+    and LSE -inf elsewhere (rows past a document's used ones are not written by the kernels)."""
+    cu_q, rows_q = used_prefix_sums(*docs_q)
+    cu_k, rows_k = used_prefix_sums(*docs_k)
     o, l = A.reference_varlen_forward(q[rows_q].double(), k[rows_k].double(), v[rows_k].double(), cu_q, cu_k,
                                       causal, scale)
     out = torch.zeros(q.shape, dtype=torch.float64)

@@ -97,6 +97,19 @@ HOPPER = KernelModel(block_n=128, exponent="exact", oracle_rule="math")
 PORTABLE = KernelModel(block_n=64, exponent="fast", oracle_rule="sdpa")
 
 
+class AttentionInputs(NamedTuple):
+    """One attention problem as the references and pass rules take it: q, k, v (B, H, n, D), the
+    optional mask (bool or additive float), SDPA's top-left ``causal`` and the scale (None:
+    1/sqrt(D))."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    mask: torch.Tensor | None = None
+    causal: bool = False
+    scale: float | None = None
+
+
 class Reference(NamedTuple):
     out: torch.Tensor      # (B, H, n_q, D) float64
     lse: torch.Tensor      # (B, H, n_q) float64, -inf for empty rows
@@ -257,13 +270,13 @@ def same_boundary(q, k, v, mask=None, causal=False, scale=None, model: KernelMod
         return SameBoundary(*_empty_reference(q, v))
     p_dtype = model.p_dtype if model.p_dtype is not None else model.dtype if model.dtype is not None else q.dtype
     if model.exponent == "exact":
-        poly = (model.poly_exp2, tuple(model.poly_coeffs)) if model.poly_exp2 else None
-        return _same_boundary_exact(q, k, v, mask, causal, scale, model.block_n, p_dtype, model.rescale_threshold,
-                                    poly)
+        return _same_boundary_exact(q, k, v, mask, causal, scale, model, p_dtype)
     return _same_boundary_fast(q, k, v, mask, causal, scale, model.block_n, p_dtype)
 
 
-def _same_boundary_exact(q, k, v, mask, causal, scale, block_n, p_dtype, threshold=None, poly=None) -> SameBoundary:
+def _same_boundary_exact(q, k, v, mask, causal, scale, model: KernelModel, p_dtype) -> SameBoundary:
+    block_n, threshold = model.block_n, model.rescale_threshold
+    poly = (model.poly_exp2, tuple(model.poly_coeffs)) if model.poly_exp2 else None
     B, H, n_q, _ = q.shape
     n_k = k.shape[2]
     m = torch.full((B, H, n_q, 1), NEG_INF, dtype=torch.float64, device=q.device)

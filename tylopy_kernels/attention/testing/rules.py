@@ -1,5 +1,7 @@
 """Pass rules for attention outputs, one function for both kernels: ``check_output`` applies them to
-a launch's output (and LSE), parameterized by the launch's ``KernelModel`` (``reference.py``).
+a launch's output (and LSE), parameterized by the launch's ``KernelModel`` (``reference.py``):
+
+    check_output(out, lse, AttentionInputs(q, k, v, mask, causal, scale), model, stats=True)
 
 For finite inputs:
 
@@ -46,8 +48,9 @@ import math
 
 import torch
 
-from tylopy_kernels.attention.testing.reference import (NEG_INF, UNIT_ROUNDOFF, KernelModel, empty_rows, fp32_score_bound, oracle, resolve_scale,
-                        same_boundary, score_noise)
+from tylopy_kernels.attention.testing.reference import (NEG_INF, UNIT_ROUNDOFF, AttentionInputs, KernelModel,
+                                                       empty_rows, fp32_score_bound, oracle, resolve_scale,
+                                                       same_boundary, score_noise)
 
 FLOOR_REL = 2.0 ** -10
 ORACLE_FLOOR = {torch.bfloat16: 1e-3, torch.float16: 2e-4}
@@ -77,12 +80,14 @@ def _mismatch(out, ref64, keep) -> float:
     return float(differ.double().mean())
 
 
-def check_output(out, lse, q, k, v, mask=None, causal=False, scale=None, model: KernelModel = None,
-                 stats=True) -> str:
-    """Apply the rules of the module docstring to one launch described by ``model``; returns a
-    one-line summary or raises AssertionError with it."""
+def check_output(out, lse, inputs: AttentionInputs, model: KernelModel = None, stats=True) -> str:
+    """Apply the rules of the module docstring to one launch of ``inputs`` described by ``model``;
+    returns a one-line summary or raises AssertionError with it."""
+    if not isinstance(inputs, AttentionInputs):
+        raise TypeError(f"check_output expects inputs=AttentionInputs(q, k, v, ...), but got {type(inputs).__name__}")
     if model is None:
         raise TypeError("check_output expects model=KernelModel(...), but got None")
+    q, k, v, mask, causal, scale = inputs
     problems = []
     dtype = q.dtype
     empty = empty_rows(q, k, mask, causal)
@@ -93,10 +98,9 @@ def check_output(out, lse, q, k, v, mask=None, causal=False, scale=None, model: 
         problems.append(f"{int((~torch.isfinite(out)).sum())} outputs are NaN/inf")
     if bool(empty.any()) and not bool((out[empty] == 0).all()):
         problems.append("rows with no key are not all zeros")
-    summary = _oracle_rule(out, ref, q, k, v, mask, causal, scale, model, problems)
+    summary = _oracle_rule(out, ref, inputs, model, problems)
     if k.shape[2]:
-        summary += "; " + _same_boundary_rule(out, ref, q, k, v, mask, causal, scale, model, stats, empty,
-                                              problems)
+        summary += "; " + _same_boundary_rule(out, ref, inputs, model, stats, empty, problems)
     if model.lse and lse is None:
         problems.append("the launch returned no LSE")
     if lse is not None:
@@ -106,7 +110,8 @@ def check_output(out, lse, q, k, v, mask=None, causal=False, scale=None, model: 
     return summary
 
 
-def _oracle_rule(out, ref, q, k, v, mask, causal, scale, model, problems) -> str:
+def _oracle_rule(out, ref, inputs: AttentionInputs, model, problems) -> str:
+    q, k, v, mask, causal, scale = inputs
     err = _maxabs(torch.nan_to_num(out.double() - ref.out, nan=math.inf))
     if model.oracle_rule == "math":
         vmax = _maxabs(v)
@@ -125,7 +130,8 @@ def _oracle_rule(out, ref, q, k, v, mask, causal, scale, model, problems) -> str
     return f"err {err:.2e} (torch {err_t:.2e}, bound {bound:.2e})"
 
 
-def _same_boundary_rule(out, ref, q, k, v, mask, causal, scale, model, stats, empty, problems) -> str:
+def _same_boundary_rule(out, ref, inputs: AttentionInputs, model, stats, empty, problems) -> str:
+    q, k, v, mask, causal, scale = inputs
     o = out.double()
     u_out = UNIT_ROUNDOFF[out.dtype]
     sb = same_boundary(q, k, v, mask, causal, scale, model)

@@ -27,7 +27,7 @@ import torch
 import tylopy as ty
 
 from tylopy_kernels.attention.testing.cases import Case, make_inputs, worked_example_inputs
-from tylopy_kernels.attention.testing.reference import HOPPER, NEG_INF, PORTABLE
+from tylopy_kernels.attention.testing.reference import HOPPER, NEG_INF, PORTABLE, AttentionInputs
 from tylopy_kernels.attention.testing.rules import check_output
 
 HEAD_DIM = 64
@@ -89,8 +89,8 @@ def run_case(case: Case, attention: Callable, device="cuda", block_n: int | None
     q, k, v, mask = make_inputs(case, device)
     res, launch = attend(attention, q, k, v, mask, case, block_n)
     out, lse = res if case.lse else (res, None)
-    return check_output(out, lse, q, k, v, mask, case.causal, case.scale, hopper_model(case, launch),
-                        stats=case.stats)
+    inputs = AttentionInputs(q, k, v, mask, case.causal, case.scale)
+    return check_output(out, lse, inputs, hopper_model(case, launch), stats=case.stats)
 
 
 # -- the portable kernel ---------------------------------------------------------------------------
@@ -121,7 +121,8 @@ def check_portable_numerics(case: Case, device="cuda") -> str:
     same inputs laid out contiguously."""
     q, k, v, mask = make_inputs(case, device)
     out, lse = run_portable(case, q, k, v, mask)
-    msg = check_output(out, lse, q, k, v, mask, case.causal, case.resolved_scale, portable_model(case), stats=False)
+    inputs = AttentionInputs(q, k, v, mask, case.causal, case.resolved_scale)
+    msg = check_output(out, lse, inputs, portable_model(case), stats=False)
     if case.layout.startswith("poison"):
         same = run_portable(replace(case, layout="contiguous"), *(t.contiguous() for t in (q, k, v)), mask)
         if not torch.equal(same[0], out):
@@ -232,7 +233,8 @@ def check_transposed_layout(case: Case, attention, device="cuda", block_n: int |
         raise AssertionError("(B, N, H, D) memory gave different bits from (B, H, N, D)")
     mixed, launch = attend(attention, q, bnhd(k), bnhd(v), mask, case, block_n)
     out, lse = mixed if case.lse else (mixed, None)
-    return "bits equal; mixed layouts: " + check_output(out, lse, q, k, v, mask, case.causal, case.scale,
+    inputs = AttentionInputs(q, k, v, mask, case.causal, case.scale)
+    return "bits equal; mixed layouts: " + check_output(out, lse, inputs,
                                                         hopper_model(case, launch), stats=case.stats)
 
 
