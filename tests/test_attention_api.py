@@ -17,8 +17,8 @@ import torch
 
 import tylopy
 from tylopy_kernels import attention as api
-from tylopy_kernels.attention.portable.backward_launch import plan_backward_portable
-from tylopy_kernels.attention.portable.launch import plan_forward
+from tylopy_kernels.attention.portable.backward_launch import BackwardOptions, BackwardTensors, plan_backward_portable
+from tylopy_kernels.attention.portable.launch import ForwardOptions, ForwardTensors, plan_forward
 
 
 def _qkv(B=1, H=4, H_kv=4, n_q=8, n_k=8, D=64, device="cpu", grad=False):
@@ -137,7 +137,7 @@ def test_portable_forward_reads_expand_views_and_groups_in_place():
     one = torch.randn(2, 1, 30, 32).to(torch.bfloat16)
     out = torch.empty_like(q)
     for k, group in ((one.expand(2, 8, 30, 32), 1), (one, 8)):
-        launch = plan_forward(q, k, k, out, None, scale=0.5)
+        launch = plan_forward(ForwardTensors(q, k, k, out), ForwardOptions(scale=0.5))
         assert _arg(launch, 1).data_ptr() == one.data_ptr()  # the caller's storage: no copy
         assert _arg(launch, 10) == group  # kv_group
         k_stride_h = _arg(launch, 17)
@@ -150,7 +150,7 @@ def test_portable_backward_reads_expand_views_in_place():
     one = torch.randn(1, 1, 30, 32).to(torch.bfloat16)
     k = one.expand(1, 4, 30, 32)
     grads = [torch.empty(t.shape, dtype=t.dtype) for t in (q, k, k)]
-    steps = plan_backward_portable(q, k, k, q, q, torch.zeros(1, 4, 20), *grads, is_causal=False, scale=0.5)
+    steps = plan_backward_portable(BackwardTensors(q, k, k, q, q, torch.zeros(1, 4, 20), *grads), BackwardOptions(0.5))
     names = [s.kernel.name for s in steps]
     assert names == ["attention_bwd_preprocess_portable", "attention_bwd_dkdv_portable", "attention_bwd_dq_portable"]
     for step in steps[1:]:
@@ -177,10 +177,10 @@ def test_portable_plans_copy_what_they_cannot_read_in_place():
     grads = [torch.empty_like(q) for _ in range(3)]
     scalar = torch.ones(()).to(torch.bfloat16).expand(1, 2, 20, 32)  # the gradient of out.sum(): stride 0 everywhere
     with pytest.raises(ValueError, match="dout expects a contiguous last dimension"):  # the API copies it first
-        plan_backward_portable(q, q, q, q, scalar, lse, *grads, is_causal=False, scale=0.5)
+        plan_backward_portable(BackwardTensors(q, q, q, q, scalar, lse, *grads), BackwardOptions(0.5))
     one_head = torch.randn(1, 1, 20, 32).to(torch.bfloat16).expand(1, 2, 20, 32)
-    steps = plan_backward_portable(q, q, q, q, one_head, lse, *grads, is_causal=False, scale=0.5)
+    steps = plan_backward_portable(BackwardTensors(q, q, q, q, one_head, lse, *grads), BackwardOptions(0.5))
     assert steps[0].args[1].data_ptr() == one_head.data_ptr()  # read in place
     odd = torch.randn(1, 2, 20, 36).to(torch.bfloat16)[..., :32]  # rows of 72 bytes: not 16-byte aligned
-    launch = plan_forward(odd, q, q, torch.empty_like(q), None, scale=0.5)
+    launch = plan_forward(ForwardTensors(odd, q, q, torch.empty_like(q)), ForwardOptions(scale=0.5))
     assert launch.args[0].data_ptr() != odd.data_ptr() and launch.args[1].data_ptr() == q.data_ptr()

@@ -15,7 +15,7 @@ import torch
 import tylopy as ty
 from tylopy_kernels.attention.portable import backward as bp
 from tylopy_kernels.attention.testing import grad_check as grad_check
-from tylopy_kernels.attention.portable.backward_launch import plan_backward_portable
+from tylopy_kernels.attention.portable.backward_launch import BackwardOptions, BackwardTensors, plan_backward_portable
 
 SM86_SMEM = 99 * 1024  # the most shared memory a block may opt into on sm_86/sm_89
 
@@ -152,8 +152,8 @@ def test_nonpositive_and_tiny_shapes_give_zero_or_exact_gradients():
     q = torch.randn(1, 2, 5, 32).to(torch.bfloat16)
     empty = torch.zeros(1, 2, 0, 32, dtype=torch.bfloat16)
     dq = torch.full_like(q, float("nan"))
-    assert plan_backward_portable(q, empty, empty, q, q, torch.zeros(1, 2, 5), dq, empty.clone(), empty.clone(),
-                                  is_causal=False, scale=1.0) == []
+    tensors = BackwardTensors(q, empty, empty, q, q, torch.zeros(1, 2, 5), dq, empty.clone(), empty.clone())
+    assert plan_backward_portable(tensors, BackwardOptions(scale=1.0)) == []
     assert (dq == 0).all()
 
 
@@ -180,4 +180,4 @@ def test_launcher_rejects_bad_buffers_naming_them(change, exc, words):
     args = _buffers(**shape)
     args.update(change)
     with pytest.raises(exc, match=words):
-        plan_backward_portable(**args, is_causal=False, scale=1.0)
+        plan_backward_portable(BackwardTensors(**args), BackwardOptions(scale=1.0))

@@ -55,7 +55,7 @@ def run_portable(plan_forward):
     out = torch.full(q.shape, float("nan"), dtype=q.dtype)
     lse = torch.full(q.shape[:3], float("nan"))
     scale = 1 / math.sqrt(q.shape[-1])
-    plan = plan_forward(q, k, v, out, lse, scale=scale, block_n=32, warps=2)
+    plan = plan_forward(PL.ForwardTensors(q, k, v, out, lse), PL.ForwardOptions(scale, block_n=32, warps=2))
     plan.run(emulate=True)
     return check_layouts(out, lse, q, k, v, scale, PORTABLE.replace(block_n=32, lse=True, dtype=q.dtype))
 

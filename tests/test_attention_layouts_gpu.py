@@ -20,11 +20,11 @@ def _outputs(q):
 
 
 def test_portable_kernel_three_layouts():
-    from tylopy_kernels.attention.portable.launch import plan_forward
+    from tylopy_kernels.attention.portable.launch import ForwardOptions, ForwardTensors, plan_forward
     q, k, v = portable_inputs(device="cuda")
     out, lse = _outputs(q)
     scale = 1 / math.sqrt(q.shape[-1])
-    plan_forward(q, k, v, out, lse, scale=scale, block_n=32, warps=2).run()
+    plan_forward(ForwardTensors(q, k, v, out, lse), ForwardOptions(scale, block_n=32, warps=2)).run()
     torch.cuda.synchronize()
     check_layouts(out.cpu(), lse.cpu(), q.cpu(), k.cpu(), v.cpu(), scale,
                   PORTABLE.replace(block_n=32, lse=True, dtype=q.dtype))

@@ -208,8 +208,9 @@ def run_portable(case_id, seed=None):
     out = torch.full(q.shape, float("nan"), dtype=dtype)
     lse = torch.full((1, H, n_q), float("nan")) if c["lse"] else None
     scale = 1 / math.sqrt(D)
-    plan = PL.plan_forward(q, k, v, out, lse, scale=scale, is_causal=c["causal"], attn_mask=mask, block_n=block_n,
-                           warps=c["warps"], async_copy=c["async_copy"])
+    plan = PL.plan_forward(PL.ForwardTensors(q, k, v, out, lse, mask),
+                           PL.ForwardOptions(scale, c["causal"], block_n=block_n, warps=c["warps"],
+                                             async_copy=c["async_copy"]))
     plan.run(emulate=True, seed=seed)
     model = PORTABLE.replace(block_n=block_n, lse=c["lse"], dtype=dtype)
     if c["causal"]:
@@ -231,8 +232,9 @@ def run_portable_varlen(case_id, seed=None):
     out = torch.full(q.shape, float("nan"), dtype=dtype)
     lse = torch.full((H, int(cu_q[-1])), float("nan"))
     scale = 1 / math.sqrt(D)
-    plan = PL.plan_forward(q, k, v, out, lse, scale=scale, is_causal=c["causal"],
-                           varlen=(cu_q, cu_k, max(a for a, _ in lens)), block_n=c["block_n"], warps=c["warps"])
+    plan = PL.plan_forward(PL.ForwardTensors(q, k, v, out, lse),
+                           PL.ForwardOptions(scale, c["causal"], varlen=(cu_q, cu_k, max(a for a, _ in lens)),
+                                             block_n=c["block_n"], warps=c["warps"]))
     assert plan.constexprs["VARLEN"]
     plan.run(emulate=True, seed=seed)
     model = PORTABLE.replace(block_n=c["block_n"], lse=True, dtype=dtype)

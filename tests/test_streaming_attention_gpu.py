@@ -44,8 +44,9 @@ def test_cp_async_path_matches_the_ld_st_path_bit_for_bit(name):
     for async_copy in (True, False):
         out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)
         lse = torch.full(q.shape[:3], float("nan"), device=q.device)
-        pl.launch_streaming(q, k, v, mask, case.causal, 1.0 / math.sqrt(case.head_dim), out, lse, case.block_n,
-                            case.warps, async_copy=async_copy)
+        pl.launch_streaming(pl.ForwardTensors(q, k, v, out, lse, mask),
+                            pl.ForwardOptions(1.0 / math.sqrt(case.head_dim), case.causal, block_n=case.block_n,
+                                              warps=case.warps, async_copy=async_copy))
         outs.append((out, lse))
     assert torch.equal(outs[0][0], outs[1][0])
     assert torch.equal(outs[0][1], outs[1][1])

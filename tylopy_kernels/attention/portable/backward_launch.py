@@ -1,6 +1,7 @@
 """Host side of the portable attention backward (``backward_portable.py``): buffers and launches.
 
     launch_backward_portable(q, k, v, out, dout, lse, dq, dk, dv, is_causal=False, scale=0.125)
+    plan_backward_portable(BackwardTensors(q, k, v, out, dout, lse, dq, dk, dv), BackwardOptions(0.125))
 
 fills dq, dk, dv from the forward's inputs, its output ``out``, the output gradient ``dout``
 and the forward's LSE (fp32, natural log). Batched tensors are (B, H, N, D) with K/V of
@@ -11,6 +12,9 @@ returns the launches without running them, so the same plan runs in the emulator
 tensors (``Launch.run(emulate=True)``). Every launch is deterministic.
 """
 from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -25,7 +29,38 @@ from tylopy_kernels.attention.portable.launch import MAX_GRID_YZ, Launch, aligne
 _fail = rejecter("attention backward")
 
 
-def _check(q, k, v, out, dout, dq, dk, dv, packed):
+class BackwardTensors(NamedTuple):
+    """The tensors of one backward: the forward's q, k, v, its output ``out`` and LSE (fp32,
+    natural log) and the output gradient ``dout`` read; dq, dk, dv written; SDPA's ``attn_mask``
+    (batched only) and ``dlse``, a gradient of the returned LSE (None: none)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    out: torch.Tensor
+    dout: torch.Tensor
+    lse: torch.Tensor
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+    attn_mask: Optional[torch.Tensor] = None
+    dlse: Optional[torch.Tensor] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardOptions:
+    """What one backward computes: ``scale`` (> 0), SDPA's top-left ``is_causal``,
+    ``varlen=(cu_q, cu_k, max_seqlen_q, max_seqlen_k)`` for packed tensors, and ``async_copy``
+    (cp.async copies, else ld/st)."""
+
+    scale: float
+    is_causal: bool = False
+    varlen: Optional[tuple] = None
+    async_copy: bool = True
+
+
+def _check(tensors: BackwardTensors, packed):
+    q, k, v, out, dout, _, dq, dk, dv = tensors[:9]
     dims = 3 if packed else 4
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
         if not isinstance(t, torch.Tensor) or t.dim() != dims:
@@ -50,11 +85,12 @@ def _check(q, k, v, out, dout, dq, dk, dv, packed):
     return H, H_kv, D
 
 
-def plan_backward_portable(q, k, v, out, dout, lse, dq, dk, dv, *, is_causal, scale, attn_mask=None, dlse=None,
-                           varlen=None, async_copy=True) -> list[Launch]:
-    """The launches that fill dq, dk, dv (see the module docstring); scale > 0."""
+def plan_backward_portable(tensors: BackwardTensors, options: BackwardOptions) -> list[Launch]:
+    """The launches that fill dq, dk, dv (see the module docstring)."""
+    q, k, v, out, dout, lse, dq, dk, dv, attn_mask, dlse = tensors
+    scale, is_causal, varlen = options.scale, options.is_causal, options.varlen
     packed = varlen is not None
-    H, H_kv, D = _check(q, k, v, out, dout, dq, dk, dv, packed)
+    H, H_kv, D = _check(tensors, packed)
     dev = q.device
     if packed:
         cu_q, cu_k, n_q, n_k = varlen  # n_q, n_k: the longest sequences
@@ -85,7 +121,7 @@ def plan_backward_portable(q, k, v, out, dout, lse, dq, dk, dv, *, is_causal, sc
         mask_t, ms = placeholder(dev, torch.uint8), (0, 0, 0, 0)
     i16 = torch.int16
     dtype = dtype_of(q)
-    common = dict(DTYPE=dtype, HEAD_DIM=D, WARPS=WARPS, HAS_MASK=attn_mask is not None, ASYNC_COPY=async_copy,
+    common = dict(DTYPE=dtype, HEAD_DIM=D, WARPS=WARPS, HAS_MASK=attn_mask is not None, ASYNC_COPY=options.async_copy,
                   VARLEN=packed)
     rows = ROWS_PER_WARP * WARPS
     strides = {name: row_strides(t, packed) for name, t in (("q", q), ("k", k), ("v", v), ("out", out),
@@ -112,9 +148,13 @@ def plan_backward_portable(q, k, v, out, dout, lse, dq, dk, dv, *, is_causal, sc
     return [launch for launch in launches if launch.grid[0] > 0]
 
 
-def launch_backward_portable(q, k, v, out, dout, lse, dq, dk, dv, *, is_causal, scale, attn_mask=None, dlse=None,
-                             varlen=None) -> None:
-    """Fill dq, dk, dv on the current stream (no host synchronization; capturable in a CUDA graph)."""
-    for launch in plan_backward_portable(q, k, v, out, dout, lse, dq, dk, dv, is_causal=is_causal, scale=scale,
-                                         attn_mask=attn_mask, dlse=dlse, varlen=varlen):
+def launch_backward_portable(q, k, v, out, dout, lse, *grads, **options) -> None:
+    """Fill ``grads`` (dq, dk, dv) on the current stream (no host synchronization; capturable in a
+    CUDA graph). ``options``: ``attn_mask`` and ``dlse`` (``BackwardTensors``) and ``BackwardOptions``'
+    fields, as keywords."""
+    if len(grads) != 3:
+        _fail(TypeError, "grads", "dq, dk, dv (three tensors)", f"{len(grads)} tensors")
+    extra = {name: options.pop(name, None) for name in ("attn_mask", "dlse")}
+    tensors = BackwardTensors(q, k, v, out, dout, lse, *grads, **extra)
+    for launch in plan_backward_portable(tensors, BackwardOptions(**options)):
         launch.run()

@@ -1,10 +1,14 @@
 """Host side of the portable attention forward (``portable.py``): arch choice, specializations,
 argument checks and launches for batched (B, H, N, D) and packed variable-length (total, H, D)
 tensors (``streaming_attention``, ``launch_streaming``, ``compiled_for``, ``plan_forward``, ...).
+
+    plan_forward(ForwardTensors(q, k, v, out, lse, attn_mask), ForwardOptions(scale, is_causal)).run()
+    launch_forward(q, k, v, out, lse, scale=scale, is_causal=True)       # the same, keywords flat
 """
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -113,18 +117,45 @@ class Launch:
         compiled_for(self.args[0].device, self.kernel, entry=entry, **self.constexprs)(self.grid, *self.args)
 
 
-def plan_forward(q, k, v, out, lse, *, scale, is_causal=False, attn_mask=None, varlen=None, block_n=None,
-                 warps=None, async_copy=True) -> Launch | None:
-    """The launch of ``attention_fwd_portable`` that fills ``out`` (and ``lse`` when given); None
-    when there is nothing to compute.
+class ForwardTensors(NamedTuple):
+    """The tensors of one forward: q, k, v read, ``out`` (and ``lse``, None: not returned)
+    written, and SDPA's ``attn_mask`` (bool or additive float; batched only, None: no mask).
 
     Batched: q/out (B, H, n_q, D), k/v (B, H_kv, n_k, D) with H_kv dividing H, lse (B, H, n_q).
-    ``varlen=(cu_q, cu_k, max_seqlen_q)``: q/out (total_q, H, D), k/v (total_k, H_kv, D), lse
-    (H, total_q), int32 prefix sums cu_q/cu_k of B + 1 entries. scale > 0.
+    Packed (``ForwardOptions.varlen``): q/out (total_q, H, D), k/v (total_k, H_kv, D), lse (H, total_q).
     """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    out: torch.Tensor
+    lse: Optional[torch.Tensor] = None
+    attn_mask: Optional[torch.Tensor] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardOptions:
+    """What one forward computes and its schedule: ``scale`` (> 0), SDPA's top-left ``is_causal``,
+    ``varlen=(cu_q, cu_k, max_seqlen_q)`` for packed tensors (int32 prefix sums of B + 1 entries),
+    ``block_n`` and ``warps`` (None: the defaults for the head dim) and ``async_copy`` (cp.async
+    copies, else ld/st)."""
+
+    scale: float
+    is_causal: bool = False
+    varlen: Optional[tuple] = None
+    block_n: Optional[int] = None
+    warps: Optional[int] = None
+    async_copy: bool = True
+
+
+def plan_forward(tensors: ForwardTensors, options: ForwardOptions) -> Launch | None:
+    """The launch of ``attention_fwd_portable`` that fills ``tensors.out`` (and ``tensors.lse``
+    when given); None when there is nothing to compute."""
+    q, k, v, out, lse, attn_mask = tensors
+    scale, is_causal, varlen = options.scale, options.is_causal, options.varlen
     packed = varlen is not None
     D = q.shape[-1]
-    block_n, warps = check_schedule(D, block_n, warps)
+    block_n, warps = check_schedule(D, options.block_n, options.warps)
     rows = ROWS_PER_WARP * warps
     H, H_kv = q.shape[-2 if packed else 1], k.shape[-2 if packed else 1]
     if packed:
@@ -153,24 +184,25 @@ def plan_forward(q, k, v, out, lse, *, scale, is_causal=False, attn_mask=None, v
             float(scale), int(is_causal), *row_strides(q, packed), *row_strides(k, packed), *row_strides(v, packed),
             *row_strides(out, packed), *lse_strides, *ms)
     cx = dict(DTYPE=dtype_of(q), HEAD_DIM=D, BLOCK_N=block_n, WARPS=warps, HAS_MASK=attn_mask is not None,
-              RETURN_LSE=lse is not None, ASYNC_COPY=async_copy, VARLEN=packed)
+              RETURN_LSE=lse is not None, ASYNC_COPY=options.async_copy, VARLEN=packed)
     return Launch(attention_fwd_portable, ((n_q + rows - 1) // rows, H, B), args, cx)
 
 
-def launch_forward(q, k, v, out, lse, **kwargs) -> None:
-    """``plan_forward``'s launch, on the current stream."""
-    launch = plan_forward(q, k, v, out, lse, **kwargs)
+def launch_forward(q, k, v, out, lse, *, attn_mask=None, **options) -> None:
+    """``plan_forward``'s launch, on the current stream; ``options`` are ``ForwardOptions``' fields."""
+    launch = plan_forward(ForwardTensors(q, k, v, out, lse, attn_mask), ForwardOptions(**options))
     if launch is not None:
         launch.run()
 
 
-def launch_streaming(q, k, v, attn_mask, is_causal, scale, out, lse, block_n=None, warps=None, async_copy=True):
-    """Launch on checked (B, H, N, D) inputs (``tylopy_kernels.attention.check_inputs``) into ``out``
-    (and ``lse``); K/V may have fewer heads than Q (a divisor)."""
-    if lse is not None and not lse.is_contiguous():
+def launch_streaming(tensors: ForwardTensors, options: ForwardOptions) -> None:
+    """Launch on checked (B, H, N, D) inputs (``tylopy_kernels.attention.check_inputs``) into
+    ``tensors.out`` (and ``tensors.lse``); K/V may have fewer heads than Q (a divisor)."""
+    if tensors.lse is not None and not tensors.lse.is_contiguous():
         raise ValueError("streaming_attention: lse expects a contiguous (B, H, n_q) tensor")
-    launch_forward(q, k, v, out, lse, scale=scale, is_causal=is_causal, attn_mask=attn_mask, block_n=block_n,
-                   warps=warps, async_copy=async_copy)
+    launch = plan_forward(tensors, options)
+    if launch is not None:
+        launch.run()
 
 
 def streaming_attention(query, key, value, attn_mask=None, is_causal=False, scale=None, return_lse=False,
@@ -192,10 +224,11 @@ def streaming_attention(query, key, value, attn_mask=None, is_causal=False, scal
         if lse is not None:
             lse.fill_(NEG_INF)
     else:
-        launch_streaming(query, key, value, attn_mask, is_causal, scale, out, lse, block_n, warps)
+        launch_streaming(ForwardTensors(query, key, value, out, lse, attn_mask),
+                         ForwardOptions(scale, is_causal, block_n=block_n, warps=warps))
     return (out, lse) if return_lse else out
 
 
 __all__ = ["HEAD_DIMS", "device_arch", "compiled_for", "check_schedule", "aligned", "row_strides", "Launch",
-           "plan_forward", "launch_forward",
+           "ForwardTensors", "ForwardOptions", "plan_forward", "launch_forward",
            "launch_streaming", "streaming_attention"]

@@ -123,8 +123,9 @@ def emulate(inputs: BackwardInputs, seed=None):
     emulator on CPU tensors (``varlen=(cu_q, cu_k, max_seqlen_q, max_seqlen_k)`` for packed ones). Outputs start
     NaN-filled, except the rows of packed tensors past every sequence (zeros, LSE -inf: the kernels
     do not write them); ``seed`` picks a random warp schedule for the backward."""
-    from tylopy_kernels.attention.portable.backward_launch import plan_backward_portable
-    from tylopy_kernels.attention.portable.launch import plan_forward
+    from tylopy_kernels.attention.portable.backward_launch import (BackwardOptions, BackwardTensors,
+                                                                   plan_backward_portable)
+    from tylopy_kernels.attention.portable.launch import ForwardOptions, ForwardTensors, plan_forward
     q, k, v, dout, mask, causal, _, dlse, varlen = inputs
     scale = inputs.resolved_scale()
     packed = varlen is not None
@@ -136,14 +137,14 @@ def emulate(inputs: BackwardInputs, seed=None):
         n_q, n_k = int(varlen[0][-1]), int(varlen[1][-1])
         out[n_q:] = 0
         lse[:, n_q:] = float("-inf")
-    launch = plan_forward(q, k, v, out, lse, scale=scale, is_causal=causal, attn_mask=mask, varlen=fwd_varlen)
+    launch = plan_forward(ForwardTensors(q, k, v, out, lse, mask), ForwardOptions(scale, causal, varlen=fwd_varlen))
     if launch is not None:
         launch.run(emulate=True)
     grads = [torch.full(t.shape, float("nan"), dtype=t.dtype) for t in (q, k, v)]
     if packed:
         for g, n in zip(grads, (n_q, n_k, n_k)):
             g[n:] = 0
-    for step in plan_backward_portable(q, k, v, out, dout, lse, *grads, is_causal=causal, scale=scale,
-                                       attn_mask=mask, dlse=dlse, varlen=varlen):
+    tensors = BackwardTensors(q, k, v, out, dout, lse, *grads, attn_mask=mask, dlse=dlse)
+    for step in plan_backward_portable(tensors, BackwardOptions(scale, causal, varlen=varlen)):
         step.run(emulate=True, seed=seed)
     return dict(out=out, lse=lse, dq=grads[0], dk=grads[1], dv=grads[2]), scale
