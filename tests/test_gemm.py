@@ -141,19 +141,19 @@ def _operands(m, n, k, am, bm, dt, bias_dt, seed):
 def emulate_gemm(a, b, bias, out_dtype, epilogue, cfg, grid, splits=1):
     """Run gemm_sm90 (and the split-K reduction) in the emulator as the launcher would; every
     output and workspace buffer starts as NaN (padding columns included)."""
-    a2, b2, am, bm = launch.prepare(a, b)
+    ops = launch.prepare(a, b)
     m, n = a.shape[0], b.shape[1]
     out = launch.output_buffer(m, n, out_dtype, "cpu")
     out.fill_(float("nan"))
     if splits == 1:
-        args, cx = launch.kernel_args(a2, b2, am, bm, out, bias, epilogue, cfg, spec=True)
-        return out, gemm_sm90.emulate(*args, grid=(grid,), **cx), (am, bm)
+        args, cx = launch.kernel_args(ops, out, bias, epilogue, cfg, spec=True)
+        return out, gemm_sm90.emulate(*args, grid=(grid,), **cx), (ops.a_major, ops.b_major)
     ws = launch.workspace(splits, m, n, "cpu").fill_(float("nan"))
-    args, cx = launch.kernel_args(a2, b2, am, bm, ws, None, None, dict(cfg, SPLIT_K=splits), spec=True)
+    args, cx = launch.kernel_args(ops, ws, None, None, dict(cfg, SPLIT_K=splits), spec=True)
     report = gemm_sm90.emulate(*args, grid=(grid,), **cx)
     args, cx = launch.splitk_args(ws, out, bias, epilogue, m, n)
     splitk_reduce.emulate(*args, grid=(splitk_blocks(m, n),), **cx)
-    return out, report, (am, bm)
+    return out, report, (ops.a_major, ops.b_major)
 
 
 @pytest.mark.parametrize("case", EMULATED, ids=[_case_id(c) for c in EMULATED])

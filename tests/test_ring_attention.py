@@ -112,9 +112,9 @@ def test_simulated_ring_equals_full_attention(world, mode, gqa):
 
     def rank(ring):
         sh = lambda t: ra.shard_sequence(t, ring.rank, world, lb)  # noqa: E731
-        out, lse = ra.ring_forward(sh(q), sh(k), sh(v), ring, attend_reference, causal, scale, lb)
-        grads = ra.ring_backward(sh(q), sh(k), sh(v), out, sh(dout), lse, ring, attend_backward_reference, causal,
-                                 scale, lb)
+        steps = ra.RingSteps(ring, causal, scale, lb)
+        out, lse = ra.ring_forward(sh(q), sh(k), sh(v), steps, attend_reference)
+        grads = ra.ring_backward(sh(q), sh(k), sh(v), out, sh(dout), lse, steps, attend_backward_reference)
         return out, lse, grads
     results = run_ranks(world, rank)
     out = ra.unshard_sequence([r[0] for r in results], lb)
@@ -205,9 +205,9 @@ def _gloo_worker(rank, world, port, q, k, v, dout, results):
         ring = ra.ring_of(None)
         for causal in (True, False):
             sh = lambda t: ra.shard_sequence(t, rank, world, causal)  # noqa: E731
-            out, lse = ra.ring_forward(sh(q), sh(k), sh(v), ring, attend_reference, causal, 0.25, causal)
-            grads = ra.ring_backward(sh(q), sh(k), sh(v), out, sh(dout), lse, ring, attend_backward_reference,
-                                     causal, 0.25, causal)
+            steps = ra.RingSteps(ring, causal, 0.25, causal)
+            out, lse = ra.ring_forward(sh(q), sh(k), sh(v), steps, attend_reference)
+            grads = ra.ring_backward(sh(q), sh(k), sh(v), out, sh(dout), lse, steps, attend_backward_reference)
             results[(rank, causal)] = (out, lse, grads)
     finally:
         dist.destroy_process_group()

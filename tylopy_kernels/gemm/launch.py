@@ -8,6 +8,7 @@ strides, bias, epilogue and device.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -135,8 +136,18 @@ def _aligned_copy(t: torch.Tensor, inner_dim: int) -> torch.Tensor:
     return buf[:, :rows].t()
 
 
-def prepare(a: torch.Tensor, b: torch.Tensor):
-    """(a, b, A major, B major): operands TMA can read (copies only for other strides or misalignment)."""
+class Operands(NamedTuple):
+    """A (M, K) and B (K, N) as TMA reads them, with the dimension each is contiguous along
+    (``a_major`` "k" or "m", ``b_major`` "n" or "k")."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    a_major: str
+    b_major: str
+
+
+def prepare(a: torch.Tensor, b: torch.Tensor) -> Operands:
+    """Operands TMA can read (copies only for other strides or misalignment)."""
     am = a_major(a)
     if am is None:
         a, am = a.contiguous(), "k"
@@ -147,7 +158,7 @@ def prepare(a: torch.Tensor, b: torch.Tensor):
         b, bm = b.contiguous(), "n"
     if not _tma_ready(b, 1 if bm == "n" else 0):
         b = _aligned_copy(b, 1 if bm == "n" else 0)
-    return a, b, am, bm
+    return Operands(a, b, am, bm)
 
 
 def _row_elems(n: int, dtype) -> int:
@@ -193,12 +204,13 @@ class LaunchPlan:
     tensor-map geometry, constexprs, grids and (once needed) the compiled kernels' launchers. A
     call then only looks up tensor maps for the tensors' addresses and launches.
 
-    ``a`` (M, K) and ``b`` (K, N) are TMA-ready (``prepare``); the output is an ``output_buffer``.
+    ``ops``: A (M, K) and B (K, N), TMA-ready (``prepare``); the output is an ``output_buffer``.
     With SPLIT_K = S > 1 the GEMM writes f32 partial sums to a ``workspace`` and ``splitk_reduce``
     adds them (then bias, epilogue, rounding).
     """
 
-    def __init__(self, a, b, am, bm, out_dtype, bias, epilogue, cfg, sms):
+    def __init__(self, ops: Operands, out_dtype, bias, epilogue, cfg, sms):
+        a, b, am, bm = ops
         m, k = a.shape
         n = b.shape[1]
         self.m, self.n, self.k = m, n, k
@@ -265,14 +277,14 @@ class LaunchPlan:
         self._reduce.launch(self.reduce_grid, self.reduce_args(ws, out, bias))
 
 
-def kernel_args(a, b, am, bm, out, bias, epilogue, cfg, spec=False):
-    """(arguments, constexprs) of ``gemm_sm90`` writing into ``out`` (an ``output_buffer``, or with
-    an integer SPLIT_K > 1 in ``cfg`` a ``workspace`` and no bias or epilogue): the emulator's way in."""
+def kernel_args(ops: Operands, out, bias, epilogue, cfg, spec=False):
+    """(arguments, constexprs) of ``gemm_sm90`` on ``ops`` (``prepare``) writing into ``out`` (an
+    ``output_buffer``, or with an integer SPLIT_K > 1 in ``cfg`` a ``workspace`` and no bias or
+    epilogue): the emulator's way in."""
     splits = cfg.get("SPLIT_K", 1)
-    out_dtype = out.dtype
-    p = LaunchPlan(a, b, am, bm, out_dtype, bias, epilogue, cfg, sms=1 << 20)
+    p = LaunchPlan(ops, out.dtype, bias, epilogue, cfg, sms=1 << 20)
     assert p.splits == splits or splits == "auto"
-    return p.gemm_args(a, b, out, bias, spec), p.cx
+    return p.gemm_args(ops.a, ops.b, out, bias, spec), p.cx
 
 
 def splitk_args(ws, out, bias, epilogue, m, n):
@@ -285,7 +297,7 @@ def splitk_args(ws, out, bias, epilogue, m, n):
 
 
 def make_plan(a, b, out, bias, epilogue, am, bm, cfg) -> LaunchPlan:
-    return LaunchPlan(a, b, am, bm, out.dtype, bias, epilogue, cfg, sm_count(a.device.index))
+    return LaunchPlan(Operands(a, b, am, bm), out.dtype, bias, epilogue, cfg, sm_count(a.device.index))
 
 
 @ty.autotune(configs=CONFIGS, key=["a", "b", "out", "bias", "epilogue"], prune=prune,

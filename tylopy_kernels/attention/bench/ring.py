@@ -84,8 +84,8 @@ def run(lengths, heads, dim, causal, load_balance, reps):
         shards = [ra.shard_sequence(t, rank, world, zigzag).contiguous() for t in full]
         ring_ms = timed(lambda: ra.ring_attention(*shards, is_causal=causal, load_balance=load_balance), reps,
                         barrier)
-        compute = timed(lambda: ra.ring_forward(*shards, NoCommRing(rank, world), ra.tylopy_attend, causal,
-                                                1 / dim ** 0.5, zigzag), reps, barrier)
+        steps = ra.RingSteps(NoCommRing(rank, world), causal, 1 / dim ** 0.5, zigzag)
+        compute = timed(lambda: ra.ring_forward(*shards, steps, ra.tylopy_attend), reps, barrier)
 
         def exchanges():
             kv = shards[1:]

@@ -57,13 +57,14 @@ LSE output is not differentiable (its gradient is dropped).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
 from tylopy_kernels.attention.common import rejecter
 
-__all__ = ["ring_attention", "shard_sequence", "unshard_sequence", "ring_forward", "ring_backward", "TorchRing",
-           "ring_of"]
+__all__ = ["ring_attention", "shard_sequence", "unshard_sequence", "RingSteps", "ring_forward", "ring_backward",
+           "TorchRing", "ring_of"]
 
 
 _fail = rejecter("ring_attention")
@@ -196,8 +197,19 @@ def merge_partial(acc_o, acc_lse, o, lse):
     acc_lse.copy_(torch.logaddexp(acc_lse, lse))
 
 
-def ring_forward(q, k, v, ring, attend, is_causal, scale, zigzag):
+class RingSteps(NamedTuple):
+    """What every step of a ring pass shares: the ring (``rank``, ``world``, ``exchange``), SDPA's
+    global ``is_causal``, the ``scale`` and ``zigzag`` (each rank holds two load-balanced chunks)."""
+
+    ring: object
+    is_causal: bool
+    scale: float
+    zigzag: bool
+
+
+def ring_forward(q, k, v, steps: RingSteps, attend):
     """(out in q's dtype, lse fp32 (B, H, N_local)); ``attend(q, k, v, causal, scale) -> (o, lse)``."""
+    ring, is_causal, scale, zigzag = steps
     n_local = q.shape[2]
     acc_o = acc_lse = None
     kv = (k, v)
@@ -215,9 +227,10 @@ def ring_forward(q, k, v, ring, attend, is_causal, scale, zigzag):
     return acc_o.to(q.dtype), acc_lse
 
 
-def ring_backward(q, k, v, out, dout, lse, ring, attend_backward, is_causal, scale, zigzag):
+def ring_backward(q, k, v, out, dout, lse, steps: RingSteps, attend_backward):
     """(dq, dk, dv) in the inputs' dtypes; ``attend_backward(q, k, v, out, dout, lse, causal, scale)``
     returns one pair's (dq, dk, dv) computed with the global ``out`` and ``lse``."""
+    ring, is_causal, scale, zigzag = steps
     n_local = q.shape[2]
     acc_dtype = _acc_dtype(q)
     dq = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
@@ -263,19 +276,18 @@ def tylopy_attend_backward(q, k, v, out, dout, lse, causal, scale):
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, ring, is_causal, scale, zigzag):
-        out, lse = ring_forward(q, k, v, ring, tylopy_attend, is_causal, scale, zigzag)
+    def forward(ctx, q, k, v, steps):
+        out, lse = ring_forward(q, k, v, steps, tylopy_attend)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.ring, ctx.is_causal, ctx.scale, ctx.zigzag = ring, is_causal, scale, zigzag
+        ctx.steps = steps
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ring_backward(q, k, v, out, dout, lse, ctx.ring, tylopy_attend_backward, ctx.is_causal,
-                                   ctx.scale, ctx.zigzag)
-        return dq, dk, dv, None, None, None, None
+        dq, dk, dv = ring_backward(q, k, v, out, dout, lse, ctx.steps, tylopy_attend_backward)
+        return dq, dk, dv, None
 
 
 def check_ring_inputs(q, k, v, is_causal, scale, load_balance, enable_gqa, world):
@@ -313,7 +325,7 @@ def ring_attention(q, k, v, group=None, is_causal=False, scale=None, load_balanc
         check_inputs(q, k, v, None, False, scale, enable_gqa)
     zigzag = load_balance and is_causal and ring.world > 1
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        out, lse = _RingAttention.apply(q, k, v, ring, is_causal, scale, zigzag)
+        out, lse = _RingAttention.apply(q, k, v, RingSteps(ring, is_causal, scale, zigzag))
     else:
-        out, lse = ring_forward(q, k, v, ring, tylopy_attend, is_causal, scale, zigzag)
+        out, lse = ring_forward(q, k, v, RingSteps(ring, is_causal, scale, zigzag), tylopy_attend)
     return (out, lse) if return_lse else out
