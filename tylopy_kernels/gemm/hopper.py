@@ -29,6 +29,8 @@ B "n" (row-major K x N): BLOCK_N/64 boxes of 64 (n) x 64 (k), MN-major (trans-b)
 B "k" (column-major, e.g. a Linear weight N x K): box 64 (k) x BLOCK_N rows, K-major.
 docs/hopper.md has the descriptor and swizzle rules these rely on.
 """
+from typing import NamedTuple
+
 import tylopy as ty
 from tylopy import hopper
 
@@ -235,14 +237,26 @@ def mainloop(smem, base, atom, ops, it0, k_blocks, leader):
 
 # -- epilogue ---------------------------------------------------------------------------------------
 
-class Output:
-    """What the epilogue needs: sizes, output and bias pointers, dtypes, the user's function."""
+class OutputForm(NamedTuple):
+    """The compile-time shape of the output: its dtype, the bias (``has_bias``, its dtype), the
+    user's epilogue (None: none) and ``split_k`` (> 1: f32 partial sums, split s in rows
+    [s M, (s + 1) M), a 3-D map for TMA)."""
 
-    def __init__(self, out, ldc, bias, m, n, out_dtype, bias_dtype, has_bias, epilogue, tm_c, split_k):
+    out_dtype: object
+    bias_dtype: object
+    has_bias: bool
+    epilogue: object
+    split_k: int
+
+
+class Output:
+    """What the epilogue needs: sizes, output and bias pointers, the output's tensor map and its
+    ``OutputForm`` (whose fields it carries as its own)."""
+
+    def __init__(self, out, ldc, bias, m, n, tm_c, form: OutputForm):
         self.out, self.ldc, self.bias, self.m, self.n = out, ldc, bias, m, n
-        self.out_dtype, self.bias_dtype, self.has_bias, self.epilogue = out_dtype, bias_dtype, has_bias, epilogue
         self.tm_c = tm_c
-        self.split_k = split_k  # > 1: f32 partial sums, split s in rows [s M, (s + 1) M) (a 3-D map for TMA)
+        self.out_dtype, self.bias_dtype, self.has_bias, self.epilogue, self.split_k = form
 
 
 @ty.func
@@ -453,7 +467,7 @@ def gemm_sm90(
         raise ValueError("SPLIT_K > 1 writes f32 partial sums: it expects OUT_DTYPE=f32 without bias or epilogue")
     smem = ty.dynamic_shared(ty.u8, plan.total, align=1024)
     prob = Problem(m, n, k, plan, GROUP_M, SPLIT_K)
-    dst = Output(out, ldc, bias, m, n, OUT_DTYPE, BIAS_DTYPE, HAS_BIAS, EPILOGUE, tm_c, SPLIT_K)
+    dst = Output(out, ldc, bias, m, n, tm_c, OutputForm(OUT_DTYPE, BIAS_DTYPE, HAS_BIAS, EPILOGUE, SPLIT_K))
     init_barriers(smem, plan)
     wg = ty.warpgroup_idx()
     if wg == 0:

@@ -136,7 +136,7 @@ def _aligned_copy(t: torch.Tensor, inner_dim: int) -> torch.Tensor:
     return buf[:, :rows].t()
 
 
-class Operands(NamedTuple):
+class PreparedOperands(NamedTuple):
     """A (M, K) and B (K, N) as TMA reads them, with the dimension each is contiguous along
     (``a_major`` "k" or "m", ``b_major`` "n" or "k")."""
 
@@ -146,8 +146,8 @@ class Operands(NamedTuple):
     b_major: str
 
 
-def prepare(a: torch.Tensor, b: torch.Tensor) -> Operands:
-    """Operands TMA can read (copies only for other strides or misalignment)."""
+def prepare(a: torch.Tensor, b: torch.Tensor) -> PreparedOperands:
+    """PreparedOperands TMA can read (copies only for other strides or misalignment)."""
     am = a_major(a)
     if am is None:
         a, am = a.contiguous(), "k"
@@ -158,7 +158,7 @@ def prepare(a: torch.Tensor, b: torch.Tensor) -> Operands:
         b, bm = b.contiguous(), "n"
     if not _tma_ready(b, 1 if bm == "n" else 0):
         b = _aligned_copy(b, 1 if bm == "n" else 0)
-    return Operands(a, b, am, bm)
+    return PreparedOperands(a, b, am, bm)
 
 
 def _row_elems(n: int, dtype) -> int:
@@ -209,7 +209,7 @@ class LaunchPlan:
     adds them (then bias, epilogue, rounding).
     """
 
-    def __init__(self, ops: Operands, out_dtype, bias, epilogue, cfg, sms):
+    def __init__(self, ops: PreparedOperands, out_dtype, bias, epilogue, cfg, sms):
         a, b, am, bm = ops
         m, k = a.shape
         n = b.shape[1]
@@ -277,7 +277,7 @@ class LaunchPlan:
         self._reduce.launch(self.reduce_grid, self.reduce_args(ws, out, bias))
 
 
-def kernel_args(ops: Operands, out, bias, epilogue, cfg, spec=False):
+def kernel_args(ops: PreparedOperands, out, bias, epilogue, cfg, spec=False):
     """(arguments, constexprs) of ``gemm_sm90`` on ``ops`` (``prepare``) writing into ``out`` (an
     ``output_buffer``, or with an integer SPLIT_K > 1 in ``cfg`` a ``workspace`` and no bias or
     epilogue): the emulator's way in."""
@@ -297,7 +297,7 @@ def splitk_args(ws, out, bias, epilogue, m, n):
 
 
 def make_plan(a, b, out, bias, epilogue, am, bm, cfg) -> LaunchPlan:
-    return LaunchPlan(Operands(a, b, am, bm), out.dtype, bias, epilogue, cfg, sm_count(a.device.index))
+    return LaunchPlan(PreparedOperands(a, b, am, bm), out.dtype, bias, epilogue, cfg, sm_count(a.device.index))
 
 
 @ty.autotune(configs=CONFIGS, key=["a", "b", "out", "bias", "epilogue"], prune=prune,
