@@ -55,7 +55,7 @@ def f64_bound(a, b, sa, sb):
 @pytest.mark.parametrize("store", ["tma", "direct"])
 def test_emulated_fp8_gemm_is_the_model_and_near_float64(m, n, k, block_n, promote, grid, store):
     a, b, sa, sb = inputs(m, n, k, seed=m + n)
-    c = G.scaled_mm(a, b, sa, sb, block_n=block_n, promote=promote, emulate=True, grid=grid, store=store)
+    c = G.scaled_mm(a, b, sa, sb, G.Fp8Schedule(block_n, promote, store), emulate=True, grid=grid)
     np.testing.assert_array_equal(c.float().numpy(), model(a, b, sa, sb, promote))
     exact = sa.item() * sb.item() * (a.double() @ b.double().T)
     assert bool(((c.double() - exact).abs() <= f64_bound(a, b, sa, sb)).all())
@@ -87,7 +87,7 @@ def test_host_checks_name_the_argument():
     (1000, 1032, 1056, 128, True, "tma"), (4096, 4096, 4096, 256, False, "tma"), (77, 8, 16, 256, False, "tma")])
 def test_gpu_fp8_gemm_is_the_model_and_near_torch(m, n, k, block_n, promote, store):
     a, b, sa, sb = inputs(m, n, k, seed=k, device="cuda")
-    c = G.scaled_mm(a, b, sa, sb, block_n=block_n, promote=promote, store=store)
+    c = G.scaled_mm(a, b, sa, sb, G.Fp8Schedule(block_n, promote, store))
     exact = sa.item() * sb.item() * (a.double() @ b.double().T).cpu()
     assert bool(((c.double().cpu() - exact).abs() <= f64_bound(a, b, sa, sb)).all())
     if n % 16 == 0 and k % 16 == 0:  # torch._scaled_mm takes only B dimensions that are multiples of 16

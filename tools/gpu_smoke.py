@@ -59,7 +59,9 @@ def main():
 
     case("vector_add", vadd)
 
-    def attn(B, H, n_q, n_k, dtype=torch.bfloat16, causal=False, masked=False, lse=False, scale_inputs=1.0):
+    def attn(shape, dtype=torch.bfloat16, causal=False, masked=False, lse=False, scale_inputs=1.0):
+        B, H, n_q, n_k = shape
+
         def run():
             q = torch.randn(B, H, n_q, 64, device="cuda", dtype=dtype) * scale_inputs
             k = torch.randn(B, H, n_k, 64, device="cuda", dtype=dtype) * scale_inputs
@@ -87,16 +89,16 @@ def main():
     torch.manual_seed(0)
     for spec in [(1, 1, 128, 128), (1, 1, 64, 128), (1, 1, 17, 17), (1, 1, 1, 239), (1, 1, 239, 1),
                  (2, 3, 113, 203), (1, 2, 1023, 1024), (9, 6, 129, 127), (2, 2, 2048, 2048)]:
-        case(f"attn {spec}", attn(*spec))
-    case("attn causal 256", attn(1, 2, 256, 256, causal=True))
-    case("attn causal 1000", attn(2, 2, 1000, 1000, causal=True))
-    case("attn fp16", attn(1, 2, 300, 300, dtype=torch.float16))
-    case("attn lse", attn(1, 2, 200, 333, lse=True))
-    case("attn masked", attn(1, 2, 200, 333, masked=True, lse=True))
-    case("attn big logits", attn(1, 1, 256, 256, scale_inputs=30.0))
-    case("attn many tiles per CTA", attn(16, 32, 512, 512))
-    case("attn many tiles per CTA causal", attn(16, 32, 640, 640, causal=True, lse=True))
-    case("attn many tiles masked", attn(4, 32, 700, 900, masked=True))
+        case(f"attn {spec}", attn(spec))
+    case("attn causal 256", attn((1, 2, 256, 256), causal=True))
+    case("attn causal 1000", attn((2, 2, 1000, 1000), causal=True))
+    case("attn fp16", attn((1, 2, 300, 300), dtype=torch.float16))
+    case("attn lse", attn((1, 2, 200, 333), lse=True))
+    case("attn masked", attn((1, 2, 200, 333), masked=True, lse=True))
+    case("attn big logits", attn((1, 1, 256, 256), scale_inputs=30.0))
+    case("attn many tiles per CTA", attn((16, 32, 512, 512)))
+    case("attn many tiles per CTA causal", attn((16, 32, 640, 640), causal=True, lse=True))
+    case("attn many tiles masked", attn((4, 32, 700, 900), masked=True))
 
     def bench():
         from triton.testing import do_bench

@@ -35,6 +35,8 @@ tensors in the emulator) and ``main()``, a benchmark against ``torch._scaled_mm`
     python -m tylopy_kernels.examples.gemm_fp8 --sizes 4096 8192
     tylopy bench gemm_fp8 --sizes 4096 8192        (once the package's entry points are installed)
 """
+import dataclasses
+
 import tylopy as ty
 from tylopy import hopper
 # The producer, the ring and the k-block issue are the library kernel's (tylopy_kernels/gemm/fp8.py,
@@ -222,10 +224,23 @@ def _maps(a, b, c, block_m, block_n, emulate):
     return out
 
 
-def scaled_mm(a, b, scale_a, scale_b, block_n: int = 256, promote: bool = False, emulate: bool = False,
-              grid: int | None = None, store: str = "tma"):
-    """bf16 ``scale_a * scale_b * (a @ b.T)`` for e4m3 ``a`` (M x K) and ``b`` (N x K)."""
+@dataclasses.dataclass(frozen=True)
+class Fp8Schedule:
+    """The kernel's compile-time schedule: ``block_n`` (64, 128 or 256 columns per tile),
+    ``promote`` (add the wgmma sums into a second f32 accumulator every k-block) and ``store``
+    ("tma" through shared memory, or "direct" from the registers)."""
+
+    block_n: int = 256
+    promote: bool = False
+    store: str = "tma"
+
+
+def scaled_mm(a, b, scale_a, scale_b, schedule: Fp8Schedule = Fp8Schedule(), emulate: bool = False,
+              grid: int | None = None):
+    """bf16 ``scale_a * scale_b * (a @ b.T)`` for e4m3 ``a`` (M x K) and ``b`` (N x K); ``emulate``
+    runs CPU tensors in the emulator on ``grid`` CTAs (default: 2, on a GPU one per SM)."""
     import torch
+    block_n, promote, store = schedule.block_n, schedule.promote, schedule.store
     check_inputs(a, b, scale_a, scale_b)
     m, k = a.shape
     n = b.shape[0]
@@ -256,7 +271,8 @@ def emulate_example(m: int = 150, n: int = 136, k: int = 272, grid=None):
     a = (torch.randn(m, k, generator=gen) * 4).to(torch.float8_e4m3fn)
     b = (torch.randn(n, k, generator=gen) * 4).to(torch.float8_e4m3fn)
     sa, sb = torch.tensor([0.5]), torch.tensor([0.25])
-    c = scaled_mm(a, b, sa, sb, block_n=128, emulate=True, grid=grid[0] if isinstance(grid, tuple) else grid)
+    c = scaled_mm(a, b, sa, sb, Fp8Schedule(block_n=128), emulate=True,
+                  grid=grid[0] if isinstance(grid, tuple) else grid)
     want = 0.125 * (a.double() @ b.double().T)
     tol = 2.0 ** -7 * 0.125 * float((a.double().abs() @ b.double().abs().T).max())
     return c.double().numpy(), want.numpy(), tol
@@ -281,11 +297,11 @@ def main(argv=None):
         b = torch.randn(s, s, device="cuda", generator=gen).to(torch.float8_e4m3fn)
         sa = torch.tensor([0.5], device="cuda")
         sb = torch.tensor([2.0], device="cuda")
-        cfg = dict(block_n=args.block_n, promote=args.promote, store=args.store)
-        ours = scaled_mm(a, b, sa, sb, **cfg)
+        schedule = Fp8Schedule(block_n=args.block_n, promote=args.promote, store=args.store)
+        ours = scaled_mm(a, b, sa, sb, schedule)
         flops = 2 * s ** 3
         row = [f"{s}^3"]
-        for name, fn in (("tylopy", lambda: scaled_mm(a, b, sa, sb, **cfg)),
+        for name, fn in (("tylopy", lambda: scaled_mm(a, b, sa, sb, schedule)),
                          ("torch", lambda: torch._scaled_mm(a, b.t(), sa, sb, out_dtype=torch.bfloat16)),
                          ("torch fast_accum", lambda: torch._scaled_mm(a, b.t(), sa, sb, out_dtype=torch.bfloat16,
                                                                        use_fast_accum=True))):
