@@ -60,12 +60,14 @@ class C:
     def static(self, a, b, c, d, e, f, g, h): pass
 def outer():
     def inner(a, b, c, d, e, f, g, h, *, i): pass
+def _(a, b, c, d, e, f, g, h, i, j, k): pass
+def _(a, b, c, d, e, f, g, h, i): pass
 '''
     (tmp_path / "m.py").write_text(src)
     found = cp.over_limit(["m.py"], root=str(tmp_path))
     assert {n: c for n, (c, _) in found.items()} == {"m.py::plain": 10, "m.py::C.static": 9,
-                                                      "m.py::outer.<locals>.inner": 9}
-    assert cp.compare(found, {"m.py::plain": 10, "m.py::C.static": 8, "m.py::gone": 9}) == [
+                                                      "m.py::outer.<locals>.inner": 9, "m.py::_": 11}
+    assert cp.compare(found, {"m.py::plain": 10, "m.py::C.static": 8, "m.py::gone": 9, "m.py::_": 11}) == [
         "m.py::C.static (line 11) takes 9 parameters, 8 on the allowlist",
         "m.py::outer.<locals>.inner (line 13) takes 9 parameters; the limit is 8 outside kernel signatures "
         "(group related ones into a dataclass)",
