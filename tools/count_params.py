@@ -20,8 +20,9 @@ one on it is no longer over the limit (delete its line: the list only shrinks), 
 ``--write-allowlist FILE`` rewrites the allowlist from the functions now over the limit: the header
 comments and the reason of every entry still over the limit are kept, entries no longer over the
 limit are dropped, and new ones get the reason ``--reason`` (default ``to split``); it prints what
-changed (a count that grew among them: the list should only shrink). Use it after a merge, then review the added lines (a public API, an operator schema or a
-kernel-facing view deserves a real reason; everything else stays "to split" until it is split).
+changed, counts that grew included (the list should only shrink). Use it after a merge, then review
+the added lines (a public API, an operator schema or a kernel-facing view deserves a real reason;
+everything else stays "to split" until it is split).
 """
 from __future__ import annotations
 

@@ -121,8 +121,8 @@ def plan_backward_portable(tensors: BackwardTensors, options: BackwardOptions) -
         mask_t, ms = placeholder(dev, torch.uint8), (0, 0, 0, 0)
     i16 = torch.int16
     dtype = dtype_of(q)
-    common = dict(DTYPE=dtype, HEAD_DIM=D, WARPS=WARPS, HAS_MASK=attn_mask is not None, ASYNC_COPY=options.async_copy,
-                  VARLEN=packed)
+    common = dict(DTYPE=dtype, HEAD_DIM=D, WARPS=WARPS, HAS_MASK=attn_mask is not None,
+                  ASYNC_COPY=options.async_copy, VARLEN=packed)
     rows = ROWS_PER_WARP * WARPS
     strides = {name: row_strides(t, packed) for name, t in (("q", q), ("k", k), ("v", v), ("out", out),
                                                              ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv))}
