@@ -1,0 +1,109 @@
+"""Host side of the FP8 attention forward (``forward_fp8.py``): checks, descale tables, the
+permuted V^T, tensor maps and the launch.
+
+``launch_fp8(q, k, v, attn_mask, is_causal, scale, out, lse, descales)`` takes e4m3 q (B, H, N_q,
+128) and k, v (B, H_kv, N_k, 128) with H_kv dividing H, and writes out (B, H, N_q, 128) bf16 and
+lse (B, H, N_q) float32 (or None). ``plan_fp8`` builds the same launch without a GPU (the emulator
+runs it with tensor-map specs).
+
+V is read by the kernel as V^T with each group of 32 keys permuted (``forward_fp8.key_slot``):
+``value_transposed`` writes it, one pass over V (N_k x 128 bytes per K/V head) and a buffer of the
+same size, zeros past N_k up to a multiple of 32.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tylopy.runtime.tensormap import TensorMap
+
+from tylopy_kernels.attention.common import mask_and_lse_args
+from tylopy_kernels.attention.sm90.forward_fp8 import KEY_GROUP, Fp8Plan, attention_fwd_fp8_sm90, key_slot
+from tylopy_kernels.attention.sm90.launch import _coord_order, _fits, _map_geometry
+
+# D = 128, 128 x 128 tiles, two consumers: S and O take 64 registers each, P 16.
+SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 2, "EXPONENT": "shared", "RESCALE_THRESHOLD": 0.0,
+            "PV_WAIT": "pinned"}
+# slot -> the key (of a group of 32) that V^T holds there
+_SOURCE_KEY = [0] * KEY_GROUP
+for _c in range(KEY_GROUP):
+    _SOURCE_KEY[key_slot(_c)] = _c
+
+
+@dataclass
+class Launch:
+    grid: tuple
+    args: tuple
+    constexprs: dict
+
+
+def value_transposed(v: torch.Tensor) -> torch.Tensor:
+    """(B, H_kv, D, N') e4m3 codes: V^T with the keys of each group of 32 in ``key_slot`` order,
+    N' = N_k rounded up to 32, zeros past N_k."""
+    B, Hkv, n, D = v.shape
+    n_pad = -(-n // KEY_GROUP) * KEY_GROUP
+    codes = v.view(torch.uint8)
+    if n_pad != n:
+        codes = torch.cat([codes, torch.zeros((B, Hkv, n_pad - n, D), dtype=torch.uint8, device=v.device)], 2)
+    groups = codes.reshape(B, Hkv, n_pad // KEY_GROUP, KEY_GROUP, D)
+    src = torch.tensor(_SOURCE_KEY, device=v.device)
+    vt = groups.index_select(3, src).permute(0, 1, 4, 2, 3).contiguous().reshape(B, Hkv, D, n_pad)
+    return vt.view(torch.float8_e4m3fn)
+
+
+def descale_tables(descales, B, Hkv, device):
+    """(q_descale * k_descale, v_descale) as contiguous (B, H_kv) float32; a missing one is 1."""
+    tables = []
+    for d in descales:
+        tables.append(torch.ones((B, Hkv), dtype=torch.float32, device=device) if d is None
+                      else d.reshape(-1).expand(B * Hkv).reshape(B, Hkv) if d.numel() == 1 else d)
+    qk = (tables[0] * tables[1]).contiguous()
+    return qk, tables[2].contiguous()
+
+
+def device_map(t, shape, strides, box) -> TensorMap:
+    return TensorMap.cached(t, tuple(shape), tuple(strides), tuple(box), "e4m3")
+
+
+def resolve_schedule(schedule=None) -> dict:
+    sched = dict(SCHEDULE)
+    sched.update(schedule or {})
+    return sched
+
+
+def plan_fp8(q, k, v, attn_mask, is_causal, scale, out, lse, descales, schedule=None, make_map=None) -> Launch:
+    """The grid, arguments and constexprs of one launch (``make_map(t, dims, strides, box)`` builds
+    a tensor map; ``descales`` = (q, k, v) descales, each None, one element or (B, H_kv))."""
+    B, H, n_q, D = q.shape
+    Hkv, n_k = k.shape[1], k.shape[2]
+    sched = resolve_schedule(schedule)
+    make_map = make_map or device_map
+    order = _coord_order(q)
+    if _coord_order(k) != order or not all(_fits(t, order) for t in (q, k)):
+        q, k = q.contiguous(), k.contiguous()
+        order = _coord_order(q)
+    vt = value_transposed(v)
+    n_pad = vt.shape[3]
+    block_m = 64 * sched["CONSUMERS"]
+    maps = []
+    for t, rows in ((q, block_m), (k, sched["BLOCK_N"])):
+        shape, strides, box = _map_geometry(t, rows, order)
+        box[0] = D                       # one 128-byte row of codes
+        maps.append(make_map(t, shape, strides, box))
+    maps.append(make_map(vt, (n_pad, D, Hkv, B), (n_pad, D * n_pad, Hkv * D * n_pad), (128, D, 1, 1)))
+    mask_t, ms, lse_t = mask_and_lse_args(attn_mask, lse, B, H, n_q, n_k, q.device)
+    qk_scale, v_scale = descale_tables(descales, B, Hkv, q.device)
+    num_m = (n_q + block_m - 1) // block_m
+    args = (*maps, out.view(torch.int16), lse_t, mask_t, qk_scale, v_scale, n_q, n_k, H, B, H // Hkv, scale,
+            int(is_causal), out.stride(0), out.stride(1), out.stride(2), ms[0], ms[1], ms[2], ms[3])
+    cx = dict(sched, HEAD_DIM=D, HAS_MASK=attn_mask is not None, RETURN_LSE=lse is not None, COORD_ORDER=order)
+    Fp8Plan(D, cx["BLOCK_N"], cx["STAGES"], cx["CONSUMERS"])  # fails early on a bad schedule
+    return Launch((num_m, H, B), args, cx), vt
+
+
+def launch_fp8(q, k, v, attn_mask, is_causal, scale, out, lse, descales, schedule=None):
+    """Run the kernel (an H100/H200); out and lse are written."""
+    launch, vt = plan_fp8(q, k, v, attn_mask, is_causal, scale, out, lse, descales, schedule)
+    attention_fwd_fp8_sm90[launch.grid](*launch.args, **launch.constexprs)
+    return vt  # the caller keeps the transposed V alive until the launch has run (same stream)
