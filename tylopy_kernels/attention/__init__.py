@@ -32,6 +32,7 @@ import torch
 
 from tylopy_kernels.attention.common import check_token_tensor, rejecter
 from tylopy_kernels.attention.conventions import autocast_inputs, is_nested, nested_attention
+from tylopy_kernels.attention.fp8 import fp8_attention, is_fp8_call, reject_variant
 
 HOPPER_HEAD_DIMS = (64, 128)
 BLOCK_M = 128
@@ -101,17 +102,32 @@ def check_inputs(query, key, value, attn_mask, is_causal, scale, enable_gqa=Fals
 
 def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
               return_lse=False, *, window_size=None, softcap=None, alibi_slopes=None, sinks=None, score_mod=None,
-              mask_mod=None, block_mask=None, aux=None, causal_align="top_left"):
+              mask_mod=None, block_mask=None, aux=None, causal_align="top_left", q_descale=None, k_descale=None,
+              v_descale=None):
     """softmax(scale * query key^T, masked) value, like SDPA; with ``return_lse`` also the row LSE (fp32).
 
     Differentiable: when an input requires grad, or under ``torch.compile``, the call goes
     through the ``tylopy::attention_fwd`` operator (``autograd.py``), whose backward runs
     tylopy's backward kernels; otherwise it launches the forward kernel directly.
 
+    ``torch.float8_e4m3fn`` inputs (D = 128, Hopper, forward only) run the FP8 kernel (``fp8.py``):
+    ``q_descale``/``k_descale``/``v_descale`` (float32, one element or (B, H_kv)) dequantize them, as
+    FlashAttention-3's; the output is bf16 (docs/fp8.md).
+
     The keywords after ``*`` (and a float ``attn_mask``, or ``is_causal`` with unequal lengths)
     make it a variant (``variants.py``, docs/attention-variants.md): sliding window, softcap,
     ALiBi, attention sinks, user ``score_mod``/``mask_mod`` and block-sparse masks.
     """
+    descales = (q_descale, k_descale, v_descale)
+    if is_fp8_call(query, key, value, descales):
+        given = {n: x for n, x in (("window_size", window_size), ("softcap", softcap), ("alibi_slopes", alibi_slopes),
+                                   ("sinks", sinks), ("score_mod", score_mod), ("mask_mod", mask_mod),
+                                   ("block_mask", block_mask), ("aux", aux)) if x is not None}
+        if causal_align != "top_left":
+            given["causal_align"] = causal_align
+        reject_variant(given)
+        return fp8_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
+                             descales)
     if (window_size is not None or softcap is not None or alibi_slopes is not None or sinks is not None
             or score_mod is not None or mask_mod is not None or block_mask is not None or aux is not None
             or causal_align != "top_left" or (not is_nested(query, key, value) and (

@@ -19,16 +19,12 @@ import torch
 from tylopy.runtime.tensormap import TensorMap
 
 from tylopy_kernels.attention.common import mask_and_lse_args
-from tylopy_kernels.attention.sm90.forward_fp8 import KEY_GROUP, Fp8Plan, attention_fwd_fp8_sm90, key_slot
+from tylopy_kernels.attention.sm90.forward_fp8 import KEY_GROUP, Fp8Plan, attention_fwd_fp8_sm90
 from tylopy_kernels.attention.sm90.launch import _coord_order, _fits, _map_geometry
 
 # D = 128, 128 x 128 tiles, two consumers: S and O take 64 registers each, P 16.
 SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 2, "EXPONENT": "shared", "RESCALE_THRESHOLD": 0.0,
             "PV_WAIT": "pinned"}
-# slot -> the key (of a group of 32) that V^T holds there
-_SOURCE_KEY = [0] * KEY_GROUP
-for _c in range(KEY_GROUP):
-    _SOURCE_KEY[key_slot(_c)] = _c
 
 
 @dataclass
@@ -40,15 +36,17 @@ class Launch:
 
 def value_transposed(v: torch.Tensor) -> torch.Tensor:
     """(B, H_kv, D, N') e4m3 codes: V^T with the keys of each group of 32 in ``key_slot`` order,
-    N' = N_k rounded up to 32, zeros past N_k."""
+    N' = N_k rounded up to 32, zeros past N_k. Key 8a + 2t + e (a = 2 a1 + a0) goes to slot
+    16 a1 + 4 t + 2 a0 + e: a permutation of the key index's bit fields, so one strided copy
+    (and a padded copy first when N_k is not a multiple of 32)."""
     B, Hkv, n, D = v.shape
     n_pad = -(-n // KEY_GROUP) * KEY_GROUP
     codes = v.view(torch.uint8)
     if n_pad != n:
         codes = torch.cat([codes, torch.zeros((B, Hkv, n_pad - n, D), dtype=torch.uint8, device=v.device)], 2)
-    groups = codes.reshape(B, Hkv, n_pad // KEY_GROUP, KEY_GROUP, D)
-    src = torch.tensor(_SOURCE_KEY, device=v.device)
-    vt = groups.index_select(3, src).permute(0, 1, 4, 2, 3).contiguous().reshape(B, Hkv, D, n_pad)
+    # key = (group, a1, a0, t, e) -> V^T column (group, a1, t, a0, e)
+    fields = codes.reshape(B, Hkv, n_pad // KEY_GROUP, 2, 2, 4, 2, D)
+    vt = fields.permute(0, 1, 7, 2, 3, 5, 4, 6).contiguous().view(B, Hkv, D, n_pad)
     return vt.view(torch.float8_e4m3fn)
 
 
