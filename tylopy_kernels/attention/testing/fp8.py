@@ -10,14 +10,20 @@ import torch
 E4M3_MAX = 448.0
 
 
-def quantize(x: torch.Tensor, per_head: bool):
+def quantize(x: torch.Tensor, per_head: bool, kv_heads=None):
     """(e4m3 codes, float32 descale) of a (B, H, N, D) tensor: amax / 448 per tensor (a 1-element
-    descale) or per (batch, head) (a (B, H) descale), as an FP8 pipeline would store them."""
-    amax = x.abs().amax(dim=(2, 3)) if per_head else x.abs().amax().reshape(1)
-    descale = (amax.float().clamp_min(1e-12) / E4M3_MAX)
-    div = descale[:, :, None, None] if per_head else descale
-    codes = (x.float() / div).to(torch.float8_e4m3fn)
-    return codes, descale
+    descale) or per (batch, K/V head) (a (B, H_kv) descale: the query's H / H_kv heads of a group
+    share one, as FlashAttention-3's q_descale), as an FP8 pipeline would store them."""
+    B, H, N, D = x.shape
+    kv_heads = kv_heads or H
+    if per_head:
+        amax = x.reshape(B, kv_heads, H // kv_heads * N, D).abs().amax(dim=(2, 3))
+        descale = amax.float().clamp_min(1e-12) / E4M3_MAX
+        div = descale.repeat_interleave(H // kv_heads, 1)[:, :, None, None]
+    else:
+        descale = (x.abs().amax().float().clamp_min(1e-12) / E4M3_MAX).reshape(1)
+        div = descale
+    return (x.float() / div).to(torch.float8_e4m3fn), descale
 
 
 def dequantized(codes: torch.Tensor, descale) -> torch.Tensor:
