@@ -36,14 +36,15 @@ def emulate(q, k, v, descales, causal=False, scale=None, mask=None, schedule=Non
     scale = 1 / math.sqrt(D) if scale is None else scale
     out = torch.full((B, H, n, D), float("nan"), dtype=torch.bfloat16)
     lse_t = torch.full((B, H, n), float("nan")) if lse else None
-    plan, _ = fp8_launch.plan_fp8(q, k, v, mask, causal, scale, out, lse_t, descales, schedule, make_map=_spec)
+    prob = fp8_launch.Fp8Problem(q, k, v, mask, causal, scale, descales)
+    plan, _ = fp8_launch.plan_fp8(prob, out, lse_t, schedule, make_map=_spec)
     attention_fwd_fp8_sm90.emulate(*plan.args, grid=plan.grid, **plan.constexprs)
     return out, lse_t, plan
 
 
 CASES = [
     # name, (B, H, Hkv, n), causal, descale form, schedule
-    pytest.param("gqa-per-head-descales", (1, 2, 1, 200), False, "per_head", {}, id="gqa-per-head-descales"),
+    pytest.param("gqa-mask-per-head-descales", (1, 2, 1, 200), False, "per_head", {}, id="gqa-mask-per-head-descales"),
     pytest.param("causal-per-tensor-3-tiles", (2, 1, 1, 300), True, "tensor", {}, id="causal-per-tensor-3-tiles"),
     pytest.param("bn256-3-stages-causal", (1, 4, 2, 600), True, "per_head", {"BLOCK_N": 256, "STAGES": 3},
                  marks=pytest.mark.exhaustive, id="bn256-3-stages-causal"),
@@ -65,14 +66,18 @@ def test_emulated_fp8_forward(name, dims, causal, form, schedule):
     B, H, Hkv, n = dims
     q, k, v = codes((B, H, n, 128), 1), codes((B, Hkv, n, 128), 2), codes((B, Hkv, n, 128), 3)
     descales = _descales(form, B, Hkv, 4)
-    out, lse, plan = emulate(q, k, v, descales, causal, schedule=schedule)
+    mask = None
+    if "mask" in name:
+        mask = torch.rand(n, n, generator=torch.Generator().manual_seed(5)) > 0.3
+        mask[:, 0] = True  # every row keeps a key
+    out, lse, plan = emulate(q, k, v, descales, causal, mask=mask, schedule=schedule)
     qd, kd, vd = (F.dequantized(t, d) for t, d in zip((q, k, v), descales))
-    want, want_lse = F.reference(qd, kd, vd, causal)
+    want, want_lse = F.reference(qd, kd, vd, causal, mask=mask)
     assert torch.isfinite(out.float()).all(), "NaN/inf in the output"
     vmax = vd.abs().max().item()
     fp8_err = F.errors(out, want)
-    bf16_err = F.errors(F.sdpa_bf16(qd, kd, vd, causal), want)
-    model = F.blockwise_model(q, k, v, descales, causal, block_n=plan.constexprs["BLOCK_N"])
+    bf16_err = F.errors(F.sdpa_bf16(qd, kd, vd, causal, mask=mask), want)
+    model = F.blockwise_model(q, k, v, descales, causal, block_n=plan.constexprs["BLOCK_N"], mask=mask)
     model_err = F.errors(out, model)
     print(f"\n{name}: max|v| {vmax:.3g}; tylopy fp8 vs FP64 max {fp8_err['max_abs']:.3e} mean {fp8_err['mean_abs']:.3e};"
           f" SDPA bf16 max {bf16_err['max_abs']:.3e} mean {bf16_err['mean_abs']:.3e}; fp8 vs its float64 model "

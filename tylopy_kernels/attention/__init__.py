@@ -126,7 +126,7 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         if causal_align != "top_left":
             given["causal_align"] = causal_align
         reject_variant(given)
-        return fp8_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
+        return fp8_attention((query, key, value), attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
                              descales)
     if (window_size is not None or softcap is not None or alibi_slopes is not None or sinks is not None
             or score_mod is not None or mask_mod is not None or block_mask is not None or aux is not None

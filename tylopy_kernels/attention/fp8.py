@@ -46,9 +46,10 @@ def reject_variant(given):
         _fail(ValueError, name, "its default with float8 inputs (the FP8 forward has no variants)", repr(given[name]))
 
 
-def check_fp8(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, descales):
-    """Validate an FP8 call; returns the softmax scale."""
+def check_fp8(qkv, attn_mask, dropout_p, is_causal, scale, enable_gqa, descales):
+    """Validate an FP8 call (``qkv`` = (query, key, value)); returns the softmax scale."""
     from tylopy_kernels.attention import check_inputs
+    query, key, value = qkv
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
             _fail(TypeError, name, "a torch.Tensor", type(t).__name__)
@@ -83,11 +84,13 @@ def check_fp8(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
     return scale
 
 
-def fp8_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, descales):
-    """The checked FP8 forward: (out, lse) with return_lse, else out (bf16)."""
+def fp8_attention(qkv, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, descales):
+    """The checked FP8 forward of ``qkv`` = (query, key, value): (out, lse) with return_lse, else
+    out (bf16)."""
     if type(return_lse) is not bool:
         _fail(TypeError, "return_lse", "a bool", type(return_lse).__name__)
-    scale = check_fp8(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, descales)
+    query, key, value = qkv
+    scale = check_fp8(qkv, attn_mask, dropout_p, is_causal, scale, enable_gqa, descales)
     from tylopy_kernels.attention import _capability
     major, minor = _capability(query.device.index)
     if major != 9:
@@ -105,6 +108,6 @@ def fp8_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, ena
         codes = query.view(torch.uint8)
         query = (codes ^ 0x80 if scale < 0 else codes & 0).view(torch.float8_e4m3fn)
         scale = -scale if scale < 0 else 1.0
-    from tylopy_kernels.attention.sm90.fp8_launch import launch_fp8
-    launch_fp8(query, key, value, attn_mask, is_causal, scale, out, lse, descales)
+    from tylopy_kernels.attention.sm90.fp8_launch import Fp8Problem, launch_fp8
+    launch_fp8(Fp8Problem(query, key, value, attn_mask, is_causal, scale, descales), out, lse)
     return (out, lse) if return_lse else out

@@ -1,8 +1,8 @@
 """Host side of the FP8 attention forward (``forward_fp8.py``): checks, descale tables, the
 permuted V^T, tensor maps and the launch.
 
-``launch_fp8(q, k, v, attn_mask, is_causal, scale, out, lse, descales)`` takes e4m3 q (B, H, N_q,
-128) and k, v (B, H_kv, N_k, 128) with H_kv dividing H, and writes out (B, H, N_q, 128) bf16 and
+``launch_fp8(Fp8Problem(q, k, v, attn_mask, is_causal, scale, descales), out, lse)`` takes e4m3 q
+(B, H, N_q, 128) and k, v (B, H_kv, N_k, 128) with H_kv dividing H, and writes out (B, H, N_q, 128) bf16 and
 lse (B, H, N_q) float32 (or None). ``plan_fp8`` builds the same launch without a GPU (the emulator
 runs it with tensor-map specs).
 
@@ -25,6 +25,19 @@ from tylopy_kernels.attention.sm90.launch import _coord_order, _fits, _map_geome
 # D = 128, 128 x 128 tiles, two consumers: S and O take 64 registers each, P 16.
 SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 2, "EXPONENT": "shared", "RESCALE_THRESHOLD": 0.0,
             "PV_WAIT": "pinned"}
+
+
+@dataclass
+class Fp8Problem:
+    """One call's inputs: e4m3 q (B, H, N_q, 128), k/v (B, H_kv, N_k, 128), the Boolean mask or
+    None, causal, the softmax scale and the (q, k, v) descales (each None, one element or (B, H_kv))."""
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    attn_mask: object = None
+    is_causal: bool = False
+    scale: float = 0.08838834764831845
+    descales: tuple = (None, None, None)
 
 
 @dataclass
@@ -70,9 +83,10 @@ def resolve_schedule(schedule=None) -> dict:
     return sched
 
 
-def plan_fp8(q, k, v, attn_mask, is_causal, scale, out, lse, descales, schedule=None, make_map=None) -> Launch:
-    """The grid, arguments and constexprs of one launch (``make_map(t, dims, strides, box)`` builds
-    a tensor map; ``descales`` = (q, k, v) descales, each None, one element or (B, H_kv))."""
+def plan_fp8(prob: Fp8Problem, out, lse, schedule=None, make_map=None):
+    """(the grid, arguments and constexprs of one launch, the V^T it reads); ``make_map(t, dims,
+    strides, box)`` builds a tensor map."""
+    q, k, v, attn_mask, is_causal, scale = prob.q, prob.k, prob.v, prob.attn_mask, prob.is_causal, prob.scale
     B, H, n_q, D = q.shape
     Hkv, n_k = k.shape[1], k.shape[2]
     sched = resolve_schedule(schedule)
@@ -91,7 +105,7 @@ def plan_fp8(q, k, v, attn_mask, is_causal, scale, out, lse, descales, schedule=
         maps.append(make_map(t, shape, strides, box))
     maps.append(make_map(vt, (n_pad, D, Hkv, B), (n_pad, D * n_pad, Hkv * D * n_pad), (128, D, 1, 1)))
     mask_t, ms, lse_t = mask_and_lse_args(attn_mask, lse, B, H, n_q, n_k, q.device)
-    qk_scale, v_scale = descale_tables(descales, B, Hkv, q.device)
+    qk_scale, v_scale = descale_tables(prob.descales, B, Hkv, q.device)
     num_m = (n_q + block_m - 1) // block_m
     args = (*maps, out.view(torch.int16), lse_t, mask_t, qk_scale, v_scale, n_q, n_k, H, B, H // Hkv, scale,
             int(is_causal), out.stride(0), out.stride(1), out.stride(2), ms[0], ms[1], ms[2], ms[3])
@@ -100,8 +114,8 @@ def plan_fp8(q, k, v, attn_mask, is_causal, scale, out, lse, descales, schedule=
     return Launch((num_m, H, B), args, cx), vt
 
 
-def launch_fp8(q, k, v, attn_mask, is_causal, scale, out, lse, descales, schedule=None):
+def launch_fp8(prob: Fp8Problem, out, lse, schedule=None):
     """Run the kernel (an H100/H200); out and lse are written."""
-    launch, vt = plan_fp8(q, k, v, attn_mask, is_causal, scale, out, lse, descales, schedule)
+    launch, vt = plan_fp8(prob, out, lse, schedule)
     attention_fwd_fp8_sm90[launch.grid](*launch.args, **launch.constexprs)
     return vt  # the caller keeps the transposed V alive until the launch has run (same stream)

@@ -7,6 +7,8 @@ import math
 
 import torch
 
+from tylopy_kernels.attention.sm90.forward_fp8 import P_OFFSET
+
 E4M3_MAX = 448.0
 
 
@@ -52,12 +54,12 @@ def reference(q, k, v, causal=False, scale=None, mask=None):
     return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
 
 
-def sdpa_bf16(q, k, v, causal=False, scale=None):
+def sdpa_bf16(q, k, v, causal=False, scale=None, mask=None):
     """torch SDPA on the dequantized inputs rounded to bf16 (what a bf16 kernel would be given)."""
     H = q.shape[1]
     k, v = (t.repeat_interleave(H // t.shape[1], 1) if t.shape[1] != H else t for t in (k, v))
     return torch.nn.functional.scaled_dot_product_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(),
-                                                            is_causal=causal, scale=scale)
+                                                            attn_mask=mask, is_causal=causal, scale=scale)
 
 
 def errors(out, want) -> dict:
@@ -76,9 +78,9 @@ def error_table(q8, k8, v8, descales, causal=False, out=None, scale=None) -> dic
     return row
 
 
-def blockwise_model(q8, k8, v8, descales, causal=False, scale=None, block_n=128, offset=8.0):
+def blockwise_model(q8, k8, v8, descales, causal=False, scale=None, block_n=128, mask=None):
     """The FP8 kernel's algorithm in float64: per key tile the running row maximum m, weights
-    p = 2^((s - m) log2 e + offset) rounded to e4m3 for the PV product, row sums of the unrounded
+    p = 2^((s - m) log2 e + P_OFFSET) rounded to e4m3 for the PV product, row sums of the unrounded
     weights, O and l rescaled when m moves; O / l times v_descale. It differs from the kernel
     only by the tensor cores' truncations and the approximate exp2 (a rare weight on the other
     side of an e4m3 rounding boundary)."""
@@ -92,6 +94,8 @@ def blockwise_model(q8, k8, v8, descales, causal=False, scale=None, block_n=128,
     n_q, n_k = s.shape[-2:]
     if causal:
         s = s.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool).triu(1), -math.inf)
+    if mask is not None:
+        s = s.masked_fill(~mask, -math.inf)
     log2e = 1 / math.log(2)
     m = torch.full(s.shape[:-1] + (1,), -math.inf, dtype=torch.float64)
     l = torch.zeros_like(m)
@@ -101,7 +105,7 @@ def blockwise_model(q8, k8, v8, descales, causal=False, scale=None, block_n=128,
         m_new = torch.maximum(m, sj.amax(-1, keepdim=True))
         m_use = torch.where(m_new == -math.inf, 0.0, m_new)
         alpha = torch.exp2((m - m_use) * log2e)
-        p = torch.exp2((sj - m_use) * log2e + offset)
+        p = torch.exp2((sj - m_use) * log2e + P_OFFSET)
         pq = p.float().to(torch.float8_e4m3fn).double()
         l = l * alpha + p.sum(-1, keepdim=True)
         o = o * alpha + pq @ vc[..., j:j + block_n, :]
