@@ -13,8 +13,12 @@ specializations (no GPU needed).
 
     tylopy bench attention --fp8 --output results/attention-fp8.json
     tylopy bench attention --fp8 --ptxas
+    tylopy bench attention --fp8 --variant STAGES=3 --variant BLOCK_N=256,STAGES=3   # schedule options
+    tylopy bench attention --fp8 --schedule STAGES=3     # change the FP8 defaults for the whole run
 """
 from __future__ import annotations
+
+import contextlib
 
 TOKENS = 16384
 HEADS = 16
@@ -63,8 +67,35 @@ def _inputs(b, n, seed):
     return x
 
 
-def candidates(causal):
+@contextlib.contextmanager
+def fp8_schedule(changes):
+    """The FP8 launcher's defaults with ``changes`` while inside (restored after)."""
+    from tylopy_kernels.attention.sm90 import fp8_launch
+    saved = dict(fp8_launch.SCHEDULE)
+    fp8_launch.SCHEDULE.update(changes)
+    try:
+        yield
+    finally:
+        fp8_launch.SCHEDULE.clear()
+        fp8_launch.SCHEDULE.update(saved)
+
+
+def _variant(changes, causal):
     import tylopy
+
+    def run(x):
+        with fp8_schedule(changes):
+            return tylopy.attention(x["q8"], x["k8"], x["v8"], is_causal=causal, q_descale=x["descales"][0],
+                                    k_descale=x["descales"][1], v_descale=x["descales"][2])
+    return run
+
+
+def candidates(causal, variants=()):
+    """name -> fn(inputs); each of ``variants`` ("K=V,...", as --variant takes them) adds
+    ``tylopy_fp8[K=V,...]``: the FP8 forward under those schedule changes."""
+    import tylopy
+
+    from tylopy_kernels.attention.bench.forward import parse_schedule
     out = {"tylopy_fp8": lambda x: tylopy.attention(x["q8"], x["k8"], x["v8"], is_causal=causal,
                                                     q_descale=x["descales"][0], k_descale=x["descales"][1],
                                                     v_descale=x["descales"][2]),
@@ -72,6 +103,8 @@ def candidates(causal):
     name, fa = fa3_fp8()
     if name is not None:
         out[name] = lambda x: fa(x["q8t"], x["k8t"], x["v8t"], x["descales"], causal).transpose(1, 2)
+    for text in variants:
+        out[f"tylopy_fp8[{text}]"] = _variant(parse_schedule(text), causal)
     return out
 
 
@@ -83,7 +116,7 @@ def check(name, out, x, causal):
     b, h = out.shape[0] - 1, out.shape[1] - 1
     for bb, hh in ((0, 0), (b, h)):
         sl = (slice(bb, bb + 1), slice(hh, hh + 1))
-        if name == "tylopy_bf16":
+        if name.startswith("tylopy_bf16"):
             qd, kd, vd = (x[t][sl].double() for t in ("q", "k", "v"))
         else:
             qd, kd, vd = (F.dequantized(x[t][sl], d) for t, d in zip(("q8", "k8", "v8"), x["descales"]))
@@ -97,14 +130,14 @@ def check(name, out, x, causal):
     return row
 
 
-def run(ns=NS, causal_modes=(False, True), bench=None):
+def run(ns=NS, causal_modes=(False, True), bench=None, variants=()):
     import torch
     rows = []
     for causal in causal_modes:
         for n in ns:
             b = max(TOKENS // n, 1)
             x = _inputs(b, n, seed=n)
-            for name, fn in candidates(causal).items():
+            for name, fn in candidates(causal, variants).items():
                 row = {"name": name, "n": n, "batch": b, "causal": causal}
                 try:
                     out = fn(x)
@@ -120,7 +153,7 @@ def run(ns=NS, causal_modes=(False, True), bench=None):
 
 
 def print_row(r):
-    tag = f"N={r['n']:>6} {'causal' if r['causal'] else 'full  '} {r['name']:<14}"
+    tag = f"N={r['n']:>6} {'causal' if r['causal'] else 'full  '} {r['name']:<20}"
     if "error" in r:
         print(f"{tag} error: {r['error']}")
         return
@@ -135,9 +168,11 @@ def ratios(rows):
     for n, causal in sorted({(r["n"], r["causal"]) for r in rows}):
         fp8 = by.get((n, causal, "tylopy_fp8"))
         entry = {}
-        for other, label in (("tylopy_bf16", "fp8/bf16"), ("fa3_fp8", "fp8/fa3"), ("fa3_cute_fp8", "fp8/fa3_cute")):
+        others = [("tylopy_bf16", "fp8/bf16"), ("fa3_fp8", "fp8/fa3"), ("fa3_cute_fp8", "fp8/fa3_cute")]
+        others += [(name, f"{name}/fp8") for (nn, c, name) in by if (nn, c) == (n, causal) and "[" in name]
+        for other, label in others:
             if fp8 and by.get((n, causal, other)):
-                entry[label] = fp8 / by[(n, causal, other)]
+                entry[label] = (by[(n, causal, other)] / fp8) if "[" in other else fp8 / by[(n, causal, other)]
         out[f"N={n} {'causal' if causal else 'non-causal'}"] = entry
     return out
 
@@ -169,8 +204,10 @@ def main(args, timer):
         return 2
     from tylopy.benchmarking import write_results
     from tylopy_kernels.attention.sm90.fp8_launch import SCHEDULE
+    from tylopy_kernels.attention.bench.forward import parse_schedule
     ns = tuple(n for n in args.n if n >= 1024) or NS
-    rows = run(ns, bench=timer)
+    with fp8_schedule(parse_schedule(args.schedule)):
+        rows = run(ns, bench=timer, variants=tuple(args.variant))
     table = ratios(rows)
     print("\nratios (TFLOP/s):")
     for k, v in table.items():
@@ -178,7 +215,8 @@ def main(args, timer):
     reports = ptxas_reports()
     print("\nptxas:", reports)
     path = write_results("attention-fp8", {"rows": rows, "ratios": table, "fa3": fa3_fp8()[0] or fa3_fp8()[1],
-                                           "schedule": dict(SCHEDULE), "ptxas": reports,
+                                           "schedule": dict(SCHEDULE, **parse_schedule(args.schedule)),
+                                           "ptxas": reports,
                                            "flops": "4 B H N^2 D, half causal", "d": D, "heads": HEADS,
                                            "tokens": TOKENS}, args.output)
     print(f"wrote {path}")
