@@ -19,8 +19,8 @@ from tylopy_kernels.attention.testing import fp8 as F
 NAN_CODE = 0x7F
 
 
-def _spec(t, dims, strides, box):
-    return TensorMapSpec(t, tuple(dims), tuple(strides), tuple(box), "e4m3", 128)
+def _spec(t, dims, strides, box, swizzle=128):
+    return TensorMapSpec(t, tuple(dims), tuple(strides), tuple(box), "e4m3", swizzle)
 
 
 def codes(shape, seed, spread=2.0, pad=48):
@@ -43,13 +43,16 @@ def emulate(q, k, v, descales, causal=False, scale=None, mask=None, schedule=Non
 
 
 CASES = [
-    # name, (B, H, Hkv, n), causal, descale form, schedule
-    pytest.param("gqa-mask-per-head-descales", (1, 2, 1, 200), False, "per_head", {}, id="gqa-mask-per-head-descales"),
-    pytest.param("causal-per-tensor-3-tiles", (2, 1, 1, 300), True, "tensor", {}, id="causal-per-tensor-3-tiles"),
-    pytest.param("bn256-3-stages-causal", (1, 4, 2, 600), True, "per_head", {"BLOCK_N": 256, "STAGES": 3},
-                 marks=pytest.mark.exhaustive, id="bn256-3-stages-causal"),
-    pytest.param("long-ring-no-descales", (1, 1, 1, 700), False, "none", {}, marks=pytest.mark.exhaustive,
-                 id="long-ring-no-descales"),
+    # name, (B, H, Hkv, n, D), causal, descale form, schedule
+    pytest.param("gqa-mask-per-head-descales", (1, 2, 1, 200, 128), False, "per_head", {},
+                 id="D128-gqa-mask-per-head-descales"),
+    pytest.param("causal-per-tensor-3-tiles", (2, 1, 1, 300, 64), True, "tensor", {}, id="D64-causal-per-tensor-3-tiles"),
+    pytest.param("bn256-3-stages-causal", (1, 4, 2, 600, 128), True, "per_head", {"BLOCK_N": 256, "STAGES": 3},
+                 marks=pytest.mark.exhaustive, id="D128-bn256-3-stages-causal"),
+    pytest.param("long-ring-no-descales", (1, 1, 1, 700, 128), False, "none", {}, marks=pytest.mark.exhaustive,
+                 id="D128-long-ring-no-descales"),
+    pytest.param("gqa-two-consumers", (2, 4, 1, 333, 64), False, "per_head", {"CONSUMERS": 2},
+                 marks=pytest.mark.exhaustive, id="D64-gqa-two-consumers"),
 ]
 
 
@@ -63,8 +66,8 @@ def _descales(form, B, Hkv, seed):
 
 @pytest.mark.parametrize("name, dims, causal, form, schedule", CASES)
 def test_emulated_fp8_forward(name, dims, causal, form, schedule):
-    B, H, Hkv, n = dims
-    q, k, v = codes((B, H, n, 128), 1), codes((B, Hkv, n, 128), 2), codes((B, Hkv, n, 128), 3)
+    B, H, Hkv, n, D = dims
+    q, k, v = codes((B, H, n, D), 1), codes((B, Hkv, n, D), 2), codes((B, Hkv, n, D), 3)
     descales = _descales(form, B, Hkv, 4)
     mask = None
     if "mask" in name:
@@ -119,9 +122,10 @@ def test_value_transposed_permutes_each_32_keys_and_pads_with_zeros():
     assert all(not vt[:, :, :, s].any() for s in range(96) if s not in used)
 
 
-@pytest.mark.parametrize("cx", [{}, {"RETURN_LSE": True, "HAS_MASK": True}])
-def test_default_specializations_do_not_spill(cx):
-    report = attention_fwd_fp8_sm90.compile(**dict(fp8_launch.SCHEDULE, **cx)).report
+@pytest.mark.parametrize("d, masked", [(128, True), (64, False)])
+def test_default_specializations_do_not_spill(d, masked):
+    cx = dict(fp8_launch.resolve_schedule(d, masked), HEAD_DIM=d, RETURN_LSE=True, HAS_MASK=masked)
+    report = attention_fwd_fp8_sm90.compile(**cx).report
     if report.available:
         assert report.spill_stores == 0 and report.spill_loads == 0, report
 
@@ -138,8 +142,8 @@ def test_entry_point_errors_name_the_argument():
     for kw, exc, msg in bad:
         with pytest.raises(exc, match=msg):
             tylopy.attention(q, q, q, **kw)
-    with pytest.raises(ValueError, match="query head_dim expects 128 with float8 inputs, but got 64"):
-        tylopy.attention(q[..., :64], q[..., :64], q[..., :64])
+    with pytest.raises(ValueError, match="query head_dim expects 64 or 128 with float8 inputs, but got 32"):
+        tylopy.attention(q[..., :32], q[..., :32], q[..., :32])
     with pytest.raises(TypeError, match="key expects dtype torch.float8_e4m3fn"):
         tylopy.attention(q, q.bfloat16(), q)
     with pytest.raises(NotImplementedError, match="key expects requires_grad=False with float8 inputs"):

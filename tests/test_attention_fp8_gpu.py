@@ -16,26 +16,28 @@ from tylopy_kernels.attention.testing import fp8 as F
 pytestmark = [pytest.mark.gpu, requires_sm90]
 
 CASES = [
-    # B, H, H_kv, N, causal, descale form, return_lse
-    (2, 16, 16, 4096, False, "tensor", False),
-    (2, 16, 16, 4096, True, "per_head", True),
-    (1, 16, 4, 8192, False, "per_head", False),
-    (1, 16, 2, 16384, True, "tensor", True),
-    (3, 8, 8, 1000, True, "per_head", False),
-    (4, 4, 1, 777, False, "none", True),
+    # B, H, H_kv, N, D, causal, descale form, return_lse
+    (2, 16, 16, 4096, 128, False, "tensor", False),
+    (2, 16, 16, 4096, 128, True, "per_head", True),
+    (1, 16, 4, 8192, 128, False, "per_head", False),
+    (1, 16, 2, 16384, 128, True, "tensor", True),
+    (3, 8, 8, 1000, 128, True, "per_head", False),
+    (4, 4, 1, 777, 128, False, "none", True),
+    (2, 32, 32, 4096, 64, False, "per_head", True),
+    (1, 32, 8, 8192, 64, True, "tensor", False),
 ]
 
 
 def _ids():
-    return [f"B{b}-H{h}-kv{hk}-N{n}-{'causal' if c else 'full'}-{f}{'-lse' if l else ''}"
-            for b, h, hk, n, c, f, l in CASES]
+    return [f"D{d}-B{b}-H{h}-kv{hk}-N{n}-{'causal' if c else 'full'}-{f}{'-lse' if l else ''}"
+            for b, h, hk, n, d, c, f, l in CASES]
 
 
-@pytest.mark.parametrize("B, H, Hkv, N, causal, form, want_lse", CASES, ids=_ids())
-def test_fp8_forward_against_fp64(B, H, Hkv, N, causal, form, want_lse):
+@pytest.mark.parametrize("B, H, Hkv, N, D, causal, form, want_lse", CASES, ids=_ids())
+def test_fp8_forward_against_fp64(B, H, Hkv, N, D, causal, form, want_lse):
     torch.manual_seed(N + H)
-    q = torch.randn(B, H, N, 128, device="cuda")
-    k, v = torch.randn(B, Hkv, N, 128, device="cuda"), torch.randn(B, Hkv, N, 128, device="cuda")
+    q = torch.randn(B, H, N, D, device="cuda")
+    k, v = torch.randn(B, Hkv, N, D, device="cuda"), torch.randn(B, Hkv, N, D, device="cuda")
     if form == "none":
         (q8, k8, v8), descales = [t.to(torch.float8_e4m3fn) for t in (q, k, v)], (None, None, None)
     else:
@@ -45,7 +47,7 @@ def test_fp8_forward_against_fp64(B, H, Hkv, N, causal, form, want_lse):
                     q_descale=descales[0], k_descale=descales[1], v_descale=descales[2])
     out, lse = res if want_lse else (res, None)
     torch.cuda.synchronize()
-    assert out.dtype == torch.bfloat16 and out.shape == (B, H, N, 128)
+    assert out.dtype == torch.bfloat16 and out.shape == (B, H, N, D)
     assert torch.isfinite(out.float()).all()
     group = H // Hkv
     for b, h in {(0, 0), (B - 1, H - 1), (B // 2, H // 2)}:

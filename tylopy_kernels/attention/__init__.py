@@ -110,7 +110,7 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     through the ``tylopy::attention_fwd`` operator (``autograd.py``), whose backward runs
     tylopy's backward kernels; otherwise it launches the forward kernel directly.
 
-    ``torch.float8_e4m3fn`` inputs (D = 128, Hopper, forward only) run the FP8 kernel (``fp8.py``):
+    ``torch.float8_e4m3fn`` inputs (D = 64 or 128, Hopper, forward only) run the FP8 kernel (``fp8.py``):
     ``q_descale``/``k_descale``/``v_descale`` (float32, one element or (B, H_kv)) dequantize them, as
     FlashAttention-3's; the output is bf16 (docs/fp8.md).
 

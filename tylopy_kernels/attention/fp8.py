@@ -4,7 +4,7 @@
     out, lse = tylopy.attention(q8, k8, v8, return_lse=True, enable_gqa=True, ...)
 
 computes softmax(scale * q_descale * k_descale * q k^T) (v_descale * v) in bf16 from
-``torch.float8_e4m3fn`` q/k/v (B, H, N, 128) and (B, H_kv, N_k, 128); each descale is None (1), a
+``torch.float8_e4m3fn`` q/k/v (B, H, N, D) and (B, H_kv, N_k, D), D = 64 or 128; each descale is None (1), a
 one-element float32 tensor (per tensor) or a (B, H_kv) float32 tensor (per batch and K/V head, as
 FlashAttention-3). Forward only; Hopper only (``sm90/forward_fp8.py``, ``sm90/fp8_launch.py``);
 docs/fp8.md has the numerics. Every check runs before the GPU is touched.
@@ -16,7 +16,7 @@ import torch
 from tylopy_kernels.attention.common import rejecter
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
-HEAD_DIM = 128
+HEAD_DIMS = (64, 128)
 _fail = rejecter("attention")
 
 
@@ -72,8 +72,8 @@ def check_fp8(qkv, attn_mask, dropout_p, is_causal, scale, enable_gqa, descales)
     B, H, n_q, n_k, D, scale = check_inputs(*shown, mask, is_causal, scale, enable_gqa)
     if isinstance(attn_mask, torch.Tensor) and attn_mask.device != query.device:
         _fail(ValueError, "attn_mask", f"the query's device {query.device}", attn_mask.device)
-    if D != HEAD_DIM:
-        _fail(ValueError, "query head_dim", f"{HEAD_DIM} with float8 inputs", D)
+    if D not in HEAD_DIMS:
+        _fail(ValueError, "query head_dim", "64 or 128 with float8 inputs", D)
     for name, d in zip(("q_descale", "k_descale", "v_descale"), descales):
         _check_descale(name, d, B, key.shape[1], query.device)
         if d is not None and d.requires_grad and torch.is_grad_enabled():

@@ -2,7 +2,8 @@
 forward and, when importable, an FA3-class FP8 forward (FlashAttention-3's ``flash_attn_interface``
 or flash-attn-4's CuTe path, given e4m3 inputs; skipped with the reason otherwise), in one process.
 
-Shapes: D = 128, 16 heads, batch x N = 16384 tokens, N 1k..16k, causal and not. bf16 inputs
+Shapes: D = 128 (16 heads) and, with ``--d 64``, D = 64 (32 heads), batch x N = 16384 tokens,
+N 1k..16k, causal and not. bf16 inputs
 N(0, 1) are quantized per tensor (amax / 448 descales) once; tylopy's FP8 call includes its
 host-side V transpose (one pass over V). First pass: every candidate once per shape (compiles)
 and its error on the first and last (batch, head) against an FP64 reference on the dequantized
@@ -21,8 +22,7 @@ from __future__ import annotations
 import contextlib
 
 TOKENS = 16384
-HEADS = 16
-D = 128
+HEADS = {64: 32, 128: 16}
 NS = (1024, 2048, 4096, 8192, 16384)
 
 
@@ -50,16 +50,16 @@ def fa3_fp8():
     return None, "; ".join(why)
 
 
-def flops(b, n, causal):
-    return 4 * b * HEADS * n * n * D / (2 if causal else 1)
+def flops(b, n, d, causal):
+    return 4 * b * HEADS[d] * n * n * d / (2 if causal else 1)
 
 
-def _inputs(b, n, seed):
+def _inputs(b, n, d, seed):
     import torch
 
     from tylopy_kernels.attention.testing import fp8 as F
     g = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = (torch.randn(b, HEADS, n, D, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = (torch.randn(b, HEADS[d], n, d, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
     (q8, qd), (k8, kd), (v8, vd) = (F.quantize(t, False) for t in (q, k, v))
     x = {"q": q, "k": k, "v": v, "q8": q8, "k8": k8, "v8": v8, "descales": (qd, kd, vd)}
     # the FA3-class interfaces take (B, N, H, D); unit descales for the one without them
@@ -130,30 +130,29 @@ def check(name, out, x, causal):
     return row
 
 
-def run(ns=NS, causal_modes=(False, True), bench=None, variants=()):
+def run(ns=NS, dims=(128,), causal_modes=(False, True), bench=None, variants=()):
     import torch
     rows = []
-    for causal in causal_modes:
-        for n in ns:
-            b = max(TOKENS // n, 1)
-            x = _inputs(b, n, seed=n)
-            for name, fn in candidates(causal, variants).items():
-                row = {"name": name, "n": n, "batch": b, "causal": causal}
-                try:
-                    out = fn(x)
-                    torch.cuda.synchronize()
-                    row.update(check(name, out, x, causal))
-                    ms = bench(lambda: fn(x))
-                    row.update(ms=ms, tflops=flops(b, n, causal) / ms / 1e9)
-                except Exception as e:  # noqa: BLE001 - a candidate may not support a shape
-                    row["error"] = f"{type(e).__name__}: {e}"[:200]
-                rows.append(row)
-                print_row(row)
+    for d, causal, n in ((d, c, n) for d in dims for c in causal_modes for n in ns):
+        b = max(TOKENS // n, 1)
+        x = _inputs(b, n, d, seed=n)
+        for name, fn in candidates(causal, variants).items():
+            row = {"name": name, "d": d, "n": n, "batch": b, "heads": HEADS[d], "causal": causal}
+            try:
+                out = fn(x)
+                torch.cuda.synchronize()
+                row.update(check(name, out, x, causal))
+                ms = bench(lambda: fn(x))
+                row.update(ms=ms, tflops=flops(b, n, d, causal) / ms / 1e9)
+            except Exception as e:  # noqa: BLE001 - a candidate may not support a shape
+                row["error"] = f"{type(e).__name__}: {e}"[:200]
+            rows.append(row)
+            print_row(row)
     return rows
 
 
 def print_row(r):
-    tag = f"N={r['n']:>6} {'causal' if r['causal'] else 'full  '} {r['name']:<20}"
+    tag = f"D={r['d']:<3} N={r['n']:>6} {'causal' if r['causal'] else 'full  '} {r['name']:<20}"
     if "error" in r:
         print(f"{tag} error: {r['error']}")
         return
@@ -163,30 +162,33 @@ def print_row(r):
 
 def ratios(rows):
     """{"N=.. causal": {"fp8/bf16": x, "fp8/fa3": y}} where both ran."""
-    by = {(r["n"], r["causal"], r["name"]): r.get("tflops") for r in rows}
+    by = {((r["d"], r["n"], r["causal"]), r["name"]): r.get("tflops") for r in rows}
     out = {}
-    for n, causal in sorted({(r["n"], r["causal"]) for r in rows}):
-        fp8 = by.get((n, causal, "tylopy_fp8"))
+    for key in sorted({k for k, _ in by}):
+        d, n, causal = key
+        fp8 = by.get((key, "tylopy_fp8"))
         entry = {}
         others = [("tylopy_bf16", "fp8/bf16"), ("fa3_fp8", "fp8/fa3"), ("fa3_cute_fp8", "fp8/fa3_cute")]
-        others += [(name, f"{name}/fp8") for (nn, c, name) in by if (nn, c) == (n, causal) and "[" in name]
+        others += [(name, f"{name}/fp8") for (k, name) in by if k == key and "[" in name]
         for other, label in others:
-            if fp8 and by.get((n, causal, other)):
-                entry[label] = (by[(n, causal, other)] / fp8) if "[" in other else fp8 / by[(n, causal, other)]
-        out[f"N={n} {'causal' if causal else 'non-causal'}"] = entry
+            if fp8 and by.get((key, other)):
+                entry[label] = (by[(key, other)] / fp8) if "[" in other else fp8 / by[(key, other)]
+        out[f"D{d} N={n} {'causal' if causal else 'non-causal'}"] = entry
     return out
 
 
 def ptxas_reports():
     """{specialization: "registers R, spills S/L"} of the FP8 kernel's default specializations."""
     from tylopy_kernels.attention.sm90.forward_fp8 import attention_fwd_fp8_sm90
-    from tylopy_kernels.attention.sm90.fp8_launch import SCHEDULE
+    from tylopy_kernels.attention.sm90.fp8_launch import resolve_schedule
     out = {}
-    for lse in (False, True):
-        for mask in (False, True):
-            rep = attention_fwd_fp8_sm90.compile(**dict(SCHEDULE, RETURN_LSE=lse, HAS_MASK=mask)).report
-            out[f"RETURN_LSE={lse} HAS_MASK={mask}"] = (f"{rep.registers} registers, spills {rep.spill_stores}/"
-                                                         f"{rep.spill_loads} bytes (stores/loads)")
+    for d in (128, 64):
+        for lse in (False, True):
+            for mask in (False, True):
+                cx = dict(resolve_schedule(d, mask), HEAD_DIM=d, RETURN_LSE=lse, HAS_MASK=mask)
+                rep = attention_fwd_fp8_sm90.compile(**cx).report
+                out[f"D={d} CONSUMERS={cx['CONSUMERS']} RETURN_LSE={lse} HAS_MASK={mask}"] = (
+                    f"{rep.registers} registers, spills {rep.spill_stores}/{rep.spill_loads} bytes (stores/loads)")
     return out
 
 
@@ -206,8 +208,9 @@ def main(args, timer):
     from tylopy_kernels.attention.sm90.fp8_launch import SCHEDULE
     from tylopy_kernels.attention.bench.forward import parse_schedule
     ns = tuple(n for n in args.n if n >= 1024) or NS
+    dims = tuple(args.d) if args.d else (128,)
     with fp8_schedule(parse_schedule(args.schedule)):
-        rows = run(ns, bench=timer, variants=tuple(args.variant))
+        rows = run(ns, dims, bench=timer, variants=tuple(args.variant))
     table = ratios(rows)
     print("\nratios (TFLOP/s):")
     for k, v in table.items():
@@ -217,7 +220,7 @@ def main(args, timer):
     path = write_results("attention-fp8", {"rows": rows, "ratios": table, "fa3": fa3_fp8()[0] or fa3_fp8()[1],
                                            "schedule": dict(SCHEDULE, **parse_schedule(args.schedule)),
                                            "ptxas": reports,
-                                           "flops": "4 B H N^2 D, half causal", "d": D, "heads": HEADS,
+                                           "flops": "4 B H N^2 D, half causal", "heads": HEADS,
                                            "tokens": TOKENS}, args.output)
     print(f"wrote {path}")
     return 0

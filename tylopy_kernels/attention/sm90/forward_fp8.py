@@ -1,4 +1,4 @@
-"""FP8 (e4m3) attention forward for Hopper (sm_90a), head dim 128, bf16 output.
+"""FP8 (e4m3) attention forward for Hopper (sm_90a), head dim 64 or 128, bf16 output.
 
     O = v_descale * softmax(scale * q_descale * k_descale * Q K^T + mask) V
 
@@ -9,12 +9,14 @@ S_j = Q K_j^T with O += P_{j-1} V_{j-1} in flight, and run the exp2 online softm
 (``softmax.py``) on S_j while the PV product runs. What FP8 changes:
 
 * Every wgmma is m64 nN k32 with both operands K-major (8-bit operands have no transpose). Q and
-  K are K-major over D: a row of D = 128 codes is one 128-byte swizzle row, so a Q or K tile is one
-  column chunk and a k32 step moves the descriptor by 32 bytes.
+  K are K-major over D: a row of D codes is one D-byte swizzle row (128-byte swizzle at D = 128,
+  64-byte at D = 64), so a Q or K tile is one column chunk and a k32 step moves the descriptor by
+  32 bytes.
 * PV contracts over keys, so V must be K-major over keys: the kernel reads V^T, (B, H_kv, D, N')
   codes written by the host (``fp8_launch.py``, one pass over V) with the keys of every group of
   32 permuted (below) and N' the length rounded up to 32 (zeros past N). A V^T tile of BLOCK_N
-  keys is BLOCK_N / 128 column chunks of D rows x 128 bytes; its bytes equal a K tile's.
+  keys is BLOCK_N / 128 column chunks of D rows x 128 bytes (128-byte swizzle); its bytes equal a
+  K tile's.
 * P is re-quantized in registers to e4m3 for the RS product. The weights are 2^8 times the
   softmax weights (``P_OFFSET``: headroom below e4m3's 448, so weights down to 2^-14 of the row's
   reference stay normal), which needs a reference that moves whenever a row's maximum rises
@@ -29,8 +31,8 @@ S_j = Q K_j^T with O += P_{j-1} V_{j-1} in flight, and run the exp2 online softm
   so the product is unchanged: no shuffles.
 * The epilogue multiplies O by v_descale / l and stores bf16.
 
-Constraints: D = 128; BLOCK_N 128 or 256; two consumers (128 query rows a CTA); one CTA per
-(query block, head, batch). Q and K are (B, H, N, D) views whose last dim is contiguous and whose
+Constraints: D = 64 or 128; BLOCK_N 128 or 256; two or three consumers (128 or 192 query rows a
+CTA); one CTA per (query block, head, batch). Q and K are (B, H, N, D) views whose last dim is contiguous and whose
 other strides are multiples of 16 bytes.
 
 Run it: ``tylopy dump tylopy_kernels/attention/sm90/forward_fp8.py`` (PTX + ptxas report);
@@ -46,7 +48,7 @@ from tylopy_kernels.attention.sm90.consumer import (ROWS, TURN_THREADS, Turn, fi
 from tylopy_kernels.attention.sm90.forward import init_barriers
 from tylopy_kernels.attention.sm90.tiles import MAX_SMEM, REGISTER_SPLIT, Problem, bar_at, next_tile, tma_coords
 
-ROW_BYTES = 128         # one 128-byte swizzle row: 128 codes
+ROW_BYTES = 128         # one 128-byte swizzle row of V^T: 128 keys
 KEY_GROUP = 32          # keys permuted together (one k32 step of the PV product)
 P_OFFSET = 8.0          # log2 of the weights' headroom factor (weights <= 2^8 < 448)
 
@@ -62,21 +64,22 @@ class Fp8Plan:
     The field names are the bf16 ``Plan``'s, so the shared barrier and turn helpers read it."""
 
     def __init__(self, head_dim, block_n, stages, consumers):
-        if head_dim != 128:
-            raise ValueError(f"HEAD_DIM expects 128 for the FP8 forward, but got {head_dim}")
+        if head_dim not in (64, 128):
+            raise ValueError(f"HEAD_DIM expects 64 or 128 for the FP8 forward, but got {head_dim}")
         if block_n not in (128, 256):
             raise ValueError(f"BLOCK_N expects 128 or 256 (whole 128-byte rows of V^T), but got {block_n}")
-        if consumers != 2:
-            raise ValueError(f"CONSUMERS expects 2 for the FP8 forward, but got {consumers}")
+        if consumers not in (2, 3):
+            raise ValueError(f"CONSUMERS expects 2 or 3 for the FP8 forward, but got {consumers}")
         self.head_dim, self.block_n, self.stages, self.consumers = head_dim, block_n, stages, consumers
-        self.chunks = 1                                   # Q/K: D codes are one 128-byte row
+        self.chunks = 1                                   # Q/K: D codes are one D-byte swizzle row
+        self.qk_row = head_dim                            # bytes (and swizzle) of a Q/K row
         self.v_chunks = block_n // ROW_BYTES              # V^T: keys in 128-code column chunks
         self.block_m = ROWS * consumers
-        self.q_chunk = self.block_m * ROW_BYTES
-        self.kv_chunk = block_n * ROW_BYTES
+        self.q_chunk = self.block_m * head_dim
+        self.kv_chunk = block_n * head_dim
         self.v_chunk = head_dim * ROW_BYTES
         self.q_bytes = self.q_chunk
-        self.tile_bytes = block_n * ROW_BYTES              # K: block_n rows; V^T: D rows x block_n codes
+        self.tile_bytes = block_n * head_dim               # K: block_n rows; V^T: D rows x block_n codes
         self.q = 0
         self.k = self.q + self.q_bytes
         self.v = self.k + stages * self.tile_bytes
@@ -133,7 +136,7 @@ def producer(smem, plan, prob, tm_q, tm_k, tm_vt, coord_order):
 
 @ty.func
 def score_gemm(plan, q_desc, k_desc):
-    """S = Q K^T over D = 128 codes: four k32 steps of 32 bytes (2 descriptor units)."""
+    """S = Q K^T over D codes: k32 steps of 32 bytes (2 descriptor units) inside the D-byte rows."""
     atom = hopper.WgmmaAtom(plan.block_n, ty.e4m3, "ss")
     s = None
     for kk in range(plan.head_dim // 32):
@@ -194,8 +197,9 @@ def consumer(smem, plan, prob, sched, wg, qk_scale, v_scale):
     sm = softmax.Softmax(scale, "bf16", sched.exponent, sched.threshold, 0, P_OFFSET)
     row0 = m0 + (wg - 1) * ROWS
     base = ty.address(smem)
-    q_desc = hopper.smem_descriptor(base + ty.cast(plan.q + (wg - 1) * ROWS * ROW_BYTES, ty.u32))
-    k_base = hopper.smem_descriptor(base + ty.cast(plan.k, ty.u32))
+    row = plan.qk_row  # K-major Q/K: 8-row swizzle atoms of D-byte rows
+    q_desc = hopper.smem_descriptor(base + ty.cast(plan.q + (wg - 1) * ROWS * row, ty.u32), sbo=8 * row, swizzle=row)
+    k_base = hopper.smem_descriptor(base + ty.cast(plan.k, ty.u32), sbo=8 * row, swizzle=row)
     v_base = hopper.smem_descriptor(base + ty.cast(plan.v, ty.u32))
     leader = (ty.thread_idx() & 127) == 0
     mask_base = ty.cast(b, ty.i64) * prob.m_strides[0] + ty.cast(h, ty.i64) * prob.m_strides[1]

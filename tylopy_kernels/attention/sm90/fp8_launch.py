@@ -2,12 +2,12 @@
 permuted V^T, tensor maps and the launch.
 
 ``launch_fp8(Fp8Problem(q, k, v, attn_mask, is_causal, scale, descales), out, lse)`` takes e4m3 q
-(B, H, N_q, 128) and k, v (B, H_kv, N_k, 128) with H_kv dividing H, and writes out (B, H, N_q, 128) bf16 and
-lse (B, H, N_q) float32 (or None). ``plan_fp8`` builds the same launch without a GPU (the emulator
+(B, H, N_q, D) and k, v (B, H_kv, N_k, D), D = 64 or 128, with H_kv dividing H, and writes out
+(B, H, N_q, D) bf16 and lse (B, H, N_q) float32 (or None). ``plan_fp8`` builds the same launch without a GPU (the emulator
 runs it with tensor-map specs).
 
 V is read by the kernel as V^T with each group of 32 keys permuted (``forward_fp8.key_slot``):
-``value_transposed`` writes it, one pass over V (N_k x 128 bytes per K/V head) and a buffer of the
+``value_transposed`` writes it, one pass over V (N_k x D bytes per K/V head) and a buffer of the
 same size, zeros past N_k up to a multiple of 32.
 """
 from __future__ import annotations
@@ -22,9 +22,14 @@ from tylopy_kernels.attention.common import mask_and_lse_args
 from tylopy_kernels.attention.sm90.forward_fp8 import KEY_GROUP, Fp8Plan, attention_fwd_fp8_sm90
 from tylopy_kernels.attention.sm90.launch import _coord_order, _fits, _map_geometry
 
-# D = 128, 128 x 128 tiles, two consumers: S and O take 64 registers each, P 16.
+# D = 128: 128 x 128 tiles, two consumers (S and O take 64 registers each, P 16).
 SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 2, "EXPONENT": "shared", "RESCALE_THRESHOLD": 0.0,
             "PV_WAIT": "pinned"}
+# D = 64: O takes 32 registers, so three consumers fit in 160 registers (as the bf16 forward's D = 64).
+SCHEDULE_64 = dict(SCHEDULE, CONSUMERS=3)
+# With a user mask the per-element mask loads need more than 160 registers a consumer thread (D = 64,
+# three consumers: 108 bytes of spills with the LSE); two consumers get 240.
+MASKED_SCHEDULE = {"CONSUMERS": 2}
 
 
 @dataclass
@@ -73,23 +78,25 @@ def descale_tables(descales, B, Hkv, device):
     return qk, tables[2].contiguous()
 
 
-def device_map(t, shape, strides, box) -> TensorMap:
-    return TensorMap.cached(t, tuple(shape), tuple(strides), tuple(box), "e4m3")
+def device_map(t, shape, strides, box, swizzle=128) -> TensorMap:
+    return TensorMap.cached(t, tuple(shape), tuple(strides), tuple(box), "e4m3", swizzle)
 
 
-def resolve_schedule(schedule=None) -> dict:
-    sched = dict(SCHEDULE)
+def resolve_schedule(head_dim=128, masked=False, schedule=None) -> dict:
+    sched = dict(SCHEDULE if head_dim == 128 else SCHEDULE_64)
+    if masked:
+        sched.update(MASKED_SCHEDULE)
     sched.update(schedule or {})
     return sched
 
 
 def plan_fp8(prob: Fp8Problem, out, lse, schedule=None, make_map=None):
     """(the grid, arguments and constexprs of one launch, the V^T it reads); ``make_map(t, dims,
-    strides, box)`` builds a tensor map."""
+    strides, box, swizzle)`` builds a tensor map."""
     q, k, v, attn_mask, is_causal, scale = prob.q, prob.k, prob.v, prob.attn_mask, prob.is_causal, prob.scale
     B, H, n_q, D = q.shape
     Hkv, n_k = k.shape[1], k.shape[2]
-    sched = resolve_schedule(schedule)
+    sched = resolve_schedule(D, attn_mask is not None, schedule)
     make_map = make_map or device_map
     order = _coord_order(q)
     if _coord_order(k) != order or not all(_fits(t, order) for t in (q, k)):
@@ -101,9 +108,9 @@ def plan_fp8(prob: Fp8Problem, out, lse, schedule=None, make_map=None):
     maps = []
     for t, rows in ((q, block_m), (k, sched["BLOCK_N"])):
         shape, strides, box = _map_geometry(t, rows, order)
-        box[0] = D                       # one 128-byte row of codes
-        maps.append(make_map(t, shape, strides, box))
-    maps.append(make_map(vt, (n_pad, D, Hkv, B), (n_pad, D * n_pad, Hkv * D * n_pad), (128, D, 1, 1)))
+        box[0] = D                       # one D-byte row of codes, swizzled over D bytes
+        maps.append(make_map(t, shape, strides, box, D))
+    maps.append(make_map(vt, (n_pad, D, Hkv, B), (n_pad, D * n_pad, Hkv * D * n_pad), (128, D, 1, 1), 128))
     mask_t, ms, lse_t = mask_and_lse_args(attn_mask, lse, B, H, n_q, n_k, q.device)
     qk_scale, v_scale = descale_tables(prob.descales, B, Hkv, q.device)
     num_m = (n_q + block_m - 1) // block_m
