@@ -46,7 +46,8 @@ CASES = [
     # name, (B, H, Hkv, n, D), causal, descale form, schedule
     pytest.param("gqa-mask-per-head-descales", (1, 2, 1, 200, 128), False, "per_head", {},
                  id="D128-gqa-mask-per-head-descales"),
-    pytest.param("causal-per-tensor-3-tiles", (2, 1, 1, 300, 64), True, "tensor", {}, id="D64-causal-per-tensor-3-tiles"),
+    pytest.param("causal-mixed-descales-3-tiles", (2, 1, 1, 300, 64), True, "mixed", {},
+                 id="D64-causal-mixed-descales-3-tiles"),
     pytest.param("bn256-3-stages-causal", (1, 4, 2, 600, 128), True, "per_head", {"BLOCK_N": 256, "STAGES": 3},
                  marks=pytest.mark.exhaustive, id="D128-bn256-3-stages-causal"),
     pytest.param("long-ring-no-descales", (1, 1, 1, 700, 128), False, "none", {}, marks=pytest.mark.exhaustive,
@@ -60,6 +61,8 @@ def _descales(form, B, Hkv, seed):
     if form == "none":
         return (None, None, None)
     g = torch.Generator().manual_seed(seed)
+    if form == "mixed":  # q per tensor, k none, v per (batch, K/V head)
+        return (0.25 + torch.rand(1, generator=g), None, 0.25 + torch.rand(B, Hkv, generator=g))
     shape = (B, Hkv) if form == "per_head" else (1,)
     return tuple((0.25 + torch.rand(shape, generator=g)).float() for _ in range(3))
 

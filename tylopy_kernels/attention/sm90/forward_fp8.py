@@ -185,7 +185,15 @@ def pack_p(plan, p):
 
 
 @ty.func
-def consumer(smem, plan, prob, sched, wg, qk_scale, v_scale):
+def descale_of(descales, which, kv):
+    """Descale ``which`` (0 q, 1 k, 2 v) of K/V head ``kv`` (= b H_kv + g): bit ``which`` of the
+    form says per (batch, K/V head), else one value (per tensor)."""
+    ptrs, form = descales
+    return ptrs[which][kv * ty.cast((form >> which) & 1, ty.i64)]
+
+
+@ty.func
+def consumer(smem, plan, prob, sched, wg, descales):
     """One work tile for one consumer: 64 query rows against the tile's key range."""
     turn = Turn(wg, plan.consumers)
     if wg == 1:
@@ -193,7 +201,7 @@ def consumer(smem, plan, prob, sched, wg, qk_scale, v_scale):
     valid, m0, h, b, n_tiles = next_tile(prob, 0, False, "heads")
     block_n = plan.block_n
     kv = ty.cast(b, ty.i64) * ty.cast(prob.n_heads // prob.kv_group, ty.i64) + ty.cast(h // prob.kv_group, ty.i64)
-    scale = prob.scale * qk_scale[kv]
+    scale = prob.scale * descale_of(descales, 0, kv) * descale_of(descales, 1, kv)
     sm = softmax.Softmax(scale, "bf16", sched.exponent, sched.threshold, 0, P_OFFSET)
     row0 = m0 + (wg - 1) * ROWS
     base = ty.address(smem)
@@ -239,7 +247,7 @@ def consumer(smem, plan, prob, sched, wg, qk_scale, v_scale):
     release(smem, plan.v_empty, my_tiles - 1, plan.stages, leader)
     pass_dead_tiles(smem, plan, prob, 0, my_tiles, n_tiles, turn, leader)
     inv, lse = softmax.finish(sm, st, sched.return_lse)
-    vs = v_scale[kv]
+    vs = descale_of(descales, 2, kv)
     o = o.with_data(softmax.scale_rows(o.values, [x * vs for x in inv]))
     store_lse(prob, lse, row0, h, b)
     store_direct(prob, sched, o, row0, h, b)
@@ -253,7 +261,7 @@ def _threads(CONSUMERS=2, **_):
 def attention_fwd_fp8_sm90(
     tm_q: ty.tensormap, tm_k: ty.tensormap, tm_vt: ty.tensormap,
     out: ty.ptr(ty.i16), lse_ptr: ty.ptr(ty.f32), mask: ty.ptr(ty.u8),
-    qk_scale: ty.ptr(ty.f32), v_scale: ty.ptr(ty.f32),
+    q_descale: ty.ptr(ty.f32), k_descale: ty.ptr(ty.f32), v_descale: ty.ptr(ty.f32), descale_form: ty.i32,
     n_q: ty.i32, n_k: ty.i32, n_heads: ty.i32, n_batch: ty.i32, kv_group: ty.i32, scale: ty.f32, causal: ty.i32,
     o_stride_b: ty.i64, o_stride_h: ty.i64, o_stride_n: ty.i64,
     m_stride_b: ty.i64, m_stride_h: ty.i64, m_stride_q: ty.i64, m_stride_k: ty.i64,
@@ -263,8 +271,9 @@ def attention_fwd_fp8_sm90(
     RESCALE_THRESHOLD: ty.constexpr = 0.0, PV_WAIT: ty.constexpr = "pinned",
 ):
     """One CTA per (query block of 128 rows, head, batch). Q and K come as tensor maps over (D,
-    then n, h, b in ``COORD_ORDER``), V^T over (keys, D, K/V head, batch); ``qk_scale`` and
-    ``v_scale`` are (B, H_kv) float32 (the descales; ``scale`` is the softmax scale)."""
+    then n, h, b in ``COORD_ORDER``), V^T over (keys, D, K/V head, batch). The descales are float32,
+    contiguous (B, H_kv) where bit 0/1/2 (q/k/v) of ``descale_form`` is set, else one value; the
+    scores are scaled by ``scale`` q_descale k_descale, O by v_descale."""
     plan = Fp8Plan(HEAD_DIM, BLOCK_N, STAGES, CONSUMERS)
     sched = Fp8Schedule(HAS_MASK, RETURN_LSE, EXPONENT, RESCALE_THRESHOLD, PV_WAIT)
     smem = ty.dynamic_shared(ty.u8, plan.total, align=1024)
@@ -277,6 +286,6 @@ def attention_fwd_fp8_sm90(
         producer(smem, plan, prob, tm_q, tm_k, tm_vt, COORD_ORDER)
     else:
         hopper.setmaxnreg(REGISTER_SPLIT[CONSUMERS][1], increase=True)
-        consumer(smem, plan, prob, sched, wg, qk_scale, v_scale)
+        consumer(smem, plan, prob, sched, wg, ((q_descale, k_descale, v_descale), descale_form))
 
 

@@ -68,14 +68,29 @@ def value_transposed(v: torch.Tensor) -> torch.Tensor:
     return vt.view(torch.float8_e4m3fn)
 
 
-def descale_tables(descales, B, Hkv, device):
-    """(q_descale * k_descale, v_descale) as contiguous (B, H_kv) float32; a missing one is 1."""
-    tables = []
-    for d in descales:
-        tables.append(torch.ones((B, Hkv), dtype=torch.float32, device=device) if d is None
-                      else d.reshape(-1).expand(B * Hkv).reshape(B, Hkv) if d.numel() == 1 else d)
-    qk = (tables[0] * tables[1]).contiguous()
-    return qk, tables[2].contiguous()
+def descale_args(descales, device):
+    """(q, k, v descale tensors, form): a one-element descale (or a 1 for None) is read as is, a
+    (B, H_kv) one through a contiguous view; bit i of form marks descale i as per (B, H_kv)."""
+    tensors, form = [], 0
+    for i, d in enumerate(descales):
+        if d is None:
+            d = placeholder_one(device)
+        elif d.numel() != 1:
+            form |= 1 << i
+            d = d.contiguous()
+        tensors.append(d)
+    return tensors, form
+
+
+_ones: dict = {}
+
+
+def placeholder_one(device):
+    """A cached 1-element float32 tensor holding 1 (a missing descale)."""
+    t = _ones.get(device)
+    if t is None:
+        t = _ones[device] = torch.ones(1, dtype=torch.float32, device=device)
+    return t
 
 
 def device_map(t, shape, strides, box, swizzle=128) -> TensorMap:
@@ -112,9 +127,9 @@ def plan_fp8(prob: Fp8Problem, out, lse, schedule=None, make_map=None):
         maps.append(make_map(t, shape, strides, box, D))
     maps.append(make_map(vt, (n_pad, D, Hkv, B), (n_pad, D * n_pad, Hkv * D * n_pad), (128, D, 1, 1), 128))
     mask_t, ms, lse_t = mask_and_lse_args(attn_mask, lse, B, H, n_q, n_k, q.device)
-    qk_scale, v_scale = descale_tables(prob.descales, B, Hkv, q.device)
+    descale_t, form = descale_args(prob.descales, q.device)
     num_m = (n_q + block_m - 1) // block_m
-    args = (*maps, out.view(torch.int16), lse_t, mask_t, qk_scale, v_scale, n_q, n_k, H, B, H // Hkv, scale,
+    args = (*maps, out.view(torch.int16), lse_t, mask_t, *descale_t, form, n_q, n_k, H, B, H // Hkv, scale,
             int(is_causal), out.stride(0), out.stride(1), out.stride(2), ms[0], ms[1], ms[2], ms[3])
     cx = dict(sched, HEAD_DIM=D, HAS_MASK=attn_mask is not None, RETURN_LSE=lse is not None, COORD_ORDER=order)
     Fp8Plan(D, cx["BLOCK_N"], cx["STAGES"], cx["CONSUMERS"])  # fails early on a bad schedule
