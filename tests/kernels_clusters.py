@@ -1,5 +1,6 @@
 """Kernels for the thread-block cluster tests (tests/test_clusters.py), with planted protocol bugs."""
 import tylopy as ty
+from tylopy import hopper
 
 
 @ty.kernel(threads=64, arch="sm_90a", cluster=(2, 1, 1))
@@ -82,3 +83,52 @@ def no_cluster(out: ty.ptr(ty.i32)):
         out[ty.block_idx() * 3 + 1] = ty.cluster_nctarank()
         out[ty.block_idx() * 3 + 2] = ty.cluster_idx()
     ty.cluster_sync()
+
+
+# -- TMA multicast and remote mbarrier arrives ---------------------------------------------------------------
+# A pair of CTAs streams ITERS tiles of 16 rows x 32 f32 through a 2-stage ring: rank r loads rows
+# [8r, 8r + 8) of each tile and multicasts them to both CTAs; warp 1 of each CTA copies the tile out
+# and frees the stage in both CTAs (the empty barriers count one consumer of each CTA).
+HALF_BYTES = 8 * 32 * 4
+
+
+@ty.kernel(threads=64, arch="sm_90a", cluster=(2, 1, 1))
+def multicast_rows(tm: ty.tensormap, out: ty.ptr(ty.f32), ITERS: ty.constexpr, BUG: ty.constexpr = ""):
+    """Planted bugs: "local_release" (consumers free only their own CTA's stage), "expect_half" (each
+    CTA expects only the half it loads), "no_final_sync", "no_init_sync"."""
+    ring = ty.shared(ty.f32, 2 * 16 * 32, align=1024)
+    full = ty.shared(ty.u64, 2, align=8)
+    empty = ty.shared(ty.u64, 2, align=8)
+    rank = ty.cluster_ctarank()
+    t = ty.thread_idx()
+    if t == 0:
+        for s in ty.static_range(2):
+            hopper.mbarrier_init(full + s, 1, label="full")
+            hopper.mbarrier_init(empty + s, 1 if BUG == "local_release" else 2, label="empty")
+        hopper.fence_mbarrier_init()
+        hopper.fence_proxy_async()
+    ty.syncthreads()
+    if BUG != "no_init_sync":
+        ty.cluster_sync()                                   # both CTAs' barriers are initialized
+    if ty.warp_idx() == 0:
+        if ty.elect_one():
+            for i in ty.range(ITERS):
+                s = i % 2
+                hopper.mbarrier_wait(empty + s, ((i // 2) & 1) ^ 1, label="empty")
+                hopper.mbarrier_arrive_expect_tx(full + s, HALF_BYTES if BUG == "expect_half" else 2 * HALF_BYTES)
+                hopper.tma_load(ring + (s * 512 + rank * 256), tm, full + s, 0, 16 * i + 8 * rank, multicast=3)
+    else:
+        lane = ty.lane_id()
+        for i in ty.range(ITERS):
+            s = i % 2
+            hopper.mbarrier_wait(full + s, (i // 2) & 1, label="full")
+            for j in ty.static_range(16):
+                out[((ty.cluster_idx() * 2 + rank) * ITERS + i) * 512 + j * 32 + lane] = ring[s * 512 + j * 32 + lane]
+            if lane == 0:
+                if BUG == "local_release":
+                    hopper.mbarrier_arrive(empty + s)
+                else:
+                    hopper.mbarrier_arrive(empty + s, cta=0)
+                    hopper.mbarrier_arrive(empty + s, cta=1)
+    if BUG != "no_final_sync":
+        ty.cluster_sync()                                   # <- no CTA exits while its barriers get remote arrives

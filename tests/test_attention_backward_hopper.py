@@ -108,7 +108,7 @@ def test_launcher_specializations_assemble_without_spills(spec):
 SWEEP_SPECS = [(D, s) for D in L.HEAD_DIMS for s in L.SWEEP[D]] + [(D, s) for D in L.HEAD_DIMS for s in L.DQ_SWEEP[D]]
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive  # benchmark alternatives: the launcher's specializations are assembled above
 @pytest.mark.parametrize("D,sched", SWEEP_SPECS, ids=[f"d{d}-" + "-".join(f"{v}" for v in s.values())
                                                       for d, s in SWEEP_SPECS])
 def test_sweep_schedules_assemble_without_spills(D, sched):

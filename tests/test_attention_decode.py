@@ -7,6 +7,8 @@ import math
 import pytest
 import torch
 
+import tylopy
+
 from attention_decode_cases import DecodeCase, check_result, make_inputs, scale_of
 from tylopy_kernels.attention.decode import kernel as kd
 from tylopy_kernels.attention.decode import launch as dl
@@ -40,8 +42,9 @@ def _emulate(case, seed=None):
     out = torch.full(q.shape, float("nan"), dtype=q.dtype)
     B, H_q = len(case.lens), case.h_q
     lse = torch.full((B, H_q, case.n_q), float("nan"))
-    steps = dl.plan_decode(q, k, v, lens, out, lse, scale=scale_of(case), block_table=table, is_causal=case.causal,
-                           num_splits=case.splits, layout=case.layout, merge=case.merge, schedule=case.schedule)
+    opts = dl.DecodeOptions(scale=scale_of(case), is_causal=case.causal, num_splits=case.splits, layout=case.layout,
+                            merge=case.merge, schedule=case.schedule)
+    steps = dl.plan_decode(dl.DecodeTensors(q, k, v, lens, table), out, lse, opts)
     for step in steps:
         step.emulate(**({} if seed is None else {"seed": seed}))
     ref_out, ref_lse = dl.reference_decode(q, k, v, lens, scale=scale_of(case), block_table=table,
@@ -81,8 +84,8 @@ def test_counters_are_reset_for_the_next_launch():
     case = DecodeCase("counters", (50, 20), splits=3, merge="atomic", schedule=SMALL)
     q, k, v, lens, table = make_inputs(case)
     out = torch.empty_like(q)
-    steps = dl.plan_decode(q, k, v, lens, out, None, scale=scale_of(case), num_splits=3, merge="atomic",
-                           schedule=SMALL)
+    steps = dl.plan_decode(dl.DecodeTensors(q, k, v, lens), out, None,
+                           dl.DecodeOptions(scale=scale_of(case), num_splits=3, merge="atomic", schedule=SMALL))
     counters = steps[0].args[9]
     counters.fill_(0)
     steps[0].emulate()
@@ -93,14 +96,14 @@ def test_counters_are_reset_for_the_next_launch():
 
 def test_split_heuristic():
     # one sequence, 8 kv heads, 132 SMs x 2 CTAs: fill the slots; a full batch needs no split
-    cx, rb, s = dl.plan_schedule(1, 1, 32, 8, 128, 8192, 0, 132)
+    cx, rb, s = dl.plan_schedule(dl.DecodeShape(1, 1, 32, 8, 128, 8192, 0), 132)
     assert rb == 1 and cx["ROW_TILES"] == 1 and 8 * s >= 0.85 * 132 * dl.max_ctas_per_sm(cx)
-    assert dl.plan_schedule(64, 1, 32, 8, 128, 8192, 0, 132)[2] == 1
-    assert dl.plan_schedule(1, 1, 32, 8, 128, 64, 0, 132)[2] == 1          # one tile: nothing to split
-    assert dl.plan_schedule(1, 1, 32, 8, 128, 1 << 17, 0, 132, num_splits=7)[2] == 7
-    cx, rb, _ = dl.plan_schedule(2, 8, 32, 8, 128, 4096, 48, 132)           # 32 rows: two M tiles
+    assert dl.plan_schedule(dl.DecodeShape(64, 1, 32, 8, 128, 8192, 0), 132)[2] == 1
+    assert dl.plan_schedule(dl.DecodeShape(1, 1, 32, 8, 128, 64, 0), 132)[2] == 1          # one tile: nothing to split
+    assert dl.plan_schedule(dl.DecodeShape(1, 1, 32, 8, 128, 1 << 17, 0), 132, num_splits=7)[2] == 7
+    cx, rb, _ = dl.plan_schedule(dl.DecodeShape(2, 8, 32, 8, 128, 4096, 48), 132)           # 32 rows: two M tiles
     assert cx["ROW_TILES"] == 2 and rb == 1 and cx["WARP_KEYS"] == 16       # 48-key pages: 16-key blocks
-    assert dl.plan_schedule(2, 16, 32, 4, 64, 4096, 0, 132)[1] == 4         # 128 rows: four blocks of 32
+    assert dl.plan_schedule(dl.DecodeShape(2, 16, 32, 4, 64, 4096, 0), 132)[1] == 4         # 128 rows: four blocks of 32
 
 
 @pytest.mark.parametrize("eff_base", [1, 3, 8, 40, 100])
@@ -161,21 +164,21 @@ def test_bad_inputs_are_named(change, exc, text):
     a = dict(q=q, k_cache=k, v_cache=v, cache_seqlens=lens)
     change(a)
     with pytest.raises(exc, match="attention_decode: " + text.replace("(", r"\(").replace(")", r"\)")):
-        dl.attention_decode(**a)
+        tylopy.attention_decode(**a)
 
 
 def test_bad_heads_and_pages_are_named():
     q, k, v, lens, _ = _inputs(h_q=6, h_kv=4)
     with pytest.raises(ValueError, match="k_cache heads expects a divisor of the 6 query heads"):
-        dl.attention_decode(q, k, v, lens)
+        tylopy.attention_decode(q, k, v, lens)
     q, k, v, lens, table = _inputs(page_size=16)
     with pytest.raises(ValueError, match="page size"):
-        dl.attention_decode(q, k[:, :8], v[:, :8], lens, block_table=table)
+        tylopy.attention_decode(q, k[:, :8], v[:, :8], lens, block_table=table)
     with pytest.raises(TypeError, match="block_table expects dtype torch.int32"):
-        dl.attention_decode(q, k, v, lens, block_table=table.long())
+        tylopy.attention_decode(q, k, v, lens, block_table=table.long())
 
 
 def test_cpu_tensors_are_refused_after_the_checks():
     q, k, v, lens, _ = _inputs()
     with pytest.raises(ValueError, match="q expects a CUDA tensor"):
-        dl.attention_decode(q, k, v, lens)
+        tylopy.attention_decode(q, k, v, lens)

@@ -20,8 +20,8 @@ def _run(table_edit):
     out = torch.full(q.shape, float("nan"), dtype=q.dtype)
     lse = torch.full((len(CASE.lens), CASE.h_q, CASE.n_q), float("nan"))
     st.block_table_status("cpu")  # reset
-    for step in dl.plan_decode(q, k, v, lens, out, lse, scale=scale_of(CASE), block_table=table,
-                               num_splits=CASE.splits, merge=CASE.merge, schedule=CASE.schedule):
+    opts = dl.DecodeOptions(scale=scale_of(CASE), num_splits=CASE.splits, merge=CASE.merge, schedule=CASE.schedule)
+    for step in dl.plan_decode(dl.DecodeTensors(q, k, v, lens, table), out, lse, opts):
         step.emulate()
     ref_out, ref_lse = dl.reference_decode(q, k, v, lens, scale=scale_of(CASE), block_table=good)
     return out, lse, ref_out, ref_lse, st.block_table_status("cpu")
@@ -73,3 +73,16 @@ def test_int32_extreme_entries_are_caught_without_an_overflowing_address():
     assert status.first_sequence == 0 and status.bad_reads >= 2
     assert (status.lowest_entry, status.highest_entry) == (st.INT32_MIN, st.INT32_MAX)
     check_result(CASE, out[[1]], lse[[1]], ref_out[[1]], ref_lse[[1]])
+
+
+def test_the_public_function_carries_the_table_checks():
+    """docs/serving.md's calls: the status readers on tylopy.attention_decode, and check_inputs as a
+    keyword (refused where the table cannot be read on the host)."""
+    import inspect
+    import tylopy
+    assert tylopy.attention_decode.block_table_status is st.block_table_status
+    assert tylopy.attention_decode.check_block_table is st.check_block_table
+    assert inspect.signature(tylopy.attention_decode).parameters["check_inputs"].default is False
+    q, k, v, lens, table = (t.to("meta") for t in make_inputs(CASE))
+    with pytest.raises(ValueError, match="check_inputs expects False under torch.compile"):
+        tylopy.attention_decode(q, k, v, lens, block_table=table, check_inputs=True)

@@ -7,7 +7,7 @@ regression here would fault the context for every test after it."""
 import pytest
 import torch
 
-from tylopy_kernels.attention.decode.launch import attention_decode
+import tylopy
 from attention_decode_cases import DecodeCase, check_result, make_inputs, scale_of
 from tylopy_kernels.attention.decode import launch as dl
 
@@ -22,7 +22,7 @@ CASES = [
 
 
 def _decode(case, q, k, v, lens, table, **kw):
-    return attention_decode(q, k, v, lens, scale=scale_of(case), block_table=table, is_causal=case.causal,
+    return tylopy.attention_decode(q, k, v, lens, scale=scale_of(case), block_table=table, is_causal=case.causal,
                                    num_splits=case.splits, return_lse=True, layout=case.layout, merge=case.merge,
                                    **kw)
 
@@ -36,20 +36,20 @@ def test_bad_entries_are_reported_and_contained(case, bad):
     value = {"negative": -3, "past-the-pool": k.shape[0], "huge": 2**31 - 1}[bad]
     hit = 1  # the second sequence; its last used page
     table[hit, (int(lens[hit]) - 1) // case.page_size] = value
-    attention_decode.block_table_status()  # reset
+    tylopy.attention_decode.block_table_status()  # reset
     out, lse = _decode(case, q, k, v, lens, table)
     torch.cuda.synchronize()
-    status = attention_decode.block_table_status()
+    status = tylopy.attention_decode.block_table_status()
     print(case.name, bad, status)
     assert not status.ok and status.first_sequence == hit and status.lowest_entry == value
     keep = [b for b in range(len(case.lens)) if b != hit]
     check_result(case, out[keep], lse[keep], ref_out[keep], ref_lse[keep])
     with pytest.raises(ValueError, match=r"attention_decode: block_table expects entries in 0..num_pages-1"):
         _decode(case, q, k, v, lens, table)
-        attention_decode.check_block_table()
+        tylopy.attention_decode.check_block_table()
     with pytest.raises(ValueError, match=rf"block_table\[{hit}, \d+\] = {value}"):
         _decode(case, q, k, v, lens, table, check_inputs=True)
-    assert attention_decode.check_block_table().ok
+    assert tylopy.attention_decode.check_block_table().ok
 
 
 def test_a_graph_replay_reports_a_table_edited_after_capture():
@@ -57,15 +57,15 @@ def test_a_graph_replay_reports_a_table_edited_after_capture():
     q, k, v, lens, table = make_inputs(case, "cuda")
     _decode(case, q, k, v, lens, table)  # compile and plan outside the capture
     torch.cuda.synchronize()
-    attention_decode.check_block_table()
+    tylopy.attention_decode.check_block_table()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out, lse = _decode(case, q, k, v, lens, table)
     graph.replay()
     torch.cuda.synchronize()
-    assert attention_decode.block_table_status().ok
+    assert tylopy.attention_decode.block_table_status().ok
     table[2, 0] = -7
     graph.replay()
     torch.cuda.synchronize()
-    status = attention_decode.block_table_status()
+    status = tylopy.attention_decode.block_table_status()
     assert status.first_sequence == 2 and status.lowest_entry == -7, status

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import tylopy as ty
-from kernels_clusters import (cluster_sum, exits_too_early, no_cluster, skips_the_barrier, swap_halves,
-                              waits_without_arriving, where_am_i)
+from tylopy import hopper
+from kernels_clusters import (cluster_sum, exits_too_early, multicast_rows, no_cluster, skips_the_barrier,
+                              swap_halves, waits_without_arriving, where_am_i)
 
 
 def swapped(x):
@@ -115,6 +116,116 @@ def test_the_launch_uses_cuLaunchKernelEx_with_the_cluster_shape():
     assert len(d.launches) == 2
 
 
+# -- TMA multicast and remote mbarrier arrives ---------------------------------------------------------------
+
+def multicast_case(iters=4, seed=0):
+    x = torch.randn(16 * iters, 32, generator=torch.Generator().manual_seed(seed))
+    return x, ty.tensor_map(x, box=(8, 32)), torch.full((2 * iters * 512,), float("nan"))
+
+
+def test_multicast_and_remote_arrives_assemble():
+    ptx = multicast_rows.compile(ITERS=4).ptx  # compile runs ptxas
+    assert ("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster" in ptx)
+    assert "mapa.shared::cluster.u32" in ptx and "mbarrier.arrive.release.cluster.shared::cluster.b64" in ptx
+
+    @ty.kernel(threads=32, arch="sm_90")
+    def not_arch_specific(tm: ty.tensormap):
+        bar = ty.shared(ty.u64, 1, align=8)
+        buf = ty.shared(ty.f32, 256, align=128)
+        hopper.tma_load(buf, tm, bar, 0, 0, multicast=3)
+
+    @ty.kernel(threads=32, arch="sm_90a")
+    def bad_mask(tm: ty.tensormap):
+        bar = ty.shared(ty.u64, 1, align=8)
+        buf = ty.shared(ty.f32, 256, align=128)
+        hopper.tma_load(buf, tm, bar, 0, 0, multicast=1 << 16)
+
+    with pytest.raises(ty.KernelSourceError, match=r"tma_load\(multicast=...\) expects a kernel for sm_90a"):
+        not_arch_specific.compile()
+    with pytest.raises(ty.KernelSourceError, match="tma_load multicast expects a CTA mask in 1..0xFFFF"):
+        bad_mask.compile()
+
+
+@pytest.mark.parametrize("seed", [None, 2])
+def test_multicast_lands_in_every_cta_of_the_mask(seed):
+    x, tm, out = multicast_case()
+    multicast_rows.emulate(tm, out, grid=(2,), ITERS=4, seed=seed)
+    assert torch.equal(out, x.reshape(4, 512).repeat(2, 1).reshape(-1))  # both CTAs saw every whole tile
+
+
+@pytest.mark.parametrize("bug, text", [
+    ("local_release", "the TMA multicast of warp 0 (warpgroup 0) of CTA (0, 0, 0) (CTA rank 0) overwrites smem0+0..1023 "
+                      "of CTA rank 1, which warp 1 of that CTA read at"),
+    ("expect_half", "These bytes come from another CTA's TMA multicast at"),
+    ("no_final_sync", "CTA rank 1 (1, 0, 0) of the cluster exits while CTA rank 0 may still use its shared memory"),
+    ("no_init_sync", "of CTA rank 1 before its initialization is visible to the cluster"),
+])
+def test_cross_cta_protocol_errors_name_the_line(bug, text):
+    x, tm, out = multicast_case()
+    with pytest.raises(ty.TylopyError) as e:
+        multicast_rows.emulate(tm, out, grid=(2,), ITERS=4, BUG=bug)
+    assert text in str(e.value)
+    assert "kernels_clusters.py:" in str(e.value)
+
+
+def test_a_multicast_completing_a_phase_early_is_named():
+    x, tm, out = multicast_case()
+    with pytest.raises(ty.TylopyError) as e:  # this schedule lands the other CTA's bytes first
+        multicast_rows.emulate(tm, out, grid=(2,), ITERS=4, BUG="expect_half", seed=7)
+    assert "completes phase 0 while the TMA" in str(e.value) and "must expect it on its own barrier" in str(e.value)
+
+
+def test_a_remote_arrive_on_the_wrong_cta_or_barrier_is_named():
+    @ty.kernel(threads=32, arch="sm_90a", cluster=(2, 1, 1))
+    def remote_arrive(WHERE: ty.constexpr):
+        bars = ty.shared(ty.u64, 2, align=8)
+        if ty.thread_idx() == 0:
+            hopper.mbarrier_init(bars, 1, label="freed")   # bars[1] is never initialized
+            hopper.fence_mbarrier_init()
+        ty.cluster_sync()
+        if ty.thread_idx() == 0:
+            if WHERE == "rank":
+                hopper.mbarrier_arrive(bars, cta=ty.cluster_ctarank() + 1)
+            elif WHERE == "slot":
+                hopper.mbarrier_arrive(bars + 1, cta=ty.cluster_ctarank() ^ 1)
+            elif WHERE == "expect_tx":   # an arrival that announces no bytes completes the phase as well
+                hopper.mbarrier_arrive_expect_tx(bars, 0, cta=ty.cluster_ctarank() ^ 1)
+            else:
+                hopper.mbarrier_arrive(bars, cta=ty.cluster_ctarank() ^ 1)
+        hopper.mbarrier_wait(bars, 0, label="freed")
+        ty.cluster_sync()
+
+    remote_arrive.emulate(grid=(2,), WHERE="partner")  # each CTA frees the other one
+    remote_arrive.emulate(grid=(2,), WHERE="expect_tx")
+    assert "mbarrier.arrive.expect_tx.release.cluster.shared::cluster.b64" in remote_arrive.compile(WHERE="expect_tx").ptx
+    with pytest.raises(ty.TylopyError, match=r"names CTA rank 2, but the cluster has 2 CTAs"):
+        remote_arrive.emulate(grid=(2,), WHERE="rank")
+    with pytest.raises(ty.TylopyError, match=r"uses the mbarrier at smem0\[1\] of CTA rank \d \(\d, 0, 0\), which "
+                                             r"no thread of that CTA initialized"):
+        remote_arrive.emulate(grid=(2,), WHERE="slot")
+
+
+def test_a_multicast_mask_past_the_cluster_is_an_error():
+    @ty.kernel(threads=32, arch="sm_90a", cluster=(2, 1, 1))
+    def wide_mask(tm: ty.tensormap):
+        bar = ty.shared(ty.u64, 1, align=8)
+        buf = ty.shared(ty.f32, 256, align=1024)
+        if ty.thread_idx() == 0:
+            hopper.mbarrier_init(bar, 1)
+            hopper.fence_mbarrier_init()
+        ty.cluster_sync()
+        if ty.thread_idx() == 0:
+            hopper.mbarrier_arrive_expect_tx(bar, 1024)
+            hopper.tma_load(buf, tm, bar, 0, 0, multicast=5)
+        hopper.mbarrier_wait(bar, 0)
+        ty.cluster_sync()
+
+    x, tm, out = multicast_case()
+    with pytest.raises(ty.TylopyError, match=r"the multicast mask 0x0005 names CTA rank\(s\) \[0, 2\], but the cluster "
+                                             r"has 2 CTA\(s\)"):
+        wide_mask.emulate(tm, grid=(2,))
+
+
 # -- GPU tier -------------------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
@@ -136,3 +247,19 @@ def test_gpu_clusters_match_the_emulator():
     emulated = np.zeros(2, np.float32)
     cluster_sum.emulate(x, emulated, grid=(8,))
     assert np.array_equal(sums.cpu().numpy(), emulated)
+
+
+@pytest.mark.gpu
+def test_gpu_multicast_and_remote_arrives_match_the_emulator():
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("TMA multicast needs sm_90a")
+    x, tm_cpu, _ = multicast_case(iters=6, seed=4)
+    n = 4 * 6 * 512                                              # two clusters of two CTAs, 6 tiles each
+    want = torch.full((n,), float("nan"))
+    multicast_rows.emulate(tm_cpu, want, grid=(4,), ITERS=6)
+    assert torch.equal(want, x.reshape(6, 512).repeat(4, 1).reshape(-1))
+    xd = x.cuda()
+    out = torch.full((n + 64,), float("nan"), device="cuda")
+    multicast_rows[(4,)](ty.tensor_map(xd, box=(8, 32)), out, ITERS=6)
+    torch.cuda.synchronize()
+    assert torch.equal(out[:n].cpu(), want) and out[n:].isnan().all()

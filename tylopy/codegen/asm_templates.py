@@ -11,6 +11,12 @@ SIMPLE = {
     "cvt_bf16x2": ("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f"),
     "mbarrier_init": ("mbarrier.init.shared::cta.b64 [$0], $1;", "r,r,~{memory}"),
     "mbarrier_arrive": ("mbarrier.arrive.shared::cta.b64 _, [$0];", "r,~{memory}"),
+    # mapa to the same offset in CTA $1 of the cluster, then a release.cluster arrive there
+    "mbarrier_arrive_cluster": ("{\n\t.reg .b32 remote;\n\tmapa.shared::cluster.u32 remote, $0, $1;\n\t"
+                                "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n\t}", "r,r,~{memory}"),
+    "mbarrier_arrive_expect_tx_cluster": ("{\n\t.reg .b32 remote;\n\tmapa.shared::cluster.u32 remote, $0, $2;\n\t"
+                                          "mbarrier.arrive.expect_tx.release.cluster.shared::cluster.b64 _, [remote], $1;"
+                                          "\n\t}", "r,r,r,~{memory}"),
     "mbarrier_arrive_expect_tx": ("mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", "r,r,~{memory}"),
     "mbarrier_try_wait": ("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2;\n\tselp.u32 $0, 1, 0, p;\n\t}",
                           "=r,r,r,~{memory}"),
@@ -88,8 +94,12 @@ def wgmma(n: int, dtype: str, a_kind: str, trans_b: int, zero_init: bool = False
     return text, ",".join(["=" + ("r" if acc == "f16" else "f")] * nacc + ins + tail)
 
 
-def tma_load(rank: int) -> tuple[str, str]:
+def tma_load(rank: int, multicast: bool = False) -> tuple[str, str]:
+    """Operands: dst (u32 shared), the map's generic address, the mbarrier, the coordinates and, with
+    ``multicast``, the 16-bit CTA mask (operand ``$3 + rank``, an ``h`` register)."""
     coords = ", ".join(f"${3 + i}" for i in range(rank))
-    text = (f"cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes "
-            f"[$0], [$1, {{{coords}}}], [$2];")
-    return text, ",".join(["r", "l", "r"] + ["r"] * rank + ["~{memory}"])
+    mc = ".multicast::cluster" if multicast else ""
+    mask = f", ${3 + rank}" if multicast else ""
+    text = (f"cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes{mc} "
+            f"[$0], [$1, {{{coords}}}], [$2]{mask};")
+    return text, ",".join(["r", "l", "r"] + ["r"] * rank + (["h"] if multicast else []) + ["~{memory}"])

@@ -525,6 +525,8 @@ LOWER = {
     "shared_ptr": lower_shared_ptr, "dynamic_shared_ptr": lower_dynamic_shared_ptr,
     "debug_record": lower_debug_record,
     "mbarrier_init": asm_op("mbarrier_init"), "mbarrier_arrive": asm_op("mbarrier_arrive"),
+    "mbarrier_arrive_cluster": asm_op("mbarrier_arrive_cluster"),
+    "mbarrier_arrive_expect_tx_cluster": asm_op("mbarrier_arrive_expect_tx_cluster"),
     "mbarrier_arrive_expect_tx": asm_op("mbarrier_arrive_expect_tx"), "mbarrier_try_wait": lower_mbarrier_try_wait,
     "fence_proxy_async": asm_op("fence_proxy_async"), "fence_mbarrier_init": asm_op("fence_mbarrier_init"),
     "wgmma_fence": asm_op("wgmma_fence"), "wgmma_commit": asm_op("wgmma_commit"),

@@ -55,8 +55,10 @@ def lower_prefetch_tensormap(L, op: Op):
 
 def lower_tma_load(L, op: Op):
     dst, tmap, bar, *coords = op.operands
-    args = [shared_u32(L, dst), L.b.ptrtoint(L.v(tmap), I64), shared_u32(L, bar)] + [L.v(c) for c in coords]
-    L.asm(*T.tma_load(op.attr("rank")), args)
+    multicast = bool(op.attr("multicast", False))
+    mask = [L.b.trunc(L.v(coords.pop()), ir.IntType(16))] if multicast else []
+    args = [shared_u32(L, dst), L.b.ptrtoint(L.v(tmap), I64), shared_u32(L, bar)] + [L.v(c) for c in coords] + mask
+    L.asm(*T.tma_load(op.attr("rank"), multicast), args)
 
 
 def lower_setmaxnreg(L, op: Op):

@@ -70,6 +70,7 @@ class Cluster:
         cta = w.cta
         cta.release(w.wid, self.acc[cta.rank])
         w.cluster_gen = self.generation
+        w.cluster_arrive_gens.append(self.generation)
         self.arrived += w.nactive
         self.arrivers.append((cta.rank, w.wid))
         if self.arrived >= self.threads():
@@ -89,6 +90,7 @@ class Cluster:
             yield Wait(lambda: self.generation > gen, op, lambda: self.describe(), self)
         w.cta.acquire(w.wid, self.done[gen][w.cta.rank])
         w.cluster_gen = None
+        w.cluster_waited = max(w.cluster_waited, gen)
 
     def describe(self) -> str:
         by_rank: dict = {}
@@ -107,11 +109,32 @@ class Cluster:
             raise MemoryAccessError(f"distributed shared-memory {verb} at {where(op)} by {w.describe()}: the address "
                                     f"names CTA rank {rank}, but the cluster has {self.size} CTAs")
         cta = self.ctas[rank]
+        if cta is not w.cta:
+            self.touch(w, rank, op, f"{verb}s")
         if cta.exited():
             raise ProtocolError(f"distributed shared-memory {verb} at {where(op)} by {w.describe()}: CTA rank {rank} "
                                 f"{cta.coord} of the cluster has exited, and its shared memory with it (a "
                                 "ty.cluster_sync before either side exits keeps it alive)")
         return cta
+
+
+    def touch(self, w, rank: int, op, verb: str) -> None:
+        """Warp ``w`` of another CTA uses CTA ``rank``'s shared memory (``verb`` says how), now."""
+        self.ctas[rank].remote_touches[(w.cta.rank, w.wid)] = (op, len(w.cluster_arrive_gens), verb)
+
+    def on_exit(self, cta) -> None:
+        """The last warp of ``cta`` exited: no other CTA may use its shared memory from now on, which a
+        cluster barrier after each remote use (completed before this CTA's warps left) guarantees."""
+        for (rank, wid), (op, arrivals, verb) in sorted(cta.remote_touches.items()):
+            peer = self.ctas[rank].warps[wid]
+            later = peer.cluster_arrive_gens[arrivals:]
+            if later and all(w.cluster_waited >= later[0] for w in cta.warps):
+                continue
+            raise ProtocolError(
+                f"CTA rank {cta.rank} {cta.coord} of the cluster exits while CTA rank {rank} may still use its shared "
+                f"memory: warp {wid} of that CTA {verb} it at {where(op)}, and no cluster barrier that both CTAs "
+                f"passed after that use orders it before this exit (the shared memory goes with the CTA; end the "
+                f"kernel with ty.cluster_sync() in every warp of every CTA, after the last remote access)")
 
 
 def is_remote(addrs: np.ndarray) -> np.ndarray:

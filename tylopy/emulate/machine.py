@@ -56,6 +56,9 @@ class Warp:
         self.mb_seen: dict = {}  # mbarrier address -> (phases it has seen completed, wait op, parity)
         self.mb_passes: dict = {}  # mbarrier address -> waits of this warp on it that completed
         self.cluster_gen = None  # the cluster-barrier phase this warp arrived in and has not waited for
+        self.cluster_arrive_gens: list = []  # the cluster-barrier phase of each of its arrives
+        self.cluster_waited = -1  # the latest cluster-barrier phase whose wait it passed
+        self.remote_seen: dict = {}  # CTA rank -> that CTA's clock this warp learned through remote arrives
         self.mb_arrived: dict = {}  # mbarrier address -> (phases this warp arrived in, its last arrive op)
         self.arrive_log: list = []  # (epoch, op, mbarrier) of this warp's latest mbarrier arrivals
         self.last_mb_wait = None  # (mbarrier, op, parity) of the latest completed mbarrier wait
@@ -140,6 +143,8 @@ def run_together(ctas) -> None:
                 w.wait = next(w.gen)
             except StopIteration:
                 w.exited = True
+                if w.cta.exited():
+                    w.cta.cluster.on_exit(w.cta)
             progressed = True
         live = [w for w in live if not w.exited]
         if live and not progressed:
@@ -200,6 +205,7 @@ class CTA:
         self.barriers: dict[int, NamedBarrier] = {}
         self.bar_arrivers: dict[int, dict] = {}  # named barrier id -> {warp: op} of its bar.arrive arrivals
         self.mbars: dict[int, MBarrier] = {}
+        self.remote_touches: dict = {}  # (CTA rank, warp) -> (op, its cluster arrives then, verb): DSMEM users
         self.regpool = RegisterPool(kir, self.nwarps)
         self.wg_logs: dict[int, dict] = {}
         self.wg_reads: dict[int, list] = {}  # warpgroup -> wgmma instances whose smem reads are in flight

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .asynccopy import TmaLoad
+from .multicast import absorb, issue_remote, multicast_ranks
 from .errors import MemoryAccessError, ProtocolError, where
 from .ops_scalar import check_converged
 from .compiled import handler
@@ -213,6 +214,7 @@ def make_mbarrier_try_wait(prog, op):
 
                 yield Wait(ready, op, lambda mb=mb, par=parity: mb.describe_wait(par), (mb, parity))
             cta.acquire(w.wid, mb.done_clock[parity])
+            absorb(w, mb, parity)
             w.note_wait(mb, op, parity)
         env[r] = w.mask.copy()
 
@@ -280,7 +282,8 @@ def make_setmaxnreg(prog, op):
 def make_tma_load(prog, op):
     rank = op.attr("rank")
     d, tm, b = (prog.slot(v) for v in op.operands[:3])
-    cs = [prog.slot(v) for v in op.operands[3:]]
+    cs = [prog.slot(v) for v in op.operands[3:3 + rank]]
+    mask_slot = prog.slot(op.operands[3 + rank]) if op.attr("multicast", False) else None
 
     def run(w):
         cta, env = w.cta, w.env
@@ -292,6 +295,17 @@ def make_tma_load(prog, op):
             if info.rank != rank:
                 raise ProtocolError(f"tma_load at {where(op)} gives {rank} coordinates, but tensor map "
                                     f"{info.name!r} has rank {info.rank}")
+            if mask_slot is not None:
+                ranks = multicast_ranks(w, op, int(env[mask_slot][lane]) & 0xFFFF)
+                if dst % 128:
+                    raise MemoryAccessError(f"tma_load at {where(op)} ({w.describe()}): the destination "
+                                            f"{smem.name(dst)} is not 128-byte aligned, as TMA requires")
+                data = info.read(coords, op, w)
+                for r in ranks:
+                    if r != cta.rank:
+                        issue_remote(w, op, cta.cluster.target(w, op, r, "TMA multicast write"), dst, bar, info, data)
+                if cta.rank not in ranks:
+                    continue
             if dst % 128:
                 raise MemoryAccessError(f"tma_load at {where(op)} ({w.describe()}): the destination {smem.name(dst)} is not "
                                         "128-byte aligned, as TMA requires")

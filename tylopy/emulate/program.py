@@ -28,7 +28,7 @@ PENDING_OK = frozenset({"wgmma", "wgmma_wait", "fence_operand", "yield", "condit
 def load_handlers() -> dict:
     """Import the ``ops_*`` modules (they register themselves) and return the table."""
     from . import control, ops_async_copy, ops_hopper, ops_memory, ops_mma, ops_scalar, ops_wgmma  # noqa: F401
-    from . import ops_atomics, ops_cluster, ops_debug, ops_warp  # noqa: F401
+    from . import multicast, ops_atomics, ops_cluster, ops_debug, ops_warp  # noqa: F401
     from . import ops_rounding  # noqa: F401  (after ops_scalar: wraps its handlers for explicit roundings)
     return HANDLERS
 

@@ -57,6 +57,7 @@ class SharedMemory:
         self.inflight_r = np.full(n, -1, dtype=np.int32)  # TMA store still reading the byte (its uid)
         self.copies_w: dict = {}  # uid -> copy record, for the copies marked in inflight_w
         self.copies_r: dict = {}
+        self.multicast_op = None  # per byte: the TMA multicast of another CTA that writes it (-1 none), for hints
         self.ops: list = []
         self._op_ids: dict = {}
 
@@ -159,7 +160,7 @@ class SharedMemory:
                 f"read of uninitialized shared memory at {where(op)}: {who.describe()} {what} {self.span(bi[never], 0)}"
                 f", which nothing wrote before (no store, cp.async or TMA copy landed there; if another warp writes "
                 f"it later, a barrier between that write and this read is missing). The emulator fills shared "
-                f"memory with 0x{POISON:02X} bytes (NaN as a float)")
+                f"memory with 0x{POISON:02X} bytes (NaN as a float){self.multicast_hint(bi[never], who)}")
         other = prev != warp
         if not other.any():
             return
@@ -173,7 +174,22 @@ class SharedMemory:
                                 epoch=int(self.writer_epoch[b]), op=op)
             raise ProtocolError(
                 f"shared-memory race at {where(op)}: {who.describe()} {what} {self.span(bi, j)}, which {self._who(src)} "
-                f"wrote at {where(wop)} with no barrier or mbarrier ordering that write before this read.{why}")
+                f"wrote at {where(wop)} with no barrier or mbarrier ordering that write before this read.{why}"
+                f"{self.multicast_hint(bi[j:j + 1], who)}")
+
+    def multicast_hint(self, bi, who) -> str:
+        """Why bytes a multicast from another CTA fills can be read too early: the phase completed without them."""
+        mop = None
+        if self.multicast_op is not None and (self.multicast_op[bi] >= 0).any():
+            mop = self.ops[int(self.multicast_op[bi][int(np.argmax(self.multicast_op[bi] >= 0))])]
+        last = getattr(who, "last_mb_wait", None)
+        if mop is None and last is not None:  # the phase this warp waited for had multicast bytes
+            mop = next((o for o, _, _ in getattr(last[0], "last_delivered", ()) if o.attr("multicast", False)), None)
+        if mop is None:
+            return ""
+        return (f". These bytes come from another CTA's TMA multicast at {where(mop)}: if the mbarrier phase this read "
+                f"waited for completed without them, this CTA's expect_tx does not count the bytes the multicasts of "
+                f"the other CTAs deliver into its stage (every CTA in the mask must expect the whole stage)")
 
     def note_read(self, bi, warp: int, epoch, op):
         self._reads()

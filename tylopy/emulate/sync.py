@@ -119,18 +119,32 @@ class MBarrier:
         self.delivered: list = []  # (op, bytes, warp) completed by copies in this phase
         self.arrivals: list = []  # (warp, op) that arrived in this phase
         self.last_arrivals: list = []  # (warp, op) of the last completed phase
+        self.init_cluster_gen = cta.cluster.generation  # remote users wait for this cluster-barrier phase
+        self.remote_acc: dict = {}  # CTA rank -> clock its warps released by remote arrives (multicast.py)
+        self.remote_done: dict = {0: {}, 1: {}}  # parity -> remote_acc of the last phase with that parity
 
     def label(self) -> str:
         return f"mbarrier {self.cta.mbar_name(self)}"
 
     def _complete(self):
         cta = self.cta
+        early = [r for r in cta.copies.pending if getattr(r, "mb", None) is self and not r.landed
+                 and r.op.attr("multicast", False)]
+        if early:
+            raise ProtocolError(
+                f"{self.label()} of CTA {cta.coord} (CTA rank {cta.rank}) completes phase {self.phase} while "
+                f"{early[0].describe()} still has {len(early[0].data)} bytes to deliver to it: its expect_tx did not "
+                f"count them, so they would land in the next phase (silent corruption on the GPU). Every CTA in a "
+                f"multicast's mask receives the whole box and must expect it on its own barrier at that offset "
+                f"(mbarrier_arrive_expect_tx with the bytes of every copy that lands in its stage).\n{self._tx_text()}")
         self.clock[self.agent] = cta.agent_tick(self.agent)
         self.done_clock[self.phase & 1] = self.clock.copy()
         self.clock[:] = 0
+        self.remote_done[self.phase & 1], self.remote_acc = self.remote_acc, {}
         self.phase += 1
         self.pending, self.tx = self.count, 0
         self.last_arrivals = self.arrivals
+        self.last_delivered = self.delivered
         self.history[self.phase - 1] = self.arrivals
         self.history.pop(self.phase - 17, None)
         self.expects, self.delivered, self.arrivals = [], [], []
@@ -154,9 +168,15 @@ class MBarrier:
                 f"expect_tx at {where(culprit)}.\n{self._tx_text()}")
 
     def arrive(self, cta, w, op, k: int, tx_each: int = 0):
-        """``k`` threads of ``w`` arrive, each after adding ``tx_each`` to the tx-count."""
-        w.note_arrive(self, op)
-        cta.release(w.wid, self.clock)
+        """``k`` threads of ``w`` arrive, each after adding ``tx_each`` to the tx-count. A warp of
+        another CTA of the cluster (a remote arrive) releases its clock into ``remote_acc``."""
+        remote = w.cta is not self.cta
+        if remote:
+            mine = w.cta
+            mine.release(w.wid, self.remote_acc.setdefault(mine.rank, mine.new_clock()))
+        else:
+            w.note_arrive(self, op)
+            cta.release(w.wid, self.clock)
         while k > 0:
             if tx_each:
                 self.tx += tx_each
@@ -179,7 +199,8 @@ class MBarrier:
             self.arrivals.append((w.wid, op))
             if self.pending == 0 and self.tx == 0:
                 self._complete()
-                cta.release(w.wid, self.clock)
+                if not remote:
+                    cta.release(w.wid, self.clock)
             else:
                 self._check_over(op, w.describe())
 
@@ -187,6 +208,12 @@ class MBarrier:
         """A TMA copy issued by warp ``wid`` landed ``nbytes``; its bytes belong to the phase in progress."""
         self.tx -= nbytes
         self.delivered.append((op, nbytes, wid))
+        if op.attr("multicast", False) and self.pending == 0 and self.tx < 0:
+            raise ProtocolError(
+                f"the TMA multicast at {where(op)} delivers {nbytes} bytes to {self.label()} of CTA rank "
+                f"{self.cta.rank} {self.cta.coord} (phase {self.phase}), whose arrivals all came and whose expect_tx "
+                f"did not count them: every CTA in a multicast's mask must expect the bytes it receives on its own "
+                f"barrier at that offset (mbarrier_arrive_expect_tx with its whole stage).\n{self._tx_text()}")
         if self.pending == 0 and self.tx == 0:
             self._complete()
         else:

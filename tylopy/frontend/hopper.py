@@ -6,6 +6,7 @@ on are in docs/hopper.md.
 """
 from __future__ import annotations
 
+from ..codegen.targets import family
 from ..ir.types import PointerType, i32, u32
 from ..ir.values import WaitSite
 from . import lang
@@ -31,13 +32,41 @@ def mbarrier_init(bar, count, label: str = "") -> None:
         emit("mbarrier_init", (_bar(bar), as_value(count, i32)))
 
 
-def mbarrier_arrive(bar) -> None:
-    emit("mbarrier_arrive", (_bar(bar),))
+def mbarrier_arrive(bar, cta=None) -> None:
+    """Arrive on ``bar`` (one arrival of this thread). With ``cta`` (a rank in the cluster), arrive on
+    the mbarrier at the same shared-memory offset in CTA ``cta`` of the cluster instead: ``mapa`` then
+    ``mbarrier.arrive.release.cluster.shared::cluster`` (a consumer freeing a stage that another CTA's
+    producer refills, e.g. by TMA multicast). The other CTA must not have exited."""
+    if cta is None:
+        emit("mbarrier_arrive", (_bar(bar),))
+        return
+    _cluster_op("mbarrier_arrive(cta=...)")
+    emit("mbarrier_arrive_cluster", (_bar(bar), _rank(cta, "mbarrier_arrive cta")))
 
 
-def mbarrier_arrive_expect_tx(bar, nbytes) -> None:
-    """Arrive and add ``nbytes`` to the phase's expected transaction count (before the TMA copies)."""
-    emit("mbarrier_arrive_expect_tx", (_bar(bar), as_value(nbytes, i32)))
+def _cluster_op(what: str, arch_specific: bool = False):
+    bld = current_builder()
+    if family(bld.arch) < (9, 0) or (arch_specific and not bld.arch.endswith("a")):
+        bld.error(f"{what} expects a kernel for {'sm_90a' if arch_specific else 'sm_90 or sm_90a'} (thread-block "
+                  f"clusters), but this kernel targets {bld.arch}", hint="declare the kernel with arch='sm_90a'")
+
+
+def _rank(v, what: str) -> Value:
+    r = as_value(v, i32)
+    if r.type not in (i32, u32):
+        current_builder().error(f"{what} expects an i32 CTA rank, but got {r.type}")
+    return r
+
+
+def mbarrier_arrive_expect_tx(bar, nbytes, cta=None) -> None:
+    """Arrive and add ``nbytes`` to the phase's expected transaction count (before the TMA copies).
+    With ``cta`` (a rank in the cluster): on the barrier at the same offset in CTA ``cta``
+    (``mbarrier.arrive.expect_tx.release.cluster.shared::cluster``)."""
+    if cta is None:
+        emit("mbarrier_arrive_expect_tx", (_bar(bar), as_value(nbytes, i32)))
+        return
+    _cluster_op("mbarrier_arrive_expect_tx(cta=...)")
+    emit("mbarrier_arrive_expect_tx_cluster", (_bar(bar), as_value(nbytes, i32), _rank(cta, "mbarrier_arrive_expect_tx cta")))
 
 
 def mbarrier_try_wait(bar, parity) -> Value:
@@ -96,18 +125,30 @@ def fence_mbarrier_init() -> None:
     emit("fence_mbarrier_init", ())
 
 
-def tma_load(dst, tensormap, bar, *coords) -> None:
+def tma_load(dst, tensormap, bar, *coords, multicast=None) -> None:
     """cp.async.bulk.tensor.{rank}d global -> shared, completing its bytes on ``bar``.
 
     ``coords`` are element coordinates, innermost dimension first (they may be out of range:
     those elements are zero-filled and still counted).
+
+    ``multicast``: a 16-bit mask of CTA ranks in the cluster (bit r = rank r, an int or a run-time
+    i32). The box is read once and written to ``dst`` in the shared memory of every CTA in the mask,
+    each completing its bytes on the mbarrier at ``bar``'s offset in that CTA (``.multicast::cluster``).
+    Every receiver must expect the bytes (``mbarrier_arrive_expect_tx`` on its own barrier).
     """
     bld = current_builder()
     if not isinstance(dst, Value) or not isinstance(dst.type, PointerType) or dst.type.space != "shared":
         bld.error(f"tma_load destination expects a shared-memory pointer, but got {dst!r}")
     if not 1 <= len(coords) <= 5:
         bld.error(f"tma_load expects 1 to 5 coordinates, but got {len(coords)}")
-    emit("tma_load", (dst, tensormap, _bar(bar), *[as_value(c, i32) for c in coords]), rank=len(coords))
+    operands = (dst, tensormap, _bar(bar), *[as_value(c, i32) for c in coords])
+    if multicast is None:
+        emit("tma_load", operands, rank=len(coords))
+        return
+    _cluster_op("tma_load(multicast=...)", arch_specific=True)
+    if isinstance(multicast, int) and not 0 < multicast < (1 << 16):
+        bld.error(f"tma_load multicast expects a CTA mask in 1..0xFFFF (bit r = CTA rank r), but got {multicast!r}")
+    emit("tma_load", (*operands, _rank(multicast, "tma_load multicast")), rank=len(coords), multicast=True)
 
 
 def prefetch_tensormap(tensormap) -> None:

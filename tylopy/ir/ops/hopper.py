@@ -17,6 +17,10 @@ def _mbar(n, result=()):
 
 def _tma_load(ts, attrs):
     rank = attrs["rank"]
+    if attrs.get("multicast"):
+        expect(len(ts) == 4 + rank and ts[-1] in (i32, u32),
+               f"tma_load multicast expects (dst, tensormap, mbarrier, {rank} coordinates, i32 CTA mask)")
+        ts = ts[:-1]
     expect(len(ts) == 3 + rank, f"tma_load expects (dst, tensormap, mbarrier, {rank} coordinates)")
     expect(isinstance(ts[0], PointerType) and ts[0].space == "shared", f"tma_load destination expects shared memory, but got {ts[0]}")
     expect(isinstance(ts[1], TensorMapType), f"tma_load expects a tensormap, but got {ts[1]}")
@@ -75,14 +79,15 @@ def _wgmma(ts, attrs):
 
 
 RULES = {
-    "mbarrier_init": _mbar(2), "mbarrier_arrive": _mbar(1), "mbarrier_arrive_expect_tx": _mbar(2),
+    "mbarrier_init": _mbar(2), "mbarrier_arrive": _mbar(1), "mbarrier_arrive_cluster": _mbar(2),
+    "mbarrier_arrive_expect_tx_cluster": _mbar(3), "mbarrier_arrive_expect_tx": _mbar(2),
     "mbarrier_try_wait": _mbar(2, (i1,)), "fence_proxy_async": none(0), "fence_mbarrier_init": none(0),
     "tma_load": _tma_load, "prefetch_tensormap": none(1), "setmaxnreg": none(0),
     "wgmma_fence": none(0), "wgmma_commit": none(0), "wgmma_wait": passthrough, "wgmma": _wgmma,
     "fence_operand": passthrough, "elect_one": lambda ts, attrs: (i1,),
 }
 SIDE_EFFECTS = frozenset({
-    "mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_try_wait", "fence_proxy_async",
+    "mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_cluster", "mbarrier_arrive_expect_tx_cluster", "mbarrier_arrive_expect_tx", "mbarrier_try_wait", "fence_proxy_async",
     "fence_mbarrier_init", "tma_load", "prefetch_tensormap", "setmaxnreg", "wgmma_fence", "wgmma_commit",
     "wgmma_wait", "wgmma", "fence_operand",
 })

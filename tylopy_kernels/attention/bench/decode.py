@@ -213,7 +213,7 @@ def run_sweep(dtype):
     import tylopy
 
     from tylopy_kernels.attention.decode import kernel as kd
-    from tylopy_kernels.attention.decode.launch import SMEM_PER_SM, plan_schedule
+    from tylopy_kernels.attention.decode.launch import SMEM_PER_SM, DecodeShape, plan_schedule
     rows = []
     for B, L in SWEEP_SHAPES:
         kv_bytes = 2 * B * L * H_KV * D * 2
@@ -221,8 +221,8 @@ def run_sweep(dtype):
         for sched in SWEEP_SCHEDULES:
             if kd.smem_bytes(HEAD_DIM=D, **sched) > SMEM_PER_SM:
                 continue
-            auto = plan_schedule(B, 1, H_Q, H_KV, D, L, 0, torch.cuda.get_device_properties(0).multi_processor_count,
-                                 schedule=sched)[2]
+            auto = plan_schedule(DecodeShape(B, 1, H_Q, H_KV, D, L, 0),
+                                 torch.cuda.get_device_properties(0).multi_processor_count, schedule=sched)[2]
             for splits in sorted({auto, max(1, auto // 2), auto * 2}):
                 for merge in ("kernel", "atomic"):
                     fn = (lambda s, sp, m: lambda q, k, v, lens: tylopy.attention_decode(

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from tylopy_kernels.attention.common import rejecter
+from tylopy_kernels.attention.decode.status import block_table_status, check_block_table
 
 _fail = rejecter("attention_decode")
 
@@ -35,9 +36,8 @@ def attention_decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqle
                         num_splits: Optional[int], return_lse: bool, layout: str, merge: str) -> tuple[Tensor, Tensor]:
     from tylopy_kernels.attention.decode import launch
     if q.device.type == "cuda":
-        res = launch.attention_decode(q, k_cache, v_cache, cache_seqlens, scale=scale, block_table=block_table,
-                                      is_causal=is_causal, num_splits=num_splits, return_lse=return_lse,
-                                      layout=layout, merge=merge)
+        res = launch.attention_decode(launch.DecodeTensors(q, k_cache, v_cache, cache_seqlens, block_table),
+                                      launch.DecodeOptions(scale, is_causal, num_splits, return_lse, layout, merge))
         return res if return_lse else (res, _no_lse(q))
     out, lse = launch.reference_decode(q, k_cache, v_cache, cache_seqlens, scale=scale, block_table=block_table,
                                        is_causal=is_causal, layout=layout)
@@ -65,22 +65,28 @@ _launch_decode = None
 
 
 def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, block_table=None, is_causal=False,
-                     num_splits=None, return_lse=False, layout="bshd", merge="atomic", schedule=None):
+                     num_splits=None, return_lse=False, layout="bshd", merge="atomic", schedule=None,
+                     check_inputs=False):
     """Attention of q's few rows per head against each sequence's first ``cache_seqlens[b]``
     cached keys; ``out`` or ``(out, lse)``. ``launch.py``'s docstring has the layouts, the paged
-    cache and the split-KV schedule."""
+    cache and the split-KV schedule. ``check_inputs=True`` checks ``block_table`` on the host before
+    launching (a synchronization); ``attention_decode.block_table_status()`` and
+    ``attention_decode.check_block_table()`` read what the device found without one."""
     if not isinstance(cache_seqlens, torch.Tensor):  # before any cache key reads its shape
         from tylopy_kernels.attention.decode.launch import SEQLENS_EXPECTED
         _fail(TypeError, "cache_seqlens", SEQLENS_EXPECTED, type(cache_seqlens).__name__)
     if isinstance(q, torch.Tensor) and _through_op(q):
-        from tylopy_kernels.attention.decode.launch import check_decode_inputs
-        scale = check_decode_inputs(q, k_cache, v_cache, cache_seqlens, scale, block_table, is_causal, num_splits,
-                                    layout, merge)[-1]
+        from tylopy_kernels.attention.decode.launch import DecodeOptions, DecodeTensors, check_decode_inputs
+        scale = check_decode_inputs(DecodeTensors(q, k_cache, v_cache, cache_seqlens, block_table),
+                                    DecodeOptions(scale, is_causal, num_splits, False, layout, merge))[-1]
         if schedule is not None:
             _fail(ValueError, "schedule", "None under torch.compile / torch.export or for fake tensors (it is a "
                   "benchmark setting)", schedule)
         if type(return_lse) is not bool:
             _fail(TypeError, "return_lse", "a bool", type(return_lse).__name__)
+        if check_inputs:
+            _fail(ValueError, "check_inputs", "False under torch.compile / torch.export or for fake tensors (it "
+                  "reads block_table on the host)", check_inputs)
         out, lse = attention_decode_op(q, k_cache, v_cache, cache_seqlens, block_table, scale, is_causal, num_splits,
                                        return_lse, layout, merge)
         return (out, lse) if return_lse else out
@@ -88,9 +94,15 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, block_ta
     if _launch_decode is None:  # imported on the first call: loading this module compiles nothing
         from tylopy_kernels.attention.decode.launch import attention_decode as launch
         _launch_decode = launch
-    return _launch_decode(q, k_cache, v_cache, cache_seqlens, scale=scale, block_table=block_table,
-                         is_causal=is_causal, num_splits=num_splits, return_lse=return_lse, layout=layout,
-                         merge=merge, schedule=schedule)
+    from tylopy_kernels.attention.decode.launch import DecodeOptions, DecodeTensors
+    return _launch_decode(DecodeTensors(q, k_cache, v_cache, cache_seqlens, block_table),
+                          DecodeOptions(scale, is_causal, num_splits, return_lse, layout, merge, schedule),
+                          check_inputs=check_inputs)
+
+
+# what the device found in block_table since the last read (docs/serving.md); these import only torch
+attention_decode.block_table_status = block_table_status
+attention_decode.check_block_table = check_block_table
 
 
 __all__ = ["attention_decode", "attention_decode_op"]

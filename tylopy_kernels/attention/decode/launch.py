@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -64,6 +65,50 @@ SEQLENS_EXPECTED = ("a (batch,) torch.int32 tensor on q's device (one length for
                     "torch.full((batch,), n, dtype=torch.int32, device=q.device))")
 
 
+class DecodeTensors(NamedTuple):
+    """The tensors of a call: q, the caches, their lengths and the page table (None: unpaged)."""
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    cache_seqlens: torch.Tensor
+    block_table: Optional[torch.Tensor] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeOptions:
+    """The keyword options of ``tylopy.attention_decode`` (its docstring and this module's)."""
+
+    scale: Optional[float] = None
+    is_causal: bool = False
+    num_splits: Optional[int] = None
+    return_lse: bool = False
+    layout: str = "bshd"
+    merge: str = "atomic"
+    schedule: Optional[dict] = None
+
+
+class DecodeShape(NamedTuple):
+    """What the checks read off the tensors (page_size 0: unpaged; cap: keys per sequence)."""
+
+    B: int
+    n_q: int
+    H_q: int
+    H_kv: int
+    D: int
+    cap: int
+    page_size: int
+
+
+class Scratch(NamedTuple):
+    """A launch's working buffers: the split partials, the arrival counters and the status word."""
+
+    o_part: torch.Tensor
+    lse_part: torch.Tensor
+    counters: torch.Tensor
+    status: torch.Tensor
+
+
 @dataclasses.dataclass
 class Step:
     """One launch: ``launch()`` on the GPU, or ``emulate()`` with CPU tensors."""
@@ -89,9 +134,10 @@ def _check_tensor(name, t, dims):
         _fail(ValueError, name, f"a {dims}-D tensor", f"shape {tuple(t.shape)}")
 
 
-def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, scale, block_table, is_causal, num_splits, layout,
-                        merge):
-    """Validate; returns (B, n_q, H_q, H_kv, D, capacity, page_size or 0, scale)."""
+def check_decode_inputs(ins: DecodeTensors, opts: DecodeOptions):
+    """Validate; returns (DecodeShape, scale)."""
+    q, k_cache, v_cache, cache_seqlens, block_table = ins
+    scale, is_causal, num_splits, layout, merge = opts.scale, opts.is_causal, opts.num_splits, opts.layout, opts.merge
     if layout not in LAYOUTS:
         _fail(ValueError, "layout", f"one of {LAYOUTS}", repr(layout))
     if merge not in MERGES:
@@ -155,7 +201,7 @@ def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, scale, block_table, 
               repr(scale))
     if B > kd.MAX_GRID_YZ:
         _fail(ValueError, "batch", f"at most {kd.MAX_GRID_YZ} (a grid dimension)", B)
-    return B, n_q, H_q, H_kv, D, cap, page_size, float(scale)
+    return DecodeShape(B, n_q, H_q, H_kv, D, cap, page_size), float(scale)
 
 
 # -- the schedule ------------------------------------------------------------------------------------------
@@ -183,8 +229,9 @@ def choose_splits(base_ctas: int, tiles: int, slots: int, max_splits: int = MAX_
     return next(s for s, e in enumerate(eff, start=1) if e >= 0.95 * best)
 
 
-def plan_schedule(B, n_q, H_q, H_kv, D, cap, page_size, sm_count, num_splits=None, schedule=None):
+def plan_schedule(shape: DecodeShape, sm_count, num_splits=None, schedule=None):
     """(constexprs without DTYPE and flags, row blocks, splits): a pure function of the shapes."""
+    n_q, H_q, H_kv, D, cap, page_size = shape[1:]
     cx = dict(SCHEDULE[D], HEAD_DIM=D)
     cx.update(schedule or {})
     rows = n_q * (H_q // H_kv)
@@ -194,7 +241,7 @@ def plan_schedule(B, n_q, H_q, H_kv, D, cap, page_size, sm_count, num_splits=Non
     row_blocks = -(-rows // (16 * cx["ROW_TILES"]))
     if num_splits is None:
         tiles = -(-cap // (cx["WARPS"] * cx["WARP_KEYS"]))
-        num_splits = choose_splits(B * H_kv * row_blocks, tiles, sm_count * max_ctas_per_sm(cx))
+        num_splits = choose_splits(shape.B * H_kv * row_blocks, tiles, sm_count * max_ctas_per_sm(cx))
         # a full-length sequence gives each split ceil(tiles / splits) tiles: drop the splits that
         # would be left empty (same longest split, fewer partials to merge)
         num_splits = -(-tiles // -(-tiles // num_splits))
@@ -258,13 +305,7 @@ class DecodePlan:
     """What a call's shapes, strides, dtypes and options decide: the specialization, grids and
     scalar arguments. ``steps`` binds tensors to it; ``launch`` allocates the partials and runs."""
 
-    B: int
-    n_q: int
-    H_q: int
-    H_kv: int
-    D: int
-    cap: int
-    page_size: int
+    shape: DecodeShape
     num_pages: int
     scale: float
     is_causal: bool
@@ -283,40 +324,43 @@ class DecodePlan:
 
     @property
     def n_rows(self) -> int:
-        return self.B * self.H_q * self.n_q
+        return self.shape.B * self.shape.H_q * self.shape.n_q
 
-    def steps(self, q, k, v, lens, table, out, lse, o_part, lse_part, counters, status):
-        """[main] or [main, merge] on the given (aligned) tensors."""
+    def steps(self, ins: DecodeTensors, out, lse, scratch: Scratch):
+        """[main] or [main, merge] on the given (aligned) tensors; ``ins.block_table`` a placeholder
+        when unpaged."""
+        q, k, v, lens, table = ins
+        o_part, lse_part, counters, status = scratch
+        B, n_q, H_q, H_kv, D, cap, page_size = self.shape
         i16 = torch.int16
         q_s, o_s = _bnh(q, self.layout), _bnh(out, self.layout)
         k_s, v_s = _bnh(k, self.layout, self.paged), _bnh(v, self.layout, self.paged)
         args = (q.view(i16), k.view(i16), v.view(i16), out.view(i16), lse, o_part, lse_part, lens, table, counters,
-                status, self.n_q, self.H_q // self.H_kv, self.H_q, self.cap, self.scale, int(self.is_causal),
-                self.splits, self.row_blocks, self.page_size, self.num_pages, *q_s, *k_s, *v_s, *o_s, table.stride(0) if self.paged else 0)
-        steps = [Step(kd.attention_decode_fwd, (self.splits, self.H_kv * self.row_blocks, self.B), args, self.cx)]
+                status, n_q, H_q // H_kv, H_q, cap, self.scale, int(self.is_causal), self.splits, self.row_blocks,
+                page_size, self.num_pages, *q_s, *k_s, *v_s, *o_s, table.stride(0) if self.paged else 0)
+        steps = [Step(kd.attention_decode_fwd, (self.splits, H_kv * self.row_blocks, B), args, self.cx)]
         if self.split and not self.fused:
-            grid = (-(-self.n_rows * (self.D // 4) // kd.MERGE_THREADS),)
+            grid = (-(-self.n_rows * (D // 4) // kd.MERGE_THREADS),)
             steps.append(Step(kd.attention_decode_merge, grid, (o_part, lse_part, out.view(i16), lse, self.n_rows,
-                                                                self.n_q, self.H_q, self.splits, *o_s), self.merge_cx))
+                                                                n_q, H_q, self.splits, *o_s), self.merge_cx))
         return steps
 
     def buffers(self, device, lse):
-        """(o_part, lse_part, counters, lse or a placeholder) for a launch."""
+        """(Scratch without its status word, lse or a placeholder) for a launch."""
         f32 = torch.float32
         n = self.n_rows * self.splits if self.split else 1
-        o_part = torch.empty(n * self.D if self.split else 4, dtype=f32, device=device)
+        o_part = torch.empty(n * self.shape.D if self.split else 4, dtype=f32, device=device)
         lse_part = torch.empty(n if self.split else 4, dtype=f32, device=device)
-        groups = self.B * self.H_kv * self.row_blocks
+        groups = self.shape.B * self.shape.H_kv * self.row_blocks
         counters = (_counter_buffer(device, groups) if device.type == "cuda" and self.fused else
                     torch.zeros(max(groups, 4), dtype=torch.int32, device=device))
-        return o_part, lse_part, counters, (lse if lse is not None else _placeholder(device, f32))
+        return (o_part, lse_part, counters), (lse if lse is not None else _placeholder(device, f32))
 
-    def launch(self, q, k, v, lens, table, out, lse):
-        dev = q.device
-        o_part, lse_part, counters, lse_t = self.buffers(dev, lse)
-        table = table if table is not None else _placeholder(dev, torch.int32)
-        for step in self.steps(_aligned(q), _aligned(k), _aligned(v), lens, table, out, lse_t, o_part, lse_part,
-                               counters, status_buffer(dev)):
+    def launch(self, ins: DecodeTensors, out, lse):
+        dev = ins.q.device
+        parts, lse_t = self.buffers(dev, lse)
+        for step in self.steps(_bound(ins, _placeholder(dev, torch.int32)), out, lse_t,
+                               Scratch(*parts, status_buffer(dev))):
             ck = self.compiled.get(step.kernel.name)
             if ck is None:
                 ck = self.compiled[step.kernel.name] = compiled_for(step.kernel, dev, **step.constexprs)
@@ -328,33 +372,34 @@ def _placeholder(device, dtype):
     return placeholder(device, dtype)
 
 
-def make_plan(q, k_cache, v_cache, cache_seqlens, *, scale, block_table=None, is_causal=False, num_splits=None,
-              layout="bshd", merge="atomic", schedule=None, sm_count=132, return_lse=False) -> DecodePlan:
+def _bound(ins: DecodeTensors, table_placeholder):
+    """``ins`` with 16-byte aligned q and caches and a table tensor in every case."""
+    table = ins.block_table if ins.block_table is not None else table_placeholder
+    return DecodeTensors(_aligned(ins.q), _aligned(ins.k_cache), _aligned(ins.v_cache), ins.cache_seqlens, table)
+
+
+def make_plan(ins: DecodeTensors, opts: DecodeOptions, sm_count=132) -> DecodePlan:
     """Check the inputs and decide the launch (see the module docstring)."""
-    B, n_q, H_q, H_kv, D, cap, page_size, scale = check_decode_inputs(
-        q, k_cache, v_cache, cache_seqlens, scale, block_table, is_causal, num_splits, layout, merge)
-    cx, row_blocks, splits = plan_schedule(B, n_q, H_q, H_kv, D, cap, page_size, sm_count, num_splits, schedule)
-    dtype = ty.bf16 if q.dtype == torch.bfloat16 else ty.f16
-    fused = splits > 1 and merge == "atomic"
-    cx = dict(cx, DTYPE=dtype, PAGED=block_table is not None, SPLIT=splits > 1, FUSED_MERGE=fused,
-              RETURN_LSE=return_lse)
-    num_pages = k_cache.shape[0] if block_table is not None else 0
-    return DecodePlan(B, n_q, H_q, H_kv, D, cap, page_size, num_pages, scale, is_causal, layout, block_table is not None,
-                      splits, row_blocks, fused, cx, dict(DTYPE=dtype, HEAD_DIM=D, RETURN_LSE=return_lse))
+    shape, scale = check_decode_inputs(ins, opts)
+    cx, row_blocks, splits = plan_schedule(shape, sm_count, opts.num_splits, opts.schedule)
+    dtype = ty.bf16 if ins.q.dtype == torch.bfloat16 else ty.f16
+    fused = splits > 1 and opts.merge == "atomic"
+    paged = ins.block_table is not None
+    cx = dict(cx, DTYPE=dtype, PAGED=paged, SPLIT=splits > 1, FUSED_MERGE=fused, RETURN_LSE=opts.return_lse)
+    num_pages = ins.k_cache.shape[0] if paged else 0
+    return DecodePlan(shape, num_pages, scale, opts.is_causal, opts.layout, paged, splits, row_blocks, fused, cx,
+                      dict(DTYPE=dtype, HEAD_DIM=shape.D, RETURN_LSE=opts.return_lse))
 
 
-def plan_decode(q, k_cache, v_cache, cache_seqlens, out, lse, *, scale, block_table=None, is_causal=False,
-                num_splits=None, layout="bshd", merge="atomic", schedule=None, sm_count=132):
+def plan_decode(ins: DecodeTensors, out, lse, opts: DecodeOptions, sm_count=132):
     """The launches that fill ``out`` (and ``lse``) as Steps: [main] or [main, merge]. CPU tensors give
-    steps to emulate; ``out`` must have q's layout and be contiguous in its last dim."""
-    plan = make_plan(q, k_cache, v_cache, cache_seqlens, scale=scale, block_table=block_table, is_causal=is_causal,
-                     num_splits=num_splits, layout=layout, merge=merge, schedule=schedule, sm_count=sm_count,
-                     return_lse=lse is not None)
-    dev = q.device
-    o_part, lse_part, counters, lse_t = plan.buffers(dev, lse)
-    table = block_table if block_table is not None else torch.zeros(4, dtype=torch.int32, device=dev)
-    return plan.steps(_aligned(q), _aligned(k_cache), _aligned(v_cache), cache_seqlens, table, out, lse_t, o_part,
-                      lse_part, counters, status_buffer(dev))
+    steps to emulate; ``out`` must have q's layout and be contiguous in its last dim. ``opts.return_lse``
+    follows ``lse``."""
+    plan = make_plan(ins, dataclasses.replace(opts, return_lse=lse is not None), sm_count)
+    dev = ins.q.device
+    parts, lse_t = plan.buffers(dev, lse)
+    return plan.steps(_bound(ins, torch.zeros(4, dtype=torch.int32, device=dev)), out, lse_t,
+                      Scratch(*parts, status_buffer(dev)))
 
 
 
@@ -368,39 +413,36 @@ def _signature(t):
     return (tuple(t.shape), t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
 
 
-def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, block_table=None, is_causal=False,
-                     num_splits=None, return_lse=False, layout="bshd", merge="atomic", schedule=None,
-                     check_inputs=False):
+def attention_decode(ins: DecodeTensors, opts: DecodeOptions, check_inputs=False):
     """Attention of q's n_q rows per head against each sequence's first cache_seqlens[b] cached keys
-    (see the module docstring); returns out, or (out, lse) with ``return_lse``. The plan of a call
-    is remembered by its shapes, strides, dtypes, devices and options: a repeat skips the checks.
+    (see the module docstring); returns out, or (out, lse) with ``opts.return_lse``. The plan of a
+    call is remembered by its shapes, strides, dtypes, devices and options: a repeat skips the checks.
     ``block_table`` entries outside the page pool are caught on the device (``check_block_table()``,
     see ``decode/status.py``); ``check_inputs=True`` checks them on the host first (a synchronization)."""
+    q, k_cache, v_cache, cache_seqlens, block_table = ins
+    scale, schedule, return_lse = opts.scale, opts.schedule, opts.return_lse
     key = (_signature(q), _signature(k_cache), _signature(v_cache), _signature(cache_seqlens),
-           _signature(block_table), scale, is_causal, num_splits, return_lse, layout, merge,
-           tuple(sorted(schedule.items())) if schedule else None)
+           _signature(block_table), scale, opts.is_causal, opts.num_splits, return_lse, opts.layout, opts.merge,
+           tuple(sorted(schedule.items())) if isinstance(schedule, dict) else schedule)
     plan = _plans.get(key)  # None too for an unhashable argument: the checks name it
     if plan is None:
         if not isinstance(q, torch.Tensor) or q.device.type != "cuda":
-            check_decode_inputs(q, k_cache, v_cache, cache_seqlens, scale, block_table, is_causal, num_splits,
-                                layout, merge)
+            check_decode_inputs(ins, opts)
             _fail(ValueError, "q", "a CUDA tensor", f"a tensor on {q.device}")
         s = scale
         if s is not None and not isinstance(s, bool) and isinstance(s, (int, float)) and s <= 0:
             s = 1.0 if s == 0 else -s  # the kernels keep the maximum of raw scores: the sign goes into q
-        plan = make_plan(q, k_cache, v_cache, cache_seqlens, scale=s, block_table=block_table, is_causal=is_causal,
-                         num_splits=num_splits, layout=layout, merge=merge, schedule=schedule,
-                         sm_count=devices.sm_count(q.device), return_lse=return_lse)
+        plan = make_plan(ins, dataclasses.replace(opts, scale=s), devices.sm_count(q.device))
         _plans.put(key, plan)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((plan.B, plan.H_q, plan.n_q), dtype=torch.float32, device=q.device) if return_lse else None
+    lse = torch.empty((plan.shape.B, plan.shape.H_q, plan.shape.n_q), dtype=torch.float32, device=q.device) if return_lse else None
     if out.numel() == 0:
         return (out, lse) if return_lse else out
     if check_inputs and block_table is not None:
-        check_table_on_host(block_table, cache_seqlens, plan.page_size, plan.num_pages, plan.cap)
+        check_table_on_host(block_table, cache_seqlens, plan.shape.page_size, plan.num_pages, plan.shape.cap)
     if scale is not None and scale <= 0:
-        q = torch.zeros_like(q) if scale == 0 else -q
-    plan.launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse)
+        ins = ins._replace(q=torch.zeros_like(q) if scale == 0 else -q)
+    plan.launch(ins, out, lse)
     return (out, lse) if return_lse else out
 
 
