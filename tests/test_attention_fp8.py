@@ -54,6 +54,8 @@ CASES = [
                  id="D128-long-ring-no-descales"),
     pytest.param("gqa-two-consumers", (2, 4, 1, 333, 64), False, "per_head", {"CONSUMERS": 2},
                  marks=pytest.mark.exhaustive, id="D64-gqa-two-consumers"),
+    pytest.param("poly-exp2", (1, 2, 2, 260, 128), True, "tensor", {"POLY_EXP2": 3}, marks=pytest.mark.exhaustive,
+                 id="D128-poly-exp2"),
 ]
 
 

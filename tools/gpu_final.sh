@@ -99,7 +99,7 @@ if [[ " $* " == *" bench "* ]]; then
   want varlen && step varlen ${VARLEN_SECONDS:-120} tylopy bench attention_varlen --output "$LOG/varlen.json"
   want gemm-fp8 && step gemm-fp8 ${GEMM_FP8_SECONDS:-60} tylopy bench gemm_fp8
   want attention-fp8 && step attention-fp8 ${ATTN_FP8_SECONDS:-240} tylopy bench attention --fp8 --d 128 \
-    --output "$LOG/attention-fp8.json"
+    --variant POLY_EXP2=2 --variant STAGES=3 --output "$LOG/attention-fp8.json"
   want gemm-cluster && step gemm-cluster ${GEMM_CLUSTER_SECONDS:-90} python3 -m tylopy_kernels.examples.gemm_cluster \
     --bench --output "$LOG/gemm-cluster.json"
   want scaled-matmul && step scaled-matmul ${SCALED_MATMUL_SECONDS:-180} python3 -m tylopy_kernels.gemm.bench.fp8 \
