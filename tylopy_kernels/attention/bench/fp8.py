@@ -2,15 +2,15 @@
 forward and, when importable, an FA3-class FP8 forward (FlashAttention-3's ``flash_attn_interface``
 or flash-attn-4's CuTe path, given e4m3 inputs; skipped with the reason otherwise), in one process.
 
-Shapes: D = 128 (16 heads) and, with ``--d 64``, D = 64 (32 heads), batch x N = 16384 tokens,
-N 1k..16k, causal and not. bf16 inputs
-N(0, 1) are quantized per tensor (amax / 448 descales) once; tylopy's FP8 call includes its
-host-side V transpose (one pass over V). First pass: every candidate once per shape (compiles)
-and its error on the first and last (batch, head) against an FP64 reference on the dequantized
-inputs, next to SDPA in bf16 on the same inputs (the error table). Second pass: CUDA-event
-medians. TFLOP/s counts 4 B H N^2 D (half causal); the ratio table gives FP8 / bf16 and FP8 /
-FA3-class. ``--ptxas`` prints the registers and spills of the FP8 kernel's default
-specializations (no GPU needed).
+Shapes: D = 128 (16 heads) and D = 64 (32 heads) (``--d`` picks; both by default), batch x N =
+16384 tokens, N 1k..16k, causal and not. bf16 inputs N(0, 1) are quantized per tensor (amax / 448
+descales) once. ``tylopy_fp8`` is the ``tylopy.attention`` call, its host-side V transpose (one
+pass over V) included; ``tylopy_fp8_kernel`` launches the kernel alone on a V^T made once. Per
+shape, each candidate runs once (it compiles), its error on the first and last (batch, head)
+against an FP64 reference on the dequantized inputs is measured next to SDPA in bf16 on the same
+inputs (the error table), then it is timed (CUDA-event medians). TFLOP/s counts 4 B H N^2 D (half
+causal); the ratio table gives FP8 / bf16 (call and kernel alone) and FP8 / FA3-class.
+``--ptxas`` prints the registers and spills of the FP8 kernel's default specializations (no GPU).
 
     tylopy bench attention --fp8 --output results/attention-fp8.json
     tylopy bench attention --fp8 --ptxas
@@ -90,6 +90,28 @@ def _variant(changes, causal):
     return run
 
 
+def _kernel_only(causal):
+    """The FP8 kernel alone: V^T and the launch planned once per input set, then only the launch
+    timed (what the call costs without its host-side V transpose)."""
+    import torch
+
+    from tylopy_kernels.attention.sm90.forward_fp8 import attention_fwd_fp8_sm90
+    from tylopy_kernels.attention.sm90.fp8_launch import Fp8Problem, plan_fp8
+    held = {}
+
+    def run(x):
+        if held.get("inputs") is not x:
+            q8 = x["q8"]
+            out = torch.empty(q8.shape, dtype=torch.bfloat16, device=q8.device)
+            prob = Fp8Problem(q8, x["k8"], x["v8"], None, causal, q8.shape[-1] ** -0.5, x["descales"])
+            launch, vt = plan_fp8(prob, out, None)
+            held.update(inputs=x, launch=launch, vt=vt, out=out)
+        launch = held["launch"]
+        attention_fwd_fp8_sm90[launch.grid](*launch.args, **launch.constexprs)
+        return held["out"]
+    return run
+
+
 def candidates(causal, variants=()):
     """name -> fn(inputs); each of ``variants`` ("K=V,...", as --variant takes them) adds
     ``tylopy_fp8[K=V,...]``: the FP8 forward under those schedule changes."""
@@ -99,6 +121,7 @@ def candidates(causal, variants=()):
     out = {"tylopy_fp8": lambda x: tylopy.attention(x["q8"], x["k8"], x["v8"], is_causal=causal,
                                                     q_descale=x["descales"][0], k_descale=x["descales"][1],
                                                     v_descale=x["descales"][2]),
+           "tylopy_fp8_kernel": _kernel_only(causal),
            "tylopy_bf16": lambda x: tylopy.attention(x["q"], x["k"], x["v"], is_causal=causal)}
     name, fa = fa3_fp8()
     if name is not None:
@@ -169,6 +192,8 @@ def ratios(rows):
         fp8 = by.get((key, "tylopy_fp8"))
         entry = {}
         others = [("tylopy_bf16", "fp8/bf16"), ("fa3_fp8", "fp8/fa3"), ("fa3_cute_fp8", "fp8/fa3_cute")]
+        if by.get((key, "tylopy_fp8_kernel")) and by.get((key, "tylopy_bf16")):
+            entry["fp8 kernel only/bf16"] = by[(key, "tylopy_fp8_kernel")] / by[(key, "tylopy_bf16")]
         others += [(name, f"{name}/fp8") for (k, name) in by if k == key and "[" in name]
         for other, label in others:
             if fp8 and by.get((key, other)):
