@@ -14,6 +14,8 @@ import tylopy as ty
 from tylopy.runtime.tensormap import TensorMapSpec
 from tylopy_kernels.attention.sm90 import fp8_launch
 from tylopy_kernels.attention.sm90.forward_fp8 import attention_fwd_fp8_sm90, key_slot
+from tylopy_kernels.attention.sm90.fp8_transpose import TILE as TRANSPOSE_TILE
+from tylopy_kernels.attention.sm90.fp8_transpose import key_of_slot, value_transpose_fp8
 from tylopy_kernels.attention.testing import fp8 as F
 
 NAN_CODE = 0x7F
@@ -125,6 +127,21 @@ def test_value_transposed_permutes_each_32_keys_and_pads_with_zeros():
         assert torch.equal(vt[:, :, :, slot], src[:, :, key, :])
     used = {32 * (k // 32) + key_slot(k % 32) for k in range(70)}
     assert all(not vt[:, :, :, s].any() for s in range(96) if s not in used)
+
+
+@pytest.mark.parametrize("dims", [(2, 3, 70, 128), (1, 2, 100, 64)])
+def test_gpu_transpose_kernel_writes_the_same_v_transposed(dims):
+    """``value_transpose_fp8`` (the GPU path of ``value_transposed``) in the emulator, bit for bit
+    against the torch path, from a strided view whose rows past N_k hold NaN codes."""
+    B, H, n, D = dims
+    v = codes(dims, 5).view(torch.uint8)
+    want = fp8_launch.value_transposed(v.view(torch.float8_e4m3fn)).view(torch.uint8)
+    n_pad = want.shape[-1]
+    vt = torch.full((B, H, D, n_pad), 0xAB, dtype=torch.uint8)
+    value_transpose_fp8.emulate(ty.strided(v), vt, n, n_pad, H, v.stride(0), v.stride(1), v.stride(2),
+                                grid=(-(-n_pad // TRANSPOSE_TILE), H, B), HEAD_DIM=D)
+    assert torch.equal(vt, want)
+    assert all(key_of_slot(key_slot(c)) == c for c in range(32))
 
 
 @pytest.mark.parametrize("d, masked", [(128, True), (64, False)])

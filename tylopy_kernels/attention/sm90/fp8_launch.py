@@ -7,8 +7,8 @@ permuted V^T, tensor maps and the launch.
 runs it with tensor-map specs).
 
 V is read by the kernel as V^T with each group of 32 keys permuted (``forward_fp8.key_slot``):
-``value_transposed`` writes it, one pass over V (N_k x D bytes per K/V head) and a buffer of the
-same size, zeros past N_k up to a multiple of 32.
+``value_transposed`` writes it, one pass over V (N_k x D bytes per K/V head, a tylopy kernel on the
+GPU) and a buffer of the same size, zeros past N_k up to a multiple of 32.
 """
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ from dataclasses import dataclass
 
 import torch
 
+import tylopy as ty
 from tylopy.runtime.tensormap import TensorMap
 
 from tylopy_kernels.attention.common import mask_and_lse_args
 from tylopy_kernels.attention.sm90.forward_fp8 import KEY_GROUP, Fp8Plan, attention_fwd_fp8_sm90
+from tylopy_kernels.attention.sm90.fp8_transpose import TILE, value_transpose_fp8
 from tylopy_kernels.attention.sm90.launch import _coord_order, _fits, _map_geometry
 
 # D = 128: 128 x 128 tiles, two consumers (S and O take 64 registers each, P 16).
@@ -55,11 +57,17 @@ class Launch:
 def value_transposed(v: torch.Tensor) -> torch.Tensor:
     """(B, H_kv, D, N') e4m3 codes: V^T with the keys of each group of 32 in ``key_slot`` order,
     N' = N_k rounded up to 32, zeros past N_k. Key 8a + 2t + e (a = 2 a1 + a0) goes to slot
-    16 a1 + 4 t + 2 a0 + e: a permutation of the key index's bit fields, so one strided copy
-    (and a padded copy first when N_k is not a multiple of 32)."""
+    16 a1 + 4 t + 2 a0 + e: a permutation of the key index's bit fields. On the GPU (16-byte
+    aligned rows) one pass of ``fp8_transpose.value_transpose_fp8``; elsewhere one strided torch
+    copy (and a padded copy first when N_k is not a multiple of 32)."""
     B, Hkv, n, D = v.shape
     n_pad = -(-n // KEY_GROUP) * KEY_GROUP
     codes = v.view(torch.uint8)
+    if v.is_cuda and not (codes.data_ptr() | codes.stride(0) | codes.stride(1) | codes.stride(2)) & 15:
+        vt = torch.empty((B, Hkv, D, n_pad), dtype=torch.uint8, device=v.device)
+        value_transpose_fp8[(-(-n_pad // TILE), Hkv, B)](ty.strided(codes), vt, n, n_pad, Hkv, codes.stride(0),
+                                                          codes.stride(1), codes.stride(2), HEAD_DIM=D)
+        return vt.view(torch.float8_e4m3fn)
     if n_pad != n:
         codes = torch.cat([codes, torch.zeros((B, Hkv, n_pad - n, D), dtype=torch.uint8, device=v.device)], 2)
     # key = (group, a1, a0, t, e) -> V^T column (group, a1, t, a0, e)
