@@ -64,3 +64,18 @@ def test_fp8_forward_against_fp64(B, H, Hkv, N, D, causal, form, want_lse):
         assert fp8_err["max_abs"] <= 3e-2 * vmax and fp8_err["mean_abs"] <= 1.5e-3 * vmax, fp8_err
         if lse is not None:
             assert (lse[sl].double() - want_lse).abs().max().item() <= 5e-4 * max(1.0, want_lse.abs().max().item())
+
+
+def test_repeated_calls_skip_the_checks_but_not_new_signatures():
+    """A second call of one signature reuses the checked scale (same output); a new descale shape
+    is checked again and refused naming it."""
+    from tylopy_kernels.attention import fp8 as A
+    q = (torch.randn(1, 4, 256, 128, device="cuda")).to(torch.float8_e4m3fn)
+    d = torch.full((1,), 0.5, device="cuda")
+    first = attention(q, q, q, q_descale=d)
+    size = len(A._checked)
+    again = attention(q, q, q, q_descale=d)
+    assert len(A._checked) == size and torch.equal(first, again)
+    assert A._signature((q, q, q), None, 0.0, False, None, False, (d, None, None)) in A._checked
+    with pytest.raises(ValueError, match="q_descale expects one element"):
+        attention(q, q, q, q_descale=torch.ones(3, 3, device="cuda"))

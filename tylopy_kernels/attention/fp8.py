@@ -16,6 +16,8 @@ import torch
 from tylopy_kernels.attention.common import rejecter
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+# Calls whose signature (``_signature``) passed ``check_fp8``: their softmax scale, checks skipped.
+_checked = None  # a PlanCache, made at the end of the module
 HEAD_DIMS = (64, 128)
 _fail = rejecter("attention")
 
@@ -84,13 +86,43 @@ def check_fp8(qkv, attn_mask, dropout_p, is_causal, scale, enable_gqa, descales)
     return scale
 
 
+def _descale_signature(d):
+    return None if d is None else (type(d), getattr(d, "shape", None), getattr(d, "dtype", None),
+                                   getattr(d, "device", None))
+
+
+def _signature(qkv, attn_mask, dropout_p, is_causal, scale, enable_gqa, descales):
+    """Everything ``check_fp8`` reads, for calls on plain CUDA tensors without a mask or gradients
+    (None otherwise: those take the checks every time)."""
+    if attn_mask is not None or any(type(t) is not torch.Tensor for t in qkv) or torch.compiler.is_compiling():
+        return None
+    if any(t.requires_grad for t in qkv) or qkv[0].device.type != "cuda":
+        return None
+    if any(getattr(d, "requires_grad", False) for d in descales):
+        return None
+    sig = (tuple((t.shape, t.stride(), t.dtype, t.device) for t in qkv), dropout_p, type(dropout_p), is_causal,
+           type(is_causal), scale, type(scale), enable_gqa, type(enable_gqa),
+           tuple(_descale_signature(d) for d in descales))
+    try:
+        hash(sig)
+    except TypeError:  # an argument of a type the checks will refuse
+        return None
+    return sig
+
+
 def fp8_attention(qkv, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, descales):
     """The checked FP8 forward of ``qkv`` = (query, key, value): (out, lse) with return_lse, else
     out (bf16)."""
     if type(return_lse) is not bool:
         _fail(TypeError, "return_lse", "a bool", type(return_lse).__name__)
     query, key, value = qkv
-    scale = check_fp8(qkv, attn_mask, dropout_p, is_causal, scale, enable_gqa, descales)
+    sig = _signature(qkv, attn_mask, dropout_p, is_causal, scale, enable_gqa, descales)
+    known = _checked.get(sig) if sig is not None else None
+    if known is None:
+        known = check_fp8(qkv, attn_mask, dropout_p, is_causal, scale, enable_gqa, descales)
+        if sig is not None:
+            _checked.put(sig, known)
+    scale = known
     from tylopy_kernels.attention import _capability
     major, minor = _capability(query.device.index)
     if major != 9:
@@ -111,3 +143,8 @@ def fp8_attention(qkv, attn_mask, dropout_p, is_causal, scale, enable_gqa, retur
     from tylopy_kernels.attention.sm90.fp8_launch import Fp8Problem, launch_fp8
     launch_fp8(Fp8Problem(query, key, value, attn_mask, is_causal, scale, descales), out, lse)
     return (out, lse) if return_lse else out
+
+
+import tylopy as ty  # noqa: E402  (last: tylopy imports the attention entry points)
+
+_checked = ty.PlanCache("FP8 attention signatures", capacity=256)
