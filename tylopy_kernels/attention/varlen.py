@@ -82,7 +82,8 @@ def check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, enable_gqa
             _fail(TypeError, name, "a non-negative int", repr(n))
     for name, t, total, max_name, max_len in (("cu_seqlens_q", cu_q, q.shape[0], "max_seqlen_q", max_q),
                                               ("cu_seqlens_k", cu_k, k.shape[0], "max_seqlen_k", max_k)):
-        if t.device.type == "cpu":  # the host has the values: check them without waiting for a GPU
+        if t.device.type == "cpu" and not torch.compiler.is_compiling():  # the host has the values (a trace
+            # does not: its graph takes them as inputs): check them without waiting for a GPU
             check_prefix_sums(name, t, total, max_name, max_len)
     if not isinstance(is_causal, bool):
         _fail(TypeError, "is_causal", "a bool", type(is_causal).__name__)
