@@ -37,6 +37,7 @@ from tylopy_kernels.attention.block_mask import _lists
 from tylopy_kernels.attention.mod_registry import ModError, captured_tensors, mod_ref
 
 BLOCK = 128
+AUX_SLOTS = 4      # the variant kernel's tensor slots for the mods (``sm90/mods.py``)
 INFO_COLUMNS = 5   # doc, index in doc, n_q of doc, n_k of doc, first key row of doc
 _lock = threading.Lock()
 _tables: OrderedDict = OrderedDict()   # cu_seqlens key -> (info, block mask tensors)
@@ -318,6 +319,12 @@ def describe_varlen(choices, score_mod, mask_mod, score_mod_bwd, names, device):
     score = (varlen_mod("score_mod", score_mod, score_mod_bwd, takes_aux, flags, alibi)
              if score_mod is not None or alibi else None)
     vid = V.describe(False, "top_left", (-1, -1), cap, "", sinks, "", score, mask, bm, names, True, device)
+    read = [n for n in V.lookup_variant(vid).tensor_names if n.startswith("aux")]
+    if len(read) > AUX_SLOTS:
+        mine = 2 if alibi else 1
+        V._fail(ValueError, "aux", f"at most {AUX_SLOTS - mine} tensors read by the mods on packed sequences (aux and "
+                f"captured together: the document table takes one of the kernel's {AUX_SLOTS} slots"
+                f"{', ALiBi another' if alibi else ''})", len(read) - mine)
     return V.with_score_mod_bwd(vid, score_mod, score_mod_bwd) if score_mod_bwd is not None else vid
 
 
