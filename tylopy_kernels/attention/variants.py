@@ -381,6 +381,8 @@ def call_mod(ref: ModRef, args, variant, tensors, arg: str):
         args = (*args, aux_of(variant, tensors))
     try:
         return fn(*args)
+    except ModError:  # already names the keyword and the user's line (a generated mod's inner call)
+        raise
     except Exception as e:  # noqa: BLE001 - re-raised with the argument and the line named
         raise ModError.from_exception(arg, fn, e) from e
 
