@@ -29,7 +29,10 @@ its sequence's end returning at once. Prefix sums on the host (a CPU tensor) are
 and copied to the device; on the device they are never read by the host (lengths are clamped
 to [0, max_seqlen] in the kernel). It is differentiable (``tylopy::attention_varlen_fwd``,
 ``autograd.py``) and traceable by ``torch.compile``. This module holds the checks and the CUDA
-implementations; the entry point is ``tylopy_kernels.attention.attention_varlen``.
+implementations; the entry point is ``tylopy_kernels.attention.attention_varlen``. With the
+variant keywords (window_size, softcap, alibi_slopes, sinks, score_mod, mask_mod, aux,
+score_mod_bwd, causal_align) a call runs the variant kernels per document instead
+(``varlen_variants.py``).
 """
 from __future__ import annotations
 
