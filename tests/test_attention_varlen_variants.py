@@ -34,6 +34,8 @@ CASES = {
     "window-softcap": dict(window_size=(20, 3), softcap=6.0),
     "mods-alibi-sinks": dict(score_mod=doc_bias, mask_mod=stripes, alibi_slopes="bh", sinks="h"),
     "window-both-sides-mask": dict(window_size=(9, 12), mask_mod=stripes, alibi_slopes="h"),
+    "aux-alibi": dict(score_mod=lambda s, b, h, i, j, aux: s + aux[0][b, h] * aux[1][i % 3],
+                      mask_mod=lambda b, h, i, j, aux: aux[1][(i + j) % 3] > -0.5, aux="aux", alibi_slopes="bh"),
 }
 
 
@@ -44,13 +46,16 @@ def _tensors(kw, g, H):
         kw["alibi_slopes"] = torch.rand(n_docs, H, generator=g) * 0.2
     elif kw.get("alibi_slopes") == "h":
         kw["alibi_slopes"] = torch.rand(H, generator=g) * 0.2
+    if kw.get("aux") == "aux":
+        kw["aux"] = (torch.randn(n_docs, H, generator=g, dtype=torch.float64), torch.randn(3, generator=g))
     if kw.get("sinks") == "h":
         kw["sinks"] = torch.randn(H, generator=g)
     return kw
 
 
 @pytest.mark.parametrize("name, causal", [("window-softcap", True), ("mods-alibi-sinks", True),
-                                          ("mods-alibi-sinks", False), ("window-both-sides-mask", False)])
+                                          ("mods-alibi-sinks", False), ("window-both-sides-mask", False),
+                                          ("aux-alibi", True)])
 def test_packed_documents_match_each_document_alone(name, causal):
     """Forward, LSE and dq/dk/dv in float64 (the torch path), ragged documents (length 1, no queries,
     no keys, rows past the last document), GQA."""

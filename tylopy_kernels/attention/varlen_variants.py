@@ -21,7 +21,7 @@ one batch entry, q (1, H, total_q, D), k/v (1, H_kv, total_k, D), with
 
 softcap and sinks are position-free: they stay the kernel's builtins. The user's mods see b = the
 document index and positions relative to the document; a pair across documents is never visible
-(its mods may be evaluated with clamped indices, the result is discarded).
+(its mods may be evaluated there with kv_idx 0, the result is discarded).
 """
 from __future__ import annotations
 
@@ -315,7 +315,7 @@ def describe_varlen(choices, score_mod, mask_mod, score_mod_bwd, names, device):
     sinks, alibi kind, takes user aux, (BLOCK, 1, 1, total_q, total_k))."""
     flags, cap, sinks, alibi, takes_aux, bm = choices
     V.check_score_mod_bwd(score_mod, score_mod_bwd)
-    mask = varlen_mod("mask_mod", mask_mod, None, takes_aux, flags, "")
+    mask = varlen_mod("mask_mod", mask_mod, None, takes_aux, flags, alibi)  # (alibi: where the user's aux start)
     score = (varlen_mod("score_mod", score_mod, score_mod_bwd, takes_aux, flags, alibi)
              if score_mod is not None or alibi else None)
     vid = V.describe(False, "top_left", (-1, -1), cap, "", sinks, "", score, mask, bm, names, True, device)
