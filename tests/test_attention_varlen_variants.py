@@ -130,8 +130,8 @@ def test_document_block_mask_lists_exactly_the_visible_tiles():
     cu_q, cu_k = torch.tensor(prefix(lens_q), dtype=torch.int32), torch.tensor(prefix(lens_k), dtype=torch.int32)
     tq, tk = int(cu_q[-1]) + 5, int(cu_k[-1])
     for flags in ((True, "bottom_right", 100, 0), (False, "bottom_right", -1, -1), (True, "top_left", -1, 30)):
-        info = VV.doc_table(cu_q, cu_k, tq)
-        num, idx, fnum, fidx = VV.doc_block_mask(info, tq, tk, flags, False)
+        info = VV.doc_table(cu_q, cu_k, tq, flags)
+        num, idx, fnum, fidx = VV.doc_block_mask(info, tq, tk, False)
         full, partial = V.tile_flags(num, idx, fnum, fidx)
         lo, hi = VV.key_interval(info, flags)
         j = torch.arange(tk)

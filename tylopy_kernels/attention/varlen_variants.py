@@ -6,12 +6,12 @@
 The packed tokens run through the variant kernel (``sm90/forward_variant.py``, its backward) as
 one batch entry, q (1, H, total_q, D), k/v (1, H_kv, total_k, D), with
 
-* a *document table* ``info`` int32 (total_q, 5): per query row, its document d, its index in the
-  document, the document's query and key lengths and first key row (``doc_table``; built from
-  cu_seqlens with device ops, no host sync);
-* a generated ``mask_mod`` (``wrap_mod``) that keeps key j for query i iff j lies in i's document
-  and passes causal/window in document-relative positions (bottom-right per document, as
-  FlashAttention's varlen) and the user's mask_mod at (d, h, i - q start, j - k start);
+* a *document table* ``info`` int32 (total_q, 7): per query row, its document d, its index in the
+  document, the document's query and key lengths, first key row, and the packed key rows [lo, hi)
+  it may see: its document's, cut by causal/window at document-relative positions (bottom-right
+  per document, as FlashAttention's varlen) (``doc_table``; device ops from cu_seqlens, no host sync);
+* a generated ``mask_mod`` (``wrap_mod``) that keeps key j for query i iff lo_i <= j < hi_i and the
+  user's mask_mod at (d, h, i - q start, j - k start) says so;
 * a generated ``score_mod`` (only with a user score_mod or ALiBi) that calls the user's at the
   same document-relative indices, then subtracts ALiBi's ``slope[d, h] * |i' + n_k - n_q - j'|``;
 * a block mask (``doc_block_mask``) from the per-row key intervals: key tiles no query of a tile
@@ -38,18 +38,19 @@ from tylopy_kernels.attention.mod_registry import ModError, captured_tensors, mo
 
 BLOCK = 128
 AUX_SLOTS = 4      # the variant kernel's tensor slots for the mods (``sm90/mods.py``)
-INFO_COLUMNS = 5   # doc, index in doc, n_q of doc, n_k of doc, first key row of doc
+INFO_COLUMNS = 7   # doc, index in doc, n_q of doc, n_k of doc, first key row of doc, visible keys [lo, hi)
 _lock = threading.Lock()
 _tables: OrderedDict = OrderedDict()   # cu_seqlens key -> (info, block mask tensors)
-_wrappers: OrderedDict = OrderedDict()  # (kind, user fn id, captured, flags) -> (wrapper, user fn)
+_wrappers: OrderedDict = OrderedDict()  # (kind, user fn id, captured, ...) -> (wrapper, user fn)
 _CACHE = 64
 
 
 # -- the document table and its block mask (device ops only) ---------------------------------------------
 
 
-def doc_table(cu_q, cu_k, total_q: int):
-    """int32 (max(total_q, 1), 5): see the module text; rows outside every document have n_k = 0."""
+def doc_table(cu_q, cu_k, total_q: int, flags):
+    """int32 (max(total_q, 1), 7): see the module text; rows outside every document have n_k = 0 and
+    no visible key. ``flags`` = (causal, causal_align, window left, window right) place [lo, hi)."""
     dev = cu_q.device
     n_docs = cu_q.shape[0] - 1
     rows = torch.arange(max(total_q, 1), device=dev, dtype=torch.int64)
@@ -64,7 +65,8 @@ def doc_table(cu_q, cu_k, total_q: int):
     zero = torch.zeros_like(rows)
     info = torch.stack([d, torch.where(valid, rows - q0, zero), torch.where(valid, nq, zero),
                         torch.where(valid, nk, zero), torch.where(valid, k0, zero)], -1)
-    return info.to(torch.int32).contiguous()
+    lo, hi = key_interval(info, flags)
+    return torch.cat([info, lo.view(-1, 1), hi.view(-1, 1)], 1).to(torch.int32).contiguous()
 
 
 def key_interval(info, flags):
@@ -84,10 +86,10 @@ def key_interval(info, flags):
     return k0 + lo, k0 + hi
 
 
-def doc_block_mask(info, total_q: int, total_k: int, flags, user_mask: bool):
+def doc_block_mask(info, total_q: int, total_k: int, user_mask: bool):
     """The four block-mask tensors (B = H = 1) of the per-row key intervals: a key tile is listed for a
     query tile when some row sees a key in it, full when every row of the tile sees all its keys."""
-    lo, hi = key_interval(info[:total_q] if total_q else info[:0], flags)
+    lo, hi = (info[:total_q, c].to(torch.int64) for c in (5, 6))
     n_qt, n_kt = -(-total_q // BLOCK), -(-total_k // BLOCK)
     pad = n_qt * BLOCK - total_q
     k0 = torch.arange(n_kt, device=info.device, dtype=torch.int64) * BLOCK
@@ -124,8 +126,8 @@ def packed_tables(cu_q_arg, cu_k_arg, cu_q, cu_k, total_q, total_k, flags, user_
             if hit is not None:
                 _tables.move_to_end(key)
                 return hit
-    info = doc_table(cu_q, cu_k, total_q)
-    made = (info, doc_block_mask(info, total_q, total_k, flags, user_mask))
+    info = doc_table(cu_q, cu_k, total_q, flags)
+    made = (info, doc_block_mask(info, total_q, total_k, user_mask))
     if key is not None:
         with _lock:
             _tables[key] = made
@@ -140,9 +142,9 @@ def packed_tables(cu_q_arg, cu_k_arg, cu_q, cu_k, total_q, total_k, flags, user_
 class _DocRun:
     """What a generated mod does (hashable by value: its repr enters the kernel's fingerprint)."""
 
-    def __init__(self, kind, user, user_bwd, takes_user_aux, flags, alibi):
+    def __init__(self, kind, user, user_bwd, takes_user_aux, alibi):
         self.kind, self.user, self.user_bwd = kind, user, user_bwd   # "score_mod"/"mask_mod", functions
-        self.takes_user_aux, self.flags, self.alibi = takes_user_aux, flags, alibi
+        self.takes_user_aux, self.alibi = takes_user_aux, alibi
         ident = []
         for fn in (user, user_bwd):
             if fn is not None:
@@ -150,7 +152,7 @@ class _DocRun:
                 code = ref.code
                 ident.append((ref.qualname, hashlib.sha256(code.co_code + repr(
                     (code.co_consts, code.co_names, code.co_filename, ref.captured)).encode()).hexdigest()[:24]))
-        self.ident = (kind, tuple(ident), takes_user_aux, flags, alibi)
+        self.ident = (kind, tuple(ident), takes_user_aux, alibi)
 
     def __eq__(self, other):
         return isinstance(other, _DocRun) and other.ident == self.ident
@@ -169,24 +171,18 @@ class _DocRun:
         score = front[0] if self.kind == "score_mod" else None
         h, q_idx, kv_idx = front[-3:]
         info = aux[0]
-        d, lq, nq, nk, k0 = (info[q_idx, c] for c in range(INFO_COLUMNS))
-        lk = kv_idx - k0
-        inside = (lk >= 0) & (lk < nk)
-        lk_user = T.where(inside, lk, 0)     # the user's mod sees in-range indices everywhere
         user_aux = tuple(aux[1 + (self.alibi != ""):])
         if self.kind == "mask_mod":
-            keep = inside
-            causal, align, left, right = self.flags
-            diag = lq + (nk - nq if align == "bottom_right" else 0)
-            if causal:
-                keep = keep & (lk <= diag)
-            if left >= 0:
-                keep = keep & (lk >= diag - left)
-            if right >= 0:
-                keep = keep & (lk <= diag + right)
-            if self.user is not None:
-                keep = keep & self._user(env, traced, (d, h, lq, lk_user), user_aux)
-            return keep
+            # the row's visible keys (document, causal, window) were placed by the table: two values
+            # per row stay live in the kernel, whatever the window
+            keep = (kv_idx >= info[q_idx, 5]) & (kv_idx < info[q_idx, 6])
+            if self.user is None:
+                return keep
+        d, lq, nq, nk, k0 = (info[q_idx, c] for c in range(5))
+        lk = kv_idx - k0
+        lk_user = T.where((lk >= 0) & (lk < nk), lk, 0)     # the user's mod sees in-range indices everywhere
+        if self.kind == "mask_mod":
+            return keep & self._user(env, traced, (d, h, lq, lk_user), user_aux)
         s = score
         if self.user is not None:
             s = self._user(env, traced, (score, d, h, lq, lk_user), user_aux)
@@ -282,16 +278,16 @@ def _cell(value):
     return types.CellType(value)
 
 
-def varlen_mod(kind, user, user_bwd, takes_user_aux, flags, alibi):
+def varlen_mod(kind, user, user_bwd, takes_user_aux, alibi):
     """The generated mod for these choices (one object per choice: the variant registry keys on it)."""
     captured = mod_ref(user, kind, 0, False)[0].captured if user is not None else None
-    key = (kind, id(user), captured, id(user_bwd), takes_user_aux, flags, alibi)
+    key = (kind, id(user), captured, id(user_bwd), takes_user_aux, alibi)
     with _lock:
         hit = _wrappers.get(key)
         if hit is not None:
             _wrappers.move_to_end(key)
             return hit[0]
-    fn = wrap_mod(_DocRun(kind, user, user_bwd, takes_user_aux, flags, alibi), user)
+    fn = wrap_mod(_DocRun(kind, user, user_bwd, takes_user_aux, alibi), user)
     with _lock:
         _wrappers[key] = (fn, user, user_bwd)
         while len(_wrappers) > _CACHE:
@@ -311,12 +307,12 @@ KEYWORDS = ("window_size", "softcap", "alibi_slopes", "sinks", "score_mod", "mas
 
 @V._constant_result
 def describe_varlen(choices, score_mod, mask_mod, score_mod_bwd, names, device):
-    """The variant id of a packed call (a constant under torch.compile): ``choices`` = (flags, softcap,
+    """The variant id of a packed call (a constant under torch.compile): ``choices`` = (softcap,
     sinks, alibi kind, takes user aux, (BLOCK, 1, 1, total_q, total_k))."""
-    flags, cap, sinks, alibi, takes_aux, bm = choices
+    cap, sinks, alibi, takes_aux, bm = choices
     V.check_score_mod_bwd(score_mod, score_mod_bwd)
-    mask = varlen_mod("mask_mod", mask_mod, None, takes_aux, flags, alibi)  # (alibi: where the user's aux start)
-    score = (varlen_mod("score_mod", score_mod, score_mod_bwd, takes_aux, flags, alibi)
+    mask = varlen_mod("mask_mod", mask_mod, None, takes_aux, alibi)  # (alibi: where the user's aux start)
+    score = (varlen_mod("score_mod", score_mod, score_mod_bwd, takes_aux, alibi)
              if score_mod is not None or alibi else None)
     vid = V.describe(False, "top_left", (-1, -1), cap, "", sinks, "", score, mask, bm, names, True, device)
     read = [n for n in V.lookup_variant(vid).tensor_names if n.startswith("aux")]
@@ -378,7 +374,7 @@ def varlen_variant(q, k, v, cu, options):
     for t in aux or ():
         names.append(f"aux{sum(1 for n in names if n.startswith('aux'))}")
         tensors.append(t)
-    choices = (flags, cap, options["sinks"] is not None, alibi, aux is not None, (BLOCK, 1, 1, total_q, total_k))
+    choices = (cap, options["sinks"] is not None, alibi, aux is not None, (BLOCK, 1, 1, total_q, total_k))
     vid = describe_varlen(choices, score_mod, mask_mod, options["score_mod_bwd"], tuple(names), str(q.device))
     as_batch = (lambda t: t.unsqueeze(0).transpose(1, 2))
     return as_batch(q), as_batch(k), as_batch(v), vid, tensors
