@@ -56,7 +56,7 @@ def per_document(q, k, v, cu_q, cu_k, scale, keywords, is_causal):
             outs.append(torch.zeros_like(q[qs:qe]))
             sinks = keywords.get("sinks")
             lses.append(sinks.double().view(H, 1).expand(H, nq) if sinks is not None
-                        else torch.full((H, nq), float("-inf"), dtype=torch.float64))
+                        else torch.full((H, nq), float("-inf"), dtype=torch.float64, device=q.device))
             continue
         kw = dict(keywords)
         for arg in ("score_mod", "mask_mod", "score_mod_bwd"):
@@ -71,13 +71,13 @@ def per_document(q, k, v, cu_q, cu_k, scale, keywords, is_causal):
         lses.append(lse[0])
     rows = cu_q[-1]
     out = torch.cat(outs) if outs else q[:0].double()
-    lse = torch.cat(lses, 1) if lses else torch.zeros((H, 0), dtype=torch.float64)
+    lse = torch.cat(lses, 1) if lses else torch.zeros((H, 0), dtype=torch.float64, device=q.device)
     tail = q.shape[0] - rows   # rows past the last document
     if tail:
         out = torch.cat([out, torch.zeros_like(q[rows:])])
         sinks = keywords.get("sinks")  # (with sinks such a row's LSE is the sink's logit, as any row without keys)
         lse = torch.cat([lse, sinks.double().view(H, 1).expand(H, tail) if sinks is not None
-                         else torch.full((H, tail), float("-inf"), dtype=torch.float64)], 1)
+                         else torch.full((H, tail), float("-inf"), dtype=torch.float64, device=q.device)], 1)
     return out, lse
 
 
