@@ -126,6 +126,11 @@ def packed_tables(cu_q_arg, cu_k_arg, cu_q, cu_k, total_q, total_k, flags, user_
             if hit is not None:
                 _tables.move_to_end(key)
                 return hit
+    if torch.compiler.is_compiling():  # one opaque operator in the graph (the compiler does not fuse it)
+        causal, align, left, right = flags
+        info, *bm = varlen_doc_tables(cu_q, cu_k, [total_q, total_k],
+                                      [int(causal), int(align == "bottom_right"), left, right, int(user_mask)])
+        return info, tuple(bm)
     info = doc_table(cu_q, cu_k, total_q, flags)
     made = (info, doc_block_mask(info, total_q, total_k, user_mask))
     if key is not None:
@@ -134,6 +139,25 @@ def packed_tables(cu_q_arg, cu_k_arg, cu_q, cu_k, total_q, total_k, flags, user_
             while len(_tables) > _CACHE:
                 _tables.popitem(last=False)
     return made
+
+
+@torch.library.custom_op("tylopy::varlen_doc_tables", mutates_args=())
+def varlen_doc_tables(cu_q: torch.Tensor, cu_k: torch.Tensor, totals: list[int],
+                      mask: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(document table, the block mask's four tensors) as one operator: ``totals`` = (total_q, total_k),
+    ``mask`` = (causal, bottom-right aligned, window left, window right, user mask_mod)."""
+    total_q, total_k = totals
+    causal, bottom_right, left, right, user_mask = mask
+    info = doc_table(cu_q, cu_k, total_q, (bool(causal), "bottom_right" if bottom_right else "top_left", left, right))
+    return (info, *doc_block_mask(info, total_q, total_k, bool(user_mask)))
+
+
+@varlen_doc_tables.register_fake
+def _(cu_q, cu_k, totals, mask):
+    total_q, total_k = totals
+    n_qt, n_kt = -(-total_q // BLOCK), -(-total_k // BLOCK)
+    i32 = (lambda *shape: cu_q.new_empty(shape, dtype=torch.int32))
+    return i32(max(total_q, 1), INFO_COLUMNS), i32(1, 1, n_qt), i32(1, 1, n_qt, n_kt), i32(1, 1, n_qt), i32(1, 1, n_qt, n_kt)
 
 
 # -- the generated mods ----------------------------------------------------------------------------------
