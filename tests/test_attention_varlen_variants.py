@@ -269,3 +269,21 @@ def test_torch_compile_fullgraph_forward_and_backward():
     dout = torch.randn(got.shape, generator=g, dtype=torch.float64)
     for a, b in zip(torch.autograd.grad((got * dout).sum(), leaves), torch.autograd.grad((want * dout).sum(), leaves)):
         assert (a - b).abs().max().item() < 1e-12
+
+
+def test_torch_compile_takes_new_document_lengths_without_recompiling():
+    """Totals and document counts change every step: after the first graph, one dynamic graph serves
+    them all (the variant holds no lengths; the tables are an operator of the graph)."""
+    import torch._dynamo.testing
+    counter = torch._dynamo.testing.CompileCounter()
+
+    def f(q, k, cu):
+        return ty.attention_varlen(q, k, k, cu, cu, 64, 64, is_causal=True, window_size=(9, 0), softcap=6.0,
+                                   score_mod=doc_bias)
+    compiled = torch.compile(f, fullgraph=True, backend=counter)
+    g = torch.Generator().manual_seed(12)
+    for lens in ((5, 9, 3), (7, 1, 0, 4), (11, 2, 6, 1, 1)):
+        cu = torch.tensor(prefix(lens), dtype=torch.int32)
+        q, k = (packed(sum(lens), 2, 16, g, torch.float64) for _ in range(2))
+        assert (compiled(q, k, cu) - f(q, k, cu)).abs().max().item() < 1e-12
+    assert counter.frame_count <= 2

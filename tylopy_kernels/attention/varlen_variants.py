@@ -332,7 +332,7 @@ KEYWORDS = ("window_size", "softcap", "alibi_slopes", "sinks", "score_mod", "mas
 @V._constant_result
 def describe_varlen(choices, score_mod, mask_mod, score_mod_bwd, names, device):
     """The variant id of a packed call (a constant under torch.compile): ``choices`` = (softcap,
-    sinks, alibi kind, takes user aux, (BLOCK, 1, 1, total_q, total_k))."""
+    sinks, alibi kind, takes user aux, (BLOCK, 1, 1, -1, -1): the block mask's lengths are each call's)."""
     cap, sinks, alibi, takes_aux, bm = choices
     V.check_score_mod_bwd(score_mod, score_mod_bwd)
     mask = varlen_mod("mask_mod", mask_mod, None, takes_aux, alibi)  # (alibi: where the user's aux start)
@@ -398,7 +398,9 @@ def varlen_variant(q, k, v, cu, options):
     for t in aux or ():
         names.append(f"aux{sum(1 for n in names if n.startswith('aux'))}")
         tensors.append(t)
-    choices = (cap, options["sinks"] is not None, alibi, aux is not None, (BLOCK, 1, 1, total_q, total_k))
+    # the block mask's lengths are the call's (its tensors' shapes): the variant leaves them out, so one
+    # variant serves every total (and a compiled graph with dynamic lengths passes no symbols here)
+    choices = (cap, options["sinks"] is not None, alibi, aux is not None, (BLOCK, 1, 1, -1, -1))
     vid = describe_varlen(choices, score_mod, mask_mod, options["score_mod_bwd"], tuple(names), str(q.device))
     as_batch = (lambda t: t.unsqueeze(0).transpose(1, 2))
     return as_batch(q), as_batch(k), as_batch(v), vid, tensors
