@@ -39,7 +39,11 @@ def test_signature_is_sdpas_plus_return_lse():
     assert [p.default for p in positional[3:]] == [None, 0.0, False, None, False, False]
     assert [p.name for p in params if p.kind == p.KEYWORD_ONLY] == [
         "window_size", "softcap", "alibi_slopes", "sinks", "score_mod", "mask_mod", "block_mask", "aux",
-        "causal_align", "q_descale", "k_descale", "v_descale"]
+        "causal_align", "score_mod_bwd", "q_descale", "k_descale", "v_descale"]
+    varlen = inspect.signature(tylopy.attention_varlen).parameters.values()
+    assert [p.name for p in varlen if p.kind == p.KEYWORD_ONLY] == [
+        "window_size", "softcap", "alibi_slopes", "sinks", "score_mod", "mask_mod", "aux", "score_mod_bwd",
+        "causal_align"]
 
 
 @pytest.mark.parametrize("p", [0.1, 1.0, 1e-9])
