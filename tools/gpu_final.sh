@@ -101,7 +101,7 @@ if [[ " $* " == *" bench "* ]]; then
   want attention-fp8 && step attention-fp8 ${ATTN_FP8_SECONDS:-240} tylopy bench attention --fp8 --d 128 \
     --variant POLY_EXP2=2 --variant STAGES=3 --output "$LOG/attention-fp8.json"
   want gemm-cluster && step gemm-cluster ${GEMM_CLUSTER_SECONDS:-90} python3 -m tylopy_kernels.examples.gemm_cluster \
-    --bench --output "$LOG/gemm-cluster.json"
+    --bench --release cta cluster --output "$LOG/gemm-cluster.json"
   want scaled-matmul && step scaled-matmul ${SCALED_MATMUL_SECONDS:-180} python3 -m tylopy_kernels.gemm.bench.fp8 \
     --output "$LOG/scaled-matmul.json"
   want decode && step decode ${DECODE_SECONDS:-45} tylopy bench attention_decode --output "$LOG/decode.json"
