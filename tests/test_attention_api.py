@@ -30,7 +30,7 @@ def _qkv(B=1, H=4, H_kv=4, n_q=8, n_k=8, D=64, device="cpu", grad=False):
 
 def test_signature_is_sdpas_plus_return_lse():
     """SDPA's parameters and return_lse by position; the variant keywords (docs/attention-variants.md)
-    only by keyword."""
+    and FP8's descales (docs/fp8.md) only by keyword."""
     import inspect
     params = list(inspect.signature(tylopy.attention).parameters.values())
     positional = [p for p in params if p.kind != p.KEYWORD_ONLY]
@@ -39,6 +39,10 @@ def test_signature_is_sdpas_plus_return_lse():
     assert [p.default for p in positional[3:]] == [None, 0.0, False, None, False, False]
     assert [p.name for p in params if p.kind == p.KEYWORD_ONLY] == [
         "window_size", "softcap", "alibi_slopes", "sinks", "score_mod", "mask_mod", "block_mask", "aux",
+        "causal_align", "score_mod_bwd", "q_descale", "k_descale", "v_descale"]
+    varlen = inspect.signature(tylopy.attention_varlen).parameters.values()
+    assert [p.name for p in varlen if p.kind == p.KEYWORD_ONLY] == [
+        "window_size", "softcap", "alibi_slopes", "sinks", "score_mod", "mask_mod", "aux", "score_mod_bwd",
         "causal_align"]
 
 

@@ -2,6 +2,8 @@
 (barrier.cluster) and ``ty.cluster_map`` (mapa, distributed shared memory). CPU tier: PTX and ptxas,
 the emulator against numpy and its protocol checks, the cuLaunchKernelEx call through the fake
 driver; GPU tier (marker ``gpu``): the device against the emulator."""
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -190,6 +192,14 @@ def test_a_remote_arrive_on_the_wrong_cta_or_barrier_is_named():
                 hopper.mbarrier_arrive(bars + 1, cta=ty.cluster_ctarank() ^ 1)
             elif WHERE == "expect_tx":   # an arrival that announces no bytes completes the phase as well
                 hopper.mbarrier_arrive_expect_tx(bars, 0, cta=ty.cluster_ctarank() ^ 1)
+            elif WHERE == "tx_cta":
+                hopper.mbarrier_arrive_expect_tx(bars, 0, cta=ty.cluster_ctarank() ^ 1, scope="cta")
+            elif WHERE == "cta_scope":
+                hopper.mbarrier_arrive(bars, cta=ty.cluster_ctarank() ^ 1, scope="cta")
+            elif WHERE == "bad_scope":
+                hopper.mbarrier_arrive(bars, cta=ty.cluster_ctarank() ^ 1, scope="gpu")
+            elif WHERE == "local_scope":
+                hopper.mbarrier_arrive(bars, scope="cta")
             else:
                 hopper.mbarrier_arrive(bars, cta=ty.cluster_ctarank() ^ 1)
         hopper.mbarrier_wait(bars, 0, label="freed")
@@ -198,6 +208,14 @@ def test_a_remote_arrive_on_the_wrong_cta_or_barrier_is_named():
     remote_arrive.emulate(grid=(2,), WHERE="partner")  # each CTA frees the other one
     remote_arrive.emulate(grid=(2,), WHERE="expect_tx")
     assert "mbarrier.arrive.expect_tx.release.cluster.shared::cluster.b64" in remote_arrive.compile(WHERE="expect_tx").ptx
+    remote_arrive.emulate(grid=(2,), WHERE="cta_scope")
+    ptx = remote_arrive.compile(WHERE="cta_scope").ptx   # the bare arrive: no GPU-scope fence before it
+    assert "mbarrier.arrive.release.cta.shared::cluster.b64" in ptx and ".release.cluster.shared::cluster" not in ptx
+    assert "mbarrier.arrive.expect_tx.release.cta.shared::cluster.b64" in remote_arrive.compile(WHERE="tx_cta").ptx
+    for where, text in (("bad_scope", "mbarrier_arrive scope expects 'cluster' or 'cta', but got 'gpu'"),
+                        ("local_scope", "mbarrier_arrive scope expects a remote arrive (cta=...), but got scope='cta'")):
+        with pytest.raises(ty.TylopyError, match=re.escape(text)):
+            remote_arrive.compile(WHERE=where)
     with pytest.raises(ty.TylopyError, match=r"names CTA rank 2, but the cluster has 2 CTAs"):
         remote_arrive.emulate(grid=(2,), WHERE="rank")
     with pytest.raises(ty.TylopyError, match=r"uses the mbarrier at smem0\[1\] of CTA rank \d \(\d, 0, 0\), which "

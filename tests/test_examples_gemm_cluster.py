@@ -57,8 +57,9 @@ def test_emulated_cluster_gemm_is_the_model_and_near_float64(m, n, k, cluster, g
 def test_every_variant_assembles_without_spills_or_serialized_wgmma(cluster_m, block_n, store):
     ck = G.gemm_kernel(cluster_m).compile(BLOCK_N=block_n, STAGES=G.stages_for(block_n, store), STORE=store)
     assert f"wgmma.mma_async.sync.aligned.m64n{block_n}k16.f32.bf16.bf16" in ck.ptx
-    multicast = ".multicast::cluster" in ck.ptx and "mbarrier.arrive.release.cluster.shared::cluster.b64" in ck.ptx
+    multicast = ".multicast::cluster" in ck.ptx and "mbarrier.arrive.release.cta.shared::cluster.b64" in ck.ptx
     assert multicast == (cluster_m == 2)
+    assert ".release.cluster.shared::cluster" not in ck.ptx  # no GPU-scope fence before each stage release
     assert (".reqnctapercluster 2, 1, 1" in ck.ptx) == (cluster_m == 2)
     if ck.report.available:
         assert ck.report.spills == 0 and "C7515" not in ck.report.codes()
@@ -72,7 +73,9 @@ def test_host_checks_name_the_argument():
                         "K (a's and b's columns) to be a multiple of 8"),
                        (lambda: G.matmul(a, b[:63], emulate=True), "N (b's rows) to be even"),
                        (lambda: G.matmul(a, b, grid=3, emulate=True), "grid to be a multiple of the cluster size 2"),
-                       (lambda: G.matmul(a, b[:62], store="tma", emulate=True), "store 'tma' (with N % 8 == 0)")):
+                       (lambda: G.matmul(a, b[:62], store="tma", emulate=True), "store 'tma' (with N % 8 == 0)"),
+                       (lambda: G.matmul(a, b, release="gpu", emulate=True), "release 'cta' or 'cluster', but got 'gpu'"),
+                       (lambda: G.matmul(a, b, blockn=128, emulate=True), "keywords among ['block_n', 'group_m'")):
         with pytest.raises((TypeError, ValueError)) as e:
             call()
         assert text in str(e.value), (text, str(e.value))
@@ -99,6 +102,7 @@ def test_gpu_cluster_gemm_matches_torch_and_itself_without_clusters(m, n, k):
     assert float((c.float() - ref.float()).abs().max()) <= 2.0 ** -7 * float(ref.float().abs().max()) + 1e-3
     # Same k order, same tensor-core arithmetic: only where the B tile comes from differs.
     assert torch.equal(c, plain)
+    assert torch.equal(c, G.matmul(a, b, release="cluster"))   # the fenced stage releases: the same bytes
     if m * n * k <= 2 ** 28:
         np.testing.assert_array_equal(c.float().cpu().numpy(), model(a, b))
 

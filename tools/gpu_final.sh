@@ -98,8 +98,10 @@ if [[ " $* " == *" bench "* ]]; then
   want gemm && TYLOPY_AUTOTUNE_VERBOSE=1 step gemm-again 50 tylopy bench gemm --shapes square --output "$LOG/gemm-again.json"
   want varlen && step varlen ${VARLEN_SECONDS:-120} tylopy bench attention_varlen --output "$LOG/varlen.json"
   want gemm-fp8 && step gemm-fp8 ${GEMM_FP8_SECONDS:-60} tylopy bench gemm_fp8
+  want attention-fp8 && step attention-fp8 ${ATTN_FP8_SECONDS:-240} tylopy bench attention --fp8 --d 128 \
+    --variant POLY_EXP2=2 --variant STAGES=3 --output "$LOG/attention-fp8.json"
   want gemm-cluster && step gemm-cluster ${GEMM_CLUSTER_SECONDS:-90} python3 -m tylopy_kernels.examples.gemm_cluster \
-    --bench --output "$LOG/gemm-cluster.json"
+    --bench --release cta cluster --output "$LOG/gemm-cluster.json"
   want scaled-matmul && step scaled-matmul ${SCALED_MATMUL_SECONDS:-180} python3 -m tylopy_kernels.gemm.bench.fp8 \
     --output "$LOG/scaled-matmul.json"
   want decode && step decode ${DECODE_SECONDS:-45} tylopy bench attention_decode --output "$LOG/decode.json"
@@ -118,6 +120,7 @@ if [[ " $* " == *" bench "* ]]; then
   [ -f "$LOG/gemm-fp8.log" ] && { echo "--- gemm-fp8"; tail -8 "$LOG/gemm-fp8.log"; }
   [ -f "$LOG/gemm-cluster.log" ] && { echo "--- gemm-cluster"; grep -E "\^3 bf16" "$LOG/gemm-cluster.log"; }
   [ -f "$LOG/scaled-matmul.log" ] && { echo "--- scaled-matmul"; grep -E "^\|" "$LOG/scaled-matmul.log"; }
+  [ -f "$LOG/attention-fp8.log" ] && { echo "--- attention-fp8"; grep -E "^D=|^  D|^ptxas|^ratios" "$LOG/attention-fp8.log" | cut -c1-200 | tail -60; }
   for f in attention backward gemm varlen decode training attention-variants; do
     [ -f "$LOG/$f.log" ] && { echo "--- $f"; grep -E "^\||^variant|geometric" "$LOG/$f.log" | tail -${TABLE_LINES:-40}; }
   done

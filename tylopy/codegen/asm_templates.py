@@ -11,12 +11,6 @@ SIMPLE = {
     "cvt_bf16x2": ("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f"),
     "mbarrier_init": ("mbarrier.init.shared::cta.b64 [$0], $1;", "r,r,~{memory}"),
     "mbarrier_arrive": ("mbarrier.arrive.shared::cta.b64 _, [$0];", "r,~{memory}"),
-    # mapa to the same offset in CTA $1 of the cluster, then a release.cluster arrive there
-    "mbarrier_arrive_cluster": ("{\n\t.reg .b32 remote;\n\tmapa.shared::cluster.u32 remote, $0, $1;\n\t"
-                                "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n\t}", "r,r,~{memory}"),
-    "mbarrier_arrive_expect_tx_cluster": ("{\n\t.reg .b32 remote;\n\tmapa.shared::cluster.u32 remote, $0, $2;\n\t"
-                                          "mbarrier.arrive.expect_tx.release.cluster.shared::cluster.b64 _, [remote], $1;"
-                                          "\n\t}", "r,r,r,~{memory}"),
     "mbarrier_arrive_expect_tx": ("mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", "r,r,~{memory}"),
     "mbarrier_try_wait": ("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2;\n\tselp.u32 $0, 1, 0, p;\n\t}",
                           "=r,r,r,~{memory}"),
@@ -103,3 +97,16 @@ def tma_load(rank: int, multicast: bool = False) -> tuple[str, str]:
     text = (f"cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes{mc} "
             f"[$0], [$1, {{{coords}}}], [$2]{mask};")
     return text, ",".join(["r", "l", "r"] + ["r"] * rank + (["h"] if multicast else []) + ["~{memory}"])
+
+
+def remote_mbarrier_arrive(scope: str, expect_tx: bool) -> tuple[str, str]:
+    """mapa to the same offset in another CTA of the cluster, then a release arrive there at
+    ``scope`` ("cluster" or "cta"). Operands: the barrier, [the bytes,] the CTA rank. ptxas 13.0
+    precedes every ``.release.cluster`` arrive with MEMBAR.ALL.GPU (a GPU-scope fence that stalls
+    the warp); ``.release.cta``, the PTX default, assembles to the bare arrive."""
+    rank = "$2" if expect_tx else "$1"
+    arrive = (f"mbarrier.arrive.expect_tx.release.{scope}.shared::cluster.b64 _, [remote], $1;" if expect_tx
+              else f"mbarrier.arrive.release.{scope}.shared::cluster.b64 _, [remote];")
+    return (f"{{\n\t.reg .b32 remote;\n\tmapa.shared::cluster.u32 remote, $0, {rank};\n\t{arrive}\n\t}}",
+            "r,r,r,~{memory}" if expect_tx else "r,r,~{memory}")
+

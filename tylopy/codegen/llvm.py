@@ -15,8 +15,8 @@ from ..ir.values import Block, KernelIR, Op, Value
 from ..ir.types import PointerType, ScalarType, TensorMapType, bf16, f32
 from . import asm_templates as T
 from .llvm_async import (asm_op, lower_elect_one, lower_fence_operand, lower_mbarrier_try_wait,
-                         lower_prefetch_tensormap, lower_setmaxnreg, lower_tma_load, lower_wgmma,
-                         lower_wgmma_wait, set_asm_results)
+                         lower_prefetch_tensormap, lower_remote_mbarrier_arrive, lower_setmaxnreg, lower_tma_load,
+                         lower_wgmma, lower_wgmma_wait, set_asm_results)
 from .lower_async_copy import LOWER_ASYNC_COPY
 from .lower_matrix import LOWER_MATRIX
 from .lower_rounding import rounding_lowerings
@@ -525,8 +525,8 @@ LOWER = {
     "shared_ptr": lower_shared_ptr, "dynamic_shared_ptr": lower_dynamic_shared_ptr,
     "debug_record": lower_debug_record,
     "mbarrier_init": asm_op("mbarrier_init"), "mbarrier_arrive": asm_op("mbarrier_arrive"),
-    "mbarrier_arrive_cluster": asm_op("mbarrier_arrive_cluster"),
-    "mbarrier_arrive_expect_tx_cluster": asm_op("mbarrier_arrive_expect_tx_cluster"),
+    "mbarrier_arrive_cluster": lower_remote_mbarrier_arrive,
+    "mbarrier_arrive_expect_tx_cluster": lower_remote_mbarrier_arrive,
     "mbarrier_arrive_expect_tx": asm_op("mbarrier_arrive_expect_tx"), "mbarrier_try_wait": lower_mbarrier_try_wait,
     "fence_proxy_async": asm_op("fence_proxy_async"), "fence_mbarrier_init": asm_op("fence_mbarrier_init"),
     "wgmma_fence": asm_op("wgmma_fence"), "wgmma_commit": asm_op("wgmma_commit"),

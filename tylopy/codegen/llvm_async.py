@@ -37,6 +37,14 @@ def asm_op(key):
     return lower
 
 
+def lower_remote_mbarrier_arrive(L, op: Op):
+    """``mbarrier_arrive_cluster`` / ``mbarrier_arrive_expect_tx_cluster``: the release scope is the
+    op's ``scope`` attribute (the frontend's default is "cluster")."""
+    args = [shared_u32(L, v) for v in op.operands]
+    tx = op.opcode == "mbarrier_arrive_expect_tx_cluster"
+    L.asm(*T.remote_mbarrier_arrive(op.attr("scope", "cluster"), tx), args, convergent=True)
+
+
 def lower_mbarrier_try_wait(L, op: Op):
     bar, parity = (shared_u32(L, v) for v in op.operands)
     r = L.asm(*T.SIMPLE["mbarrier_try_wait"], [bar, parity], ret=I32)

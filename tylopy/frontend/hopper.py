@@ -32,16 +32,35 @@ def mbarrier_init(bar, count, label: str = "") -> None:
         emit("mbarrier_init", (_bar(bar), as_value(count, i32)))
 
 
-def mbarrier_arrive(bar, cta=None) -> None:
+def mbarrier_arrive(bar, cta=None, scope=None) -> None:
     """Arrive on ``bar`` (one arrival of this thread). With ``cta`` (a rank in the cluster), arrive on
     the mbarrier at the same shared-memory offset in CTA ``cta`` of the cluster instead: ``mapa`` then
-    ``mbarrier.arrive.release.cluster.shared::cluster`` (a consumer freeing a stage that another CTA's
-    producer refills, e.g. by TMA multicast). The other CTA must not have exited."""
+    ``mbarrier.arrive.release.<scope>.shared::cluster``. ``cta=`` the own rank arrives locally
+    through the same path; the other CTA must not have exited.
+
+    ``scope`` (only with ``cta``): "cluster" (the default) publishes this thread's earlier writes to
+    the CTA that observes the phase, at the price of a GPU-scope fence before every arrive (ptxas
+    emits MEMBAR.ALL.GPU, which stalls the warp for a round trip to L2). "cta" is the bare arrive
+    (PTX's default semantics): for an arrive that publishes no data of this thread, such as a
+    consumer freeing a pipeline stage whose reads have completed (``wgmma_wait``) so that another
+    CTA's producer may refill it by TMA multicast."""
     if cta is None:
+        if scope is not None:
+            current_builder().error(f"mbarrier_arrive scope expects a remote arrive (cta=...), but got scope={scope!r} "
+                                    f"without cta", hint="a local arrive is always .release.cta")
         emit("mbarrier_arrive", (_bar(bar),))
         return
     _cluster_op("mbarrier_arrive(cta=...)")
-    emit("mbarrier_arrive_cluster", (_bar(bar), _rank(cta, "mbarrier_arrive cta")))
+    emit("mbarrier_arrive_cluster", (_bar(bar), _rank(cta, "mbarrier_arrive cta")),
+         scope=_scope(scope, "mbarrier_arrive"))
+
+
+def _scope(scope, what: str) -> str:
+    if scope is None:
+        return "cluster"
+    if scope not in ("cluster", "cta"):
+        current_builder().error(f"{what} scope expects 'cluster' or 'cta', but got {scope!r}")
+    return scope
 
 
 def _cluster_op(what: str, arch_specific: bool = False):
@@ -58,15 +77,21 @@ def _rank(v, what: str) -> Value:
     return r
 
 
-def mbarrier_arrive_expect_tx(bar, nbytes, cta=None) -> None:
+def mbarrier_arrive_expect_tx(bar, nbytes, cta=None, scope=None) -> None:
     """Arrive and add ``nbytes`` to the phase's expected transaction count (before the TMA copies).
     With ``cta`` (a rank in the cluster): on the barrier at the same offset in CTA ``cta``
-    (``mbarrier.arrive.expect_tx.release.cluster.shared::cluster``)."""
+    (``mbarrier.arrive.expect_tx.release.<scope>.shared::cluster``; ``scope`` as for
+    ``mbarrier_arrive``)."""
     if cta is None:
+        if scope is not None:
+            current_builder().error(f"mbarrier_arrive_expect_tx scope expects a remote arrive (cta=...), but got "
+                                    f"scope={scope!r} without cta", hint="a local arrive is always .release.cta")
         emit("mbarrier_arrive_expect_tx", (_bar(bar), as_value(nbytes, i32)))
         return
     _cluster_op("mbarrier_arrive_expect_tx(cta=...)")
-    emit("mbarrier_arrive_expect_tx_cluster", (_bar(bar), as_value(nbytes, i32), _rank(cta, "mbarrier_arrive_expect_tx cta")))
+    rank = _rank(cta, "mbarrier_arrive_expect_tx cta")
+    emit("mbarrier_arrive_expect_tx_cluster", (_bar(bar), as_value(nbytes, i32), rank),
+         scope=_scope(scope, "mbarrier_arrive_expect_tx"))
 
 
 def mbarrier_try_wait(bar, parity) -> Value:

@@ -32,6 +32,7 @@ import torch
 
 from tylopy_kernels.attention.common import check_token_tensor, rejecter
 from tylopy_kernels.attention.conventions import autocast_inputs, is_nested, nested_attention
+from tylopy_kernels.attention.fp8 import fp8_attention, is_fp8_call, reject_variant
 
 HOPPER_HEAD_DIMS = (64, 128)
 BLOCK_M = 128
@@ -101,24 +102,40 @@ def check_inputs(query, key, value, attn_mask, is_causal, scale, enable_gqa=Fals
 
 def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
               return_lse=False, *, window_size=None, softcap=None, alibi_slopes=None, sinks=None, score_mod=None,
-              mask_mod=None, block_mask=None, aux=None, causal_align="top_left"):
+              mask_mod=None, block_mask=None, aux=None, causal_align="top_left", score_mod_bwd=None, q_descale=None,
+              k_descale=None, v_descale=None):
     """softmax(scale * query key^T, masked) value, like SDPA; with ``return_lse`` also the row LSE (fp32).
 
     Differentiable: when an input requires grad, or under ``torch.compile``, the call goes
     through the ``tylopy::attention_fwd`` operator (``autograd.py``), whose backward runs
     tylopy's backward kernels; otherwise it launches the forward kernel directly.
 
+    ``torch.float8_e4m3fn`` inputs (D = 64 or 128, Hopper, forward only) run the FP8 kernel (``fp8.py``):
+    ``q_descale``/``k_descale``/``v_descale`` (float32, one element or (B, H_kv)) dequantize them, as
+    FlashAttention-3's; the output is bf16 (docs/fp8.md).
+
     The keywords after ``*`` (and a float ``attn_mask``, or ``is_causal`` with unequal lengths)
     make it a variant (``variants.py``, docs/attention-variants.md): sliding window, softcap,
     ALiBi, attention sinks, user ``score_mod``/``mask_mod`` and block-sparse masks.
     """
+    descales = (q_descale, k_descale, v_descale)
+    if is_fp8_call(query, key, value, descales):
+        given = {n: x for n, x in (("window_size", window_size), ("softcap", softcap), ("alibi_slopes", alibi_slopes),
+                                   ("sinks", sinks), ("score_mod", score_mod), ("mask_mod", mask_mod),
+                                   ("block_mask", block_mask), ("aux", aux), ("score_mod_bwd", score_mod_bwd))
+                 if x is not None}
+        if causal_align != "top_left":
+            given["causal_align"] = causal_align
+        reject_variant(given)
+        return fp8_attention((query, key, value), attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
+                             descales)
     if (window_size is not None or softcap is not None or alibi_slopes is not None or sinks is not None
             or score_mod is not None or mask_mod is not None or block_mask is not None or aux is not None
-            or causal_align != "top_left" or (not is_nested(query, key, value) and (
+            or causal_align != "top_left" or score_mod_bwd is not None or (not is_nested(query, key, value) and (
                 _float_mask(attn_mask) or _rectangular_causal(query, key, is_causal)))):
         return _variant_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
                                   window_size, softcap, alibi_slopes, sinks, score_mod, mask_mod, block_mask, aux,
-                                  causal_align)
+                                  causal_align, score_mod_bwd)
     T = torch.Tensor
     if (type(query) is not T or type(key) is not T or type(value) is not T) and is_nested(query, key, value):
         # SDPA's nested jagged tensors: attention_varlen on the packed values
@@ -171,7 +188,8 @@ def _rectangular_causal(query, key, is_causal) -> bool:
 
 
 def _variant_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, window_size,
-                       softcap, alibi_slopes, sinks, score_mod, mask_mod, block_mask, aux, causal_align):
+                       softcap, alibi_slopes, sinks, score_mod, mask_mod, block_mask, aux, causal_align,
+                       score_mod_bwd=None):
     """``attention`` with variant keywords: checked, described (``variants.make_variant``) and run
     through the ``tylopy::attention_variant_fwd`` operator (kernel or torch path)."""
     from tylopy_kernels.attention import variants
@@ -192,7 +210,8 @@ def _variant_attention(query, key, value, attn_mask, dropout_p, is_causal, scale
     vid, tensors = variants.make_variant_id(B, H, n_q, n_k, query.device, is_causal=is_causal,
                                             causal_align=causal_align, attn_mask=attn_mask, window_size=window_size,
                                             softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
-                                            score_mod=score_mod, mask_mod=mask_mod, block_mask=block_mask, aux=aux)
+                                            score_mod=score_mod, mask_mod=mask_mod, block_mask=block_mask, aux=aux,
+                                            score_mod_bwd=score_mod_bwd)
     return variant_op(query, key, value, vid, tensors, scale, return_lse)
 
 
@@ -318,15 +337,25 @@ def _hopper_backward(query, key, value, dlse):
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False, scale=None,
-                     enable_gqa=False, return_lse=False, seqused_q=None, seqused_k=None):
+                     enable_gqa=False, return_lse=False, seqused_q=None, seqused_k=None, *, window_size=None,
+                     softcap=None, alibi_slopes=None, sinks=None, score_mod=None, mask_mod=None, aux=None,
+                     score_mod_bwd=None, causal_align="bottom_right"):
     """Packed variable-length batches, like ``flash_attn_varlen_func`` (``varlen.py`` says more):
     q (total_q, H, D), k/v (total_k, H_kv, D), int32 prefix sums cu_seqlens_q/k (on the device,
     or on the host: checked there, then copied); (out, lse) with ``return_lse``, lse of shape
     (H, total_q). ``seqused_q``/``seqused_k`` (int32 (B,), Hopper only): only the first that many
-    tokens of each sequence count. Differentiable as ``attention`` (without seqused_q/seqused_k)."""
+    tokens of each sequence count. Differentiable as ``attention`` (without seqused_q/seqused_k).
+    The keywords after ``*`` are ``attention``'s variants per document (``varlen_variants.py``,
+    docs/attention-varlen.md): positions relative to each document, b the document's index."""
     from tylopy_kernels.attention.varlen import check_seqused, check_varlen, device_cu_seqlens, forward_varlen
     if getattr(q, "dtype", None) is torch.float32:  # fp32 under autocast runs in its dtype, as SDPA
         q, k, v = autocast_inputs(q, k, v)
+    options = dict(window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                   score_mod=score_mod, mask_mod=mask_mod, aux=aux, score_mod_bwd=score_mod_bwd)
+    if any(val is not None for val in options.values()) or causal_align != "bottom_right":
+        options.update(is_causal=is_causal, causal_align=causal_align)
+        return _varlen_variant(q, k, v, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+                               (scale, enable_gqa, return_lse, seqused_q, seqused_k), options)
     scale = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
                          enable_gqa)
     cu_seqlens_q, cu_seqlens_k = device_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0])
@@ -347,6 +376,33 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     out, lse = forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
                               return_lse)
     return (out, lse) if return_lse else out
+
+
+def _varlen_variant(q, k, v, lengths, call, options):
+    """``attention_varlen`` with variant keywords: the packed tokens as one batch entry through the
+    ``tylopy::attention_variant_fwd`` operator, a document mask and table (``varlen_variants.py``)."""
+    from tylopy_kernels.attention.autograd_variants import variant_op
+    from tylopy_kernels.attention.varlen import check_varlen, device_cu_seqlens
+    from tylopy_kernels.attention.varlen_variants import varlen_variant
+    cu_q, cu_k, max_q, max_k = lengths
+    scale, enable_gqa, return_lse, seqused_q, seqused_k = call
+    if seqused_q is not None or seqused_k is not None:
+        _fail(ValueError, "seqused_q/seqused_k", "None with variant keywords (the variant kernel takes whole "
+              "documents)", "a tensor")
+    if type(return_lse) is not bool:
+        _fail(TypeError, "return_lse", "a bool", type(return_lse).__name__)
+    shown = (q, k, v)
+    if all(isinstance(t, torch.Tensor) for t in shown) and (q.device.type == "cpu" or q.dtype == torch.float64):
+        # CPU (the torch reference path, with one warning) and float64 (the tests' oracle): checked as
+        # 16-bit meta tensors of the same shapes
+        shown = tuple(torch.empty_strided(t.shape, t.stride(), dtype=torch.bfloat16, device="meta") for t in shown)
+    scale = check_varlen(*shown, cu_q, cu_k, max_q, max_k, options["is_causal"], scale, enable_gqa)
+    on_device = device_cu_seqlens(q, cu_q, cu_k, q.shape[0], k.shape[0])
+    q1, k1, v1, vid, tensors = varlen_variant(q, k, v, (cu_q, cu_k, *on_device), options)
+    out, lse = variant_op(q1, k1, v1, vid, tensors, scale, True) if return_lse else (
+        variant_op(q1, k1, v1, vid, tensors, scale, False), None)
+    out = out[0].transpose(0, 1)
+    return (out, lse[0]) if return_lse else out
 
 
 @functools.lru_cache(maxsize=None)

@@ -83,6 +83,14 @@ def forward_variant(q, k, v, variant, tensors, scale, return_lse=True):
 
 
 def backward_variant(dout, q, k, v, out, lse, variant, tensors, scale, dlse):
+    bwd = variant.score_mod_bwd.function() if variant.score_mod_bwd is not None else None
+    if bwd is not None and q.device.type == "cuda":
+        from tylopy_kernels.attention.varlen_variants import handles_grad
+        if handles_grad(variant.score_mod):
+            # the kernel calls score_mod_bwd on packed positions without the document table
+            warn_fallback("score_mod_bwd on packed sequences: the backward kernel does not pass it the "
+                          "document-relative indices")
+            return V.reference_backward(dout, q, k, v, out, lse, variant, tensors, scale, dlse)
     if q.device.type == "cuda" and dlse is None:
         try:
             from tylopy_kernels.attention.sm90 import backward_variant_launch as bvl
@@ -92,7 +100,8 @@ def backward_variant(dout, q, k, v, out, lse, variant, tensors, scale, dlse):
             dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
             dsinks = (torch.zeros(q.shape[1], dtype=torch.float32, device=q.device) if variant.sinks
                       else torch.empty(0, dtype=torch.float32, device=q.device))
-            bvl.launch_backward_variant(dout, q, k, v, out, lse, dq, dk, dv, dsinks, variant, tensors, scale)
+            bvl.launch_backward_variant(dout, q, k, v, out, lse, dq, dk, dv, dsinks, variant, tensors, scale,
+                                        score_mod_bwd=bwd)
             return dq, dk, dv, dsinks
     return V.reference_backward(dout, q, k, v, out, lse, variant, tensors, scale, dlse)
 

@@ -60,7 +60,8 @@ def register_variant(variant) -> str:
             if old is None:
                 _variants[key] = variant
                 return key
-            if old == variant:  # keep the first object: launch plans are keyed by it
+            same_bwd = getattr(old, "score_mod_bwd", None) == getattr(variant, "score_mod_bwd", None)
+            if old == variant and same_bwd:  # keep the first object: launch plans are keyed by it
                 return key
     raise AssertionError("unreachable")
 

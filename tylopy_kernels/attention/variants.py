@@ -86,7 +86,7 @@ v, out, lse, dq, dk, dv, dsinks, variant, tensors, scale)`` when that module exi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from tylopy_kernels.attention.mod_registry import (ModError, ModRef, _is_tensor, captured_tensors, lookup_mod,  # noqa: F401,E501
                                                    lookup_variant, mod_ref, register_mod, register_variant)
@@ -127,6 +127,9 @@ class Variant:
     mask_mod: ModRef | None = None
     block_mask: tuple | None = None   # (BLOCK_SIZE, B, H, N, Nk) of the BlockMask, or None
     tensor_names: tuple = ()
+    # The user's d score_mod / d score (ModRef) or None: not compared (the forward kernel does not read
+    # it; the registry tells variants apart by it, see ``register_variant``).
+    score_mod_bwd: ModRef | None = field(default=None, compare=False, repr=False)
 
     @property
     def transforms_scores(self) -> bool:
@@ -169,7 +172,7 @@ def make_variant(B, H, n_q, n_k, device, **keywords):
 
 def make_variant_id(B, H, n_q, n_k, device, *, is_causal=False, causal_align="top_left", attn_mask=None,
                     window_size=None, softcap=None, alibi_slopes=None, sinks=None, score_mod=None, mask_mod=None,
-                    block_mask=None, aux=None):
+                    block_mask=None, aux=None, score_mod_bwd=None):
     """(variant id, the explicit tensors the operators take) for one call, every keyword checked (errors
     name the keyword); traceable by torch.compile (``describe`` is a constant there)."""
     import torch
@@ -259,7 +262,50 @@ def make_variant_id(B, H, n_q, n_k, device, *, is_causal=False, causal_align="to
             names.append(f"aux{k}")
     vid = describe(bool(is_causal), causal_align, window, cap, alibi, sinks is not None, mask_kind, score_mod, mask_mod,
                    bm, tuple(names), aux is not None, str(device))
+    if score_mod_bwd is not None:
+        vid = with_score_mod_bwd(vid, score_mod, score_mod_bwd)
     return vid, tensors
+
+
+def _where(fn) -> str:
+    inner = getattr(fn, "fn", fn)
+    code = getattr(inner, "__code__", None)
+    return f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+
+
+def check_score_mod_bwd(score_mod, score_mod_bwd):
+    """``score_mod_bwd(score, grad, b, h, q_idx, kv_idx) -> grad``: with a score_mod, six positional
+    parameters, no captured tensors (the backward kernel passes it none); errors name the keyword and
+    the user's line."""
+    if score_mod_bwd is None:
+        return
+    import inspect
+    where = _where(score_mod_bwd)
+    if score_mod is None:
+        raise ValueError(f"attention: score_mod_bwd expects a score_mod beside it (it is that mod's derivative)"
+                         f"{where}, but got score_mod=None")
+    inner = getattr(score_mod_bwd, "fn", score_mod_bwd)
+    if not callable(score_mod_bwd) or not hasattr(inner, "__code__"):
+        _fail(TypeError, "score_mod_bwd", "a Python function (score, grad, b, h, q_idx, kv_idx) -> grad",
+              type(score_mod_bwd).__name__)
+    try:
+        inspect.signature(inner).bind(*range(6))
+    except TypeError:
+        raise TypeError(f"attention: score_mod_bwd expects a function (score, grad, b, h, q_idx, kv_idx) -> grad"
+                        f"{where}, but got one taking {inspect.signature(inner)}") from None
+    found = captured_tensors(inner)
+    if found:
+        raise ValueError(f"attention: score_mod_bwd expects a function reading no tensors (the backward kernel passes "
+                         f"it none){where}, but got one reading the tensor {found[0][1]!r}")
+
+
+@_constant_result
+def with_score_mod_bwd(variant_id, score_mod, score_mod_bwd):
+    """The id of ``variant_id``'s Variant with the user's ``score_mod_bwd`` (checked against ``score_mod``,
+    the user's; a constant under compile)."""
+    check_score_mod_bwd(score_mod, score_mod_bwd)
+    ref, _ = mod_ref(score_mod_bwd, "score_mod_bwd", 0, False)
+    return register_variant(replace(lookup_variant(variant_id), score_mod_bwd=ref))
 
 
 @_constant_result
@@ -335,6 +381,8 @@ def call_mod(ref: ModRef, args, variant, tensors, arg: str):
         args = (*args, aux_of(variant, tensors))
     try:
         return fn(*args)
+    except ModError:  # already names the keyword and the user's line (a generated mod's inner call)
+        raise
     except Exception as e:  # noqa: BLE001 - re-raised with the argument and the line named
         raise ModError.from_exception(arg, fn, e) from e
 
@@ -409,7 +457,17 @@ def score_transform(variant: Variant, s, tensors, n_q, n_k, grids=None):
     if variant.softcap:
         s = variant.softcap * torch.tanh(s / variant.softcap)
     if variant.score_mod is not None:
-        got = call_mod(variant.score_mod, (s, b, h, i, j), variant, tensors, "score_mod")
+        bwd = variant.score_mod_bwd
+        from tylopy_kernels.attention.varlen_variants import handles_grad
+        if bwd is not None and not handles_grad(variant.score_mod):
+            # the user's derivative replaces autograd's through the mod (reference path)
+            from tylopy_kernels.attention.varlen_variants import _UserGrad
+            got = _UserGrad.apply(s, lambda x: call_mod(variant.score_mod, (x, b, h, i, j), variant, tensors,
+                                                        "score_mod"),
+                                  lambda x, g: call_mod(bwd, (x, g, b, h, i, j), replace(variant, score_mod_bwd=None,
+                                                        score_mod=None, mask_mod=None), (), "score_mod_bwd"))
+        else:
+            got = call_mod(variant.score_mod, (s, b, h, i, j), variant, tensors, "score_mod")
         if not _is_tensor(got) or not got.is_floating_point():
             raise ModError(f"attention: score_mod expects a function returning a float score, but got "
                            f"{getattr(got, 'dtype', type(got).__name__)}")
@@ -496,5 +554,5 @@ def reference_backward(dout, q, k, v, out, lse, variant: Variant, tensors, scale
 
 
 __all__ = ["Variant", "ModRef", "ModError", "make_variant", "register_variant", "lookup_variant", "lookup_mod",
-           "make_variant_id", "with_captured", "explicit_count", "score_transform", "transformed_scores", "visible", "score_grad", "reference_forward", "reference_backward", "index_grids",
+           "make_variant_id", "with_captured", "check_score_mod_bwd", "with_score_mod_bwd", "explicit_count", "score_transform", "transformed_scores", "visible", "score_grad", "reference_forward", "reference_backward", "index_grids",
            "BUILTIN_TENSORS"]

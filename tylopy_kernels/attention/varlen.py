@@ -29,7 +29,10 @@ its sequence's end returning at once. Prefix sums on the host (a CPU tensor) are
 and copied to the device; on the device they are never read by the host (lengths are clamped
 to [0, max_seqlen] in the kernel). It is differentiable (``tylopy::attention_varlen_fwd``,
 ``autograd.py``) and traceable by ``torch.compile``. This module holds the checks and the CUDA
-implementations; the entry point is ``tylopy_kernels.attention.attention_varlen``.
+implementations; the entry point is ``tylopy_kernels.attention.attention_varlen``. With the
+variant keywords (window_size, softcap, alibi_slopes, sinks, score_mod, mask_mod, aux,
+score_mod_bwd, causal_align) a call runs the variant kernels per document instead
+(``varlen_variants.py``).
 """
 from __future__ import annotations
 
@@ -82,7 +85,8 @@ def check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, enable_gqa
             _fail(TypeError, name, "a non-negative int", repr(n))
     for name, t, total, max_name, max_len in (("cu_seqlens_q", cu_q, q.shape[0], "max_seqlen_q", max_q),
                                               ("cu_seqlens_k", cu_k, k.shape[0], "max_seqlen_k", max_k)):
-        if t.device.type == "cpu":  # the host has the values: check them without waiting for a GPU
+        if t.device.type == "cpu" and not torch.compiler.is_compiling():  # the host has the values (a trace
+            # does not: its graph takes them as inputs): check them without waiting for a GPU
             check_prefix_sums(name, t, total, max_name, max_len)
     if not isinstance(is_causal, bool):
         _fail(TypeError, "is_causal", "a bool", type(is_causal).__name__)

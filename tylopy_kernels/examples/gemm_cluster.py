@@ -20,7 +20,9 @@ Algorithm. A persistent, warp-specialized kernel: 384 threads, one CTA per SM.
    ``expect_tx`` of the whole stage: its A, its B half and the other CTAs' B halves, which complete
    on the barrier at the same offset) and an empty mbarrier that counts the consumers of *every*
    CTA of the cluster: the producer may refill a stage only when no CTA its multicast writes to
-   still reads it. A consumer frees a stage with ``mbarrier_arrive(empty, cta=r)`` for each rank r.
+   still reads it. A consumer frees a stage with ``mbarrier_arrive(empty, cta=r, scope="cta")``
+   for each rank r: the bare arrive, as the stage's reads have completed (a cluster-scope release
+   would put a GPU-scope fence in front of each arrive, stalling the consumer every k-block).
 3. Warpgroups 1 and 2 are consumers (``setmaxnreg.inc``), 64 rows each: per k-block four
    m64 n{BLOCK_N} k16 SS wgmmas, commit, wait until only this k-block is in flight, free the
    previous stage in every CTA of the cluster. Epilogue: round to bf16 and store the rows < M and
@@ -113,7 +115,7 @@ def tile_of(pos, num_m, num_n, group_m):
 
 @ty.func
 def producer(smem, tm_a, tm_b, grid_tiles, k_blocks, cfg):
-    cluster_m, block_n, stages, group_m, how = cfg
+    cluster_m, block_n, stages, group_m, how = cfg[:5]
     a_bytes, b_bytes, b_off, full, empty = smem_layout(block_n, stages, how)[:5]
     share = block_n // cluster_m           # B rows this CTA loads (and multicasts)
     rank = ty.cluster_ctarank() if cluster_m > 1 else 0
@@ -149,7 +151,7 @@ def producer(smem, tm_a, tm_b, grid_tiles, k_blocks, cfg):
 @ty.func
 def kblock(smem, base, atom, acc, it, row_off, cfg):
     """Wait for ring iteration ``it``'s stage and issue its four k16 steps (one commit group)."""
-    cluster_m, block_n, stages, group_m, how = cfg
+    cluster_m, block_n, stages, group_m, how = cfg[:5]
     a_bytes, b_bytes, b_off, full, empty = smem_layout(block_n, stages, how)[:5]
     stage = it % stages
     hopper.mbarrier_wait(bar_at(smem, full + 8 * stage), (it // stages) & 1, "stage full", stage)
@@ -165,14 +167,18 @@ def kblock(smem, base, atom, acc, it, row_off, cfg):
 @ty.func
 def release(smem, it, cfg):
     """One thread per consumer frees the stage of ring iteration ``it`` in every CTA of the cluster
-    (each of their producers multicasts into this CTA's copy of the stage)."""
-    cluster_m, block_n, stages, group_m, how = cfg
+    (each of their producers multicasts into this CTA's copy of the stage). The arrive publishes
+    nothing (the stage's wgmma reads have completed), so its release scope is the CTA
+    (``RELEASE``="cta", as CUTLASS's cluster barrier arrives): a "cluster" release puts a GPU-scope
+    fence (MEMBAR.ALL.GPU) before each arrive, which stalls the warp, and with it the warpgroup's
+    next wgmmas, for an L2 round trip per k-block."""
+    cluster_m, block_n, stages, group_m, how, scope = cfg
     empty = smem_layout(block_n, stages, how)[4]
     if (ty.thread_idx() & 127) == 0:
         bar = bar_at(smem, empty + 8 * (it % stages))
         if cluster_m > 1:
             for r in range(cluster_m):
-                hopper.mbarrier_arrive(bar, cta=r)
+                hopper.mbarrier_arrive(bar, cta=r, scope=scope)
         else:
             hopper.mbarrier_arrive(bar)
 
@@ -229,7 +235,7 @@ def store_tma(acc, tm_c, smem, epi, seq, row0, col0, block_n):
 
 @ty.func
 def consumer(smem, dst, m, n, grid_tiles, k_blocks, cfg):
-    cluster_m, block_n, stages, group_m, how = cfg
+    cluster_m, block_n, stages, group_m, how = cfg[:5]
     out, tm_c = dst
     hopper.setmaxnreg(REGISTERS[1], increase=True)
     row_off = (ty.warpgroup_idx() - 1) * 64
@@ -268,13 +274,16 @@ def gemm_kernel(cluster_m: int):
                **extra)
     def gemm_cluster(tm_a: ty.tensormap, tm_b: ty.tensormap, tm_c: ty.tensormap, out: ty.ptr(ty.bf16), m: ty.i32,
                      n: ty.i32, k: ty.i32, BLOCK_N: ty.constexpr = 256, STAGES: ty.constexpr = 4,
-                     GROUP_M: ty.constexpr = 8, STORE: ty.constexpr = "tma"):
+                     GROUP_M: ty.constexpr = 8, STORE: ty.constexpr = "tma", RELEASE: ty.constexpr = "cta"):
         """C = A B^T for A (M x K) and B (N x K) bf16 behind the tensor maps (boxes 64 x 128 and
         64 x BLOCK_N / CLUSTER_M, 128-byte swizzle); C row-major M x N, stored through ``tm_c``
-        (64 x 64 boxes) with STORE="tma" or straight from the registers with "direct"."""
+        (64 x 64 boxes) with STORE="tma" or straight from the registers with "direct". RELEASE: the
+        scope of the consumers' remote stage releases ("cta" or "cluster", see ``release``)."""
         if STORE not in ("tma", "direct"):
             raise ValueError(f"STORE expects 'tma' or 'direct', but got {STORE!r}")
-        cfg = (cluster_m, BLOCK_N, STAGES, GROUP_M, STORE)
+        if RELEASE not in ("cta", "cluster"):
+            raise ValueError(f"RELEASE expects 'cta' or 'cluster', but got {RELEASE!r}")
+        cfg = (cluster_m, BLOCK_N, STAGES, GROUP_M, STORE, RELEASE)
         lay = smem_layout(BLOCK_N, STAGES, STORE)
         smem = ty.dynamic_shared(ty.u8, lay[5], align=1024)
         if ty.thread_idx() == 0:
@@ -326,14 +335,23 @@ def check_inputs(a, b) -> None:
                              f"{tuple(t.stride())}")
 
 
-def matmul(a, b, *, cluster: bool = True, block_n: int = 256, stages: int | None = None, group_m: int = 8,
-           grid: int | None = None, store: str | None = None, emulate: bool = False):
+TILE_OPTIONS = dict(block_n=256, stages=None, group_m=8, store=None, release="cta")
+
+
+def matmul(a, b, *, cluster: bool = True, grid: int | None = None, emulate: bool = False, **tile):
     """bf16 ``a @ b.T`` for ``a`` (M x K) and ``b`` (N x K); ``cluster=False`` runs the same kernel
     without clusters (each CTA loads its whole B tile). ``grid``: CTAs (a multiple of the cluster
-    size), default one per SM. ``store``: "tma" (staged TMA stores; needs N % 8 == 0, the default
-    then) or "direct" (from the registers)."""
+    size), default one per SM. ``tile`` (keywords, defaults in ``TILE_OPTIONS``): ``block_n`` (64,
+    128 or 256), ``stages`` (default: the deepest ring that fits), ``group_m`` (cluster-tile rows
+    per raster group), ``store`` ("tma": staged TMA stores, needs N % 8 == 0, the default then;
+    "direct": from the registers), ``release`` (the scope of the consumers' remote stage releases:
+    "cta", the bare arrive, or "cluster", a GPU-scope fence before each; kept for timing)."""
     import torch
     check_inputs(a, b)
+    unknown = sorted(set(tile) - set(TILE_OPTIONS))
+    if unknown:
+        raise TypeError(f"matmul expects keywords among {sorted(TILE_OPTIONS)}, but got {unknown}")
+    block_n, stages, group_m, store, release = ({**TILE_OPTIONS, **tile}[key] for key in TILE_OPTIONS)
     if block_n not in (64, 128, 256):
         raise ValueError(f"matmul expects block_n 64, 128 or 256, but got {block_n}")
     m, k = a.shape
@@ -341,6 +359,8 @@ def matmul(a, b, *, cluster: bool = True, block_n: int = 256, stages: int | None
     store = store or ("tma" if n % 8 == 0 else "direct")
     if store not in ("tma", "direct") or (store == "tma" and n % 8):
         raise ValueError(f"matmul expects store 'tma' (with N % 8 == 0) or 'direct', but got {store!r} with N = {n}")
+    if release not in ("cta", "cluster"):
+        raise ValueError(f"matmul expects release 'cta' or 'cluster', but got {release!r}")
     c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
     if m == 0 or n == 0:
         return c
@@ -356,7 +376,8 @@ def matmul(a, b, *, cluster: bool = True, block_n: int = 256, stages: int | None
     tm_a = ty.tensor_map(a, box=(BLOCK_M, BLOCK_K), swizzle=128)
     tm_b = ty.tensor_map(b, box=(block_n // cluster_m, BLOCK_K), swizzle=128)
     tm_c = ty.tensor_map(c, box=(64, EPI_COLS), swizzle=128) if store == "tma" else tm_a  # direct: unused
-    cfg = dict(BLOCK_N=block_n, STAGES=stages or stages_for(block_n, store), GROUP_M=group_m, STORE=store)
+    cfg = dict(BLOCK_N=block_n, STAGES=stages or stages_for(block_n, store), GROUP_M=group_m, STORE=store,
+               RELEASE=release)
     kernel = gemm_kernel(cluster_m)
     if emulate:
         kernel.emulate(tm_a, tm_b, tm_c, c, m, n, k, grid=(grid,), **cfg)
@@ -384,11 +405,12 @@ def emulate_example(m: int = 300, n: int = 136, k: int = 200, grid=None):
     return c.double().numpy(), want.numpy(), tol
 
 
-def bench(sizes=(4096, 8192), **cfg) -> list:
-    """For each square size: TFLOP/s of the cluster kernel, the kernel without clusters and
-    torch.matmul (cuBLAS), CUDA-event medians after warm-up in one process; each result checked
-    against torch's. ``cfg``: matmul's tile options (block_n, stages, group_m, grid) for both
-    variants. Returns one dict per size."""
+def bench(sizes=(4096, 8192), releases=("cta",), **cfg) -> list:
+    """For each square size: TFLOP/s of the cluster kernel (once per stage-release scope in
+    ``releases``), the kernel without clusters and torch.matmul (cuBLAS), CUDA-event medians after
+    warm-up in one process; each result checked against torch's. ``cfg``: matmul's tile options
+    (block_n, stages, group_m, grid, store) for all variants. Returns one dict per size (the cluster
+    kernel under "cluster", or "cluster_<scope>" for each scope when there are several)."""
     import torch
     from tylopy.benchmarking import median_ms
     rows = []
@@ -398,8 +420,9 @@ def bench(sizes=(4096, 8192), **cfg) -> list:
         b = torch.randn(s, s, device="cuda", generator=gen, dtype=torch.bfloat16)
         ref = torch.matmul(a, b.T)
         row = dict(size=s)
-        for name, fn in (("cluster", lambda: matmul(a, b, **cfg)),
-                         ("no_cluster", lambda: matmul(a, b, cluster=False, **cfg)),
+        names = ["cluster"] if len(releases) == 1 else [f"cluster_{r}" for r in releases]
+        variants = [(name, functools.partial(matmul, a, b, release=r, **cfg)) for name, r in zip(names, releases)]
+        for name, fn in (*variants, ("no_cluster", lambda: matmul(a, b, cluster=False, **cfg)),
                          ("torch", lambda: torch.matmul(a, b.T))):
             got = fn()
             torch.cuda.synchronize()
@@ -407,12 +430,15 @@ def bench(sizes=(4096, 8192), **cfg) -> list:
             ms = median_ms(fn)
             row[name] = dict(ms=ms, tflops=2 * s ** 3 / ms / 1e9, max_rel_diff=rel)
         rows.append(row)
-        c, nc, t = row["cluster"], row["no_cluster"], row["torch"]
-        ok = c["max_rel_diff"] < 1e-2 and nc["max_rel_diff"] < 1e-2
-        print(f"{s}^3 bf16: cluster {c['tflops']:.0f} TFLOP/s ({c['ms']:.3f} ms)  no-cluster {nc['tflops']:.0f} TFLOP/s  "
-              f"torch {t['tflops']:.0f} TFLOP/s  cluster/torch {c['tflops'] / t['tflops']:.3f}  "
-              f"cluster/no-cluster {c['tflops'] / nc['tflops']:.3f}  max|diff|/max|C| {c['max_rel_diff']:.1e} "
-              f"{'OK' if ok else 'MISMATCH'}", flush=True)
+        nc, t = row["no_cluster"], row["torch"]
+        for name, r in zip(names, releases):
+            c = row[name]
+            ok = c["max_rel_diff"] < 1e-2 and nc["max_rel_diff"] < 1e-2
+            print(f"{s}^3 bf16: cluster {c['tflops']:.0f} TFLOP/s ({c['ms']:.3f} ms, release {r})  no-cluster "
+                  f"{nc['tflops']:.0f} TFLOP/s  torch {t['tflops']:.0f} TFLOP/s  "
+                  f"cluster/torch {c['tflops'] / t['tflops']:.3f}  "
+                  f"cluster/no-cluster {c['tflops'] / nc['tflops']:.3f}  max|diff|/max|C| {c['max_rel_diff']:.1e} "
+                  f"{'OK' if ok else 'MISMATCH'}", flush=True)
     return rows
 
 
@@ -427,11 +453,14 @@ def main(argv=None):
     p.add_argument("--group-m", type=int, default=8, help="cluster-tile rows per raster group")
     p.add_argument("--grid", type=int, default=None, help="CTAs (default: one per SM)")
     p.add_argument("--store", choices=("tma", "direct"), default=None, help="epilogue (default: tma)")
+    p.add_argument("--release", choices=("cta", "cluster"), nargs="+", default=["cta"],
+                   help="scope of the consumers' remote stage releases; several: time the cluster kernel "
+                        "with each")
     p.add_argument("--output", default=None, help="write the timings as JSON (results/...)")
     args = p.parse_args(argv)
     if args.bench:
-        rows = bench(args.sizes, block_n=args.block_n, stages=args.stages, group_m=args.group_m, grid=args.grid,
-                     store=args.store)
+        rows = bench(args.sizes, tuple(args.release), block_n=args.block_n, stages=args.stages, group_m=args.group_m,
+                     grid=args.grid, store=args.store)
         if args.output:
             from tylopy.benchmarking import write_results
             write_results("gemm_cluster", dict(rows=rows, config=vars(args)), args.output)

@@ -15,6 +15,7 @@ tylopy's ratio to the FA3-class kernel and to cuDNN.
     tylopy bench attention --ptx        # PTX instructions per key tile per schedule (no GPU)
     tylopy bench attention --sass       # SASS of the launcher's picks, per key tile (ptxas + nvdisasm)
     tylopy bench attention --once --d 64 --n 16384 --causal   # a few calls after warm-up (for ncu)
+    tylopy bench attention --fp8        # the FP8 forward beside bf16 and the FA3-class FP8 (``fp8.py``)
 """
 from __future__ import annotations
 
@@ -426,7 +427,13 @@ def main(argv=None):
                          "(repeatable; its own ratio table follows the main one)")
     ap.add_argument("--warmup-ms", type=float, default=WARMUP_MS, help="warm-up per timed point (comparison)")
     ap.add_argument("--rep-ms", type=float, default=REP_MS, help="timed calls per point, in ms (comparison)")
+    ap.add_argument("--fp8", action="store_true", help="the FP8 (e4m3) forward at D=128 beside tylopy's bf16 forward "
+                                                       "and an FA3-class FP8 forward (bench/fp8.py)")
+    ap.add_argument("--ptxas", action="store_true", help="with --fp8: registers and spills of the FP8 kernel (no GPU)")
     args = ap.parse_args(argv)
+    if args.fp8:
+        from tylopy_kernels.attention.bench.fp8 import main as fp8_main
+        return fp8_main(args, _timer(args.warmup_ms, args.rep_ms))
     if args.ptx:
         from tylopy_kernels.attention.bench.ptx_profile import print_table
         print_table()

@@ -25,12 +25,14 @@ VARIANTS = {
     "sliding_window": f"causal, window left {WINDOW}",
     "document_varlen": "document-causal, varlen (cu_seqlens)",
     "document_mask": "document-causal, mask_mod over B=1 packed tokens (document ids)",
+    "document_window": f"document-causal varlen, window left {WINDOW} and softcap {SOFTCAP:g} per document",
     "softcap": f"causal, softcap {SOFTCAP:g}",
     "alibi": "causal, ALiBi (slope 2^(-8(h+1)/H))",
     "block_sparse": f"random {BLOCK}x{BLOCK} block table (density {BLOCK_DENSITY:g}, diagonal kept), mask_mod",
     "sinks": "causal, one learnable sink logit per head",
 }
-DOCUMENT_VARIANTS = ("document_varlen", "document_mask")
+DOCUMENT_VARIANTS = ("document_varlen", "document_mask", "document_window")
+SOFTCAP_VARIANTS = ("softcap", "document_window")
 CAUSAL_VARIANTS = ("causal", "softcap", "alibi", "sinks")
 
 
@@ -107,6 +109,8 @@ def visible_pairs(spec):
         return spec.batch * causal_pairs(spec.seq)
     if spec.variant == "sliding_window":
         return spec.batch * window_pairs(spec.seq)
+    if spec.variant == "document_window":
+        return sum(window_pairs(length) for length in spec.doc_lengths)
     if spec.variant in DOCUMENT_VARIANTS:
         return sum(causal_pairs(length) for length in spec.doc_lengths)
     if spec.variant == "block_sparse":
@@ -156,7 +160,8 @@ def dense_mask(spec, device="cpu"):
         return (j <= i) & (j >= i - WINDOW)
     if spec.variant in DOCUMENT_VARIANTS:
         doc = doc_ids(spec, device)
-        return (j <= i) & (doc[:, None] == doc[None, :])
+        window = (j >= i - WINDOW) if spec.variant == "document_window" else True
+        return (j <= i) & (doc[:, None] == doc[None, :]) & window
     if spec.variant == "block_sparse":
         return table_tensor(spec, device)[i // spec.block, j // spec.block] > 0
     raise ValueError(f"variant expects one of {', '.join(VARIANTS)}, but got {spec.variant!r}")
@@ -178,7 +183,10 @@ def mask_mod(spec, device="cpu"):
 
         def document_causal(b, h, q_idx, kv_idx):
             return (q_idx >= kv_idx) & (doc[q_idx] == doc[kv_idx])
-        return document_causal
+
+        def document_window(b, h, q_idx, kv_idx):
+            return (q_idx >= kv_idx) & (doc[q_idx] == doc[kv_idx]) & (q_idx - kv_idx <= WINDOW)
+        return document_window if spec.variant == "document_window" else document_causal
     if spec.variant == "block_sparse":
         flat, columns, block = table_tensor(spec, device).reshape(-1), len(spec.table), spec.block
 
@@ -198,7 +206,7 @@ def score_mod(spec, slopes=None):
     """score_mod(score, b, h, q_idx, kv_idx) for softcap and ALiBi (None for the others); the
     score it gets is already scaled by 1/sqrt(D)."""
     import torch
-    if spec.variant == "softcap":
+    if spec.variant in SOFTCAP_VARIANTS:
         def softcap(score, b, h, q_idx, kv_idx):
             return SOFTCAP * torch.tanh(score / SOFTCAP)
         return softcap
@@ -237,7 +245,7 @@ def reference(spec, x, q=None, k=None, v=None, heads=slice(None)):
     q, k, v = (x[n].float() if t is None else t for n, t in (("q", q), ("k", k), ("v", v)))
     s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(spec.d))
     i = torch.arange(spec.seq, device=q.device)
-    if spec.variant == "softcap":
+    if spec.variant in SOFTCAP_VARIANTS:
         s = SOFTCAP * torch.tanh(s / SOFTCAP)
     if spec.variant == "alibi":
         s = s - x["slopes"][heads, None, None] * (i[:, None] - i[None, :]).abs().float()

@@ -49,15 +49,21 @@ def _leaves(x, layout):
 
 def tylopy_run(spec, x):
     import tylopy
-    if spec.variant == "document_varlen":
+    if spec.variant in ("document_varlen", "document_window"):
         (q, k, v), dout, to_common = _leaves(x, "thd")
         cu, top = x["cu_seqlens"], x["max_seqlen"]
-        return Run(lambda: tylopy.attention_varlen(q, k, v, cu, cu, top, top, is_causal=True),
-                   [q, k, v], dout, to_common, "attention_varlen")
+        kw = _varlen_kwargs(spec)  # window + softcap: the packed variant route (varlen_variants.py)
+        return Run(lambda: tylopy.attention_varlen(q, k, v, cu, cu, top, top, is_causal=True, **kw),
+                   [q, k, v], dout, to_common, ", ".join(["attention_varlen", *sorted(kw)]))
     (q, k, v), dout, to_common = _leaves(x, "bhnd")
     kwargs = _tylopy_kwargs(spec, x)
     return Run(lambda: tylopy.attention(q, k, v, **kwargs), [q, k, v], dout, to_common,
                ", ".join(sorted(kwargs)))
+
+
+def _varlen_kwargs(spec):
+    """The variant keywords of a packed (varlen) call, the same names in tylopy and flash-attn."""
+    return {"window_size": (cases.WINDOW, 0), "softcap": cases.SOFTCAP} if spec.variant == "document_window" else {}
 
 
 def _tylopy_kwargs(spec, x):
@@ -101,12 +107,13 @@ def fa3_run(spec, x):
     fa, why = fa3_import()
     if fa is None:
         raise Unavailable(f"flash_attn.cute does not import ({why})")
-    if spec.variant == "document_varlen":
+    if spec.variant in ("document_varlen", "document_window"):
         (q, k, v), dout, to_common = _leaves(x, "thd")
         cu, top = x["cu_seqlens"], x["max_seqlen"]
+        kw = _varlen_kwargs(spec)
         return Run(lambda: _first(fa.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
-                                                             max_seqlen_q=top, max_seqlen_k=top, causal=True)),
-                   [q, k, v], dout, to_common, "flash_attn_varlen_func")
+                                                             max_seqlen_q=top, max_seqlen_k=top, causal=True, **kw)),
+                   [q, k, v], dout, to_common, ", ".join(["flash_attn_varlen_func", *sorted(kw)]))
     (q, k, v), dout, to_common = _leaves(x, "bnhd")
     kwargs, note = _fa3_kwargs(spec, x)
     return Run(lambda: _first(fa.flash_attn_func(q, k, v, **kwargs)), [q, k, v], dout, to_common, note)
@@ -190,7 +197,8 @@ def flex_run(spec, x):
     compiled = _flex()
     (q, k, v), dout, to_common = _leaves(x, "bhnd")
     block_mask = _flex_block_mask(spec, x)
-    note = "packed B=1, document mask_mod (no varlen form)" if spec.variant == "document_varlen" else ""
+    note = ("packed B=1, document mask_mod (no varlen form)" if spec.variant in ("document_varlen", "document_window")
+            else "")
     if spec.variant == "sinks":
         sinks = x["sinks"]
         return Run(lambda: compiled["flex_sinks"](q, k, v, block_mask, sinks), [q, k, v], dout, to_common,

@@ -122,7 +122,7 @@ def row_sums(vals):
 class Softmax:
     """Compile-time choices of the softmax step: exponent form, lazy threshold, polynomial share."""
 
-    def __init__(self, scale, dtype_name, exponent="ffma", threshold=8.0, poly=0):
+    def __init__(self, scale, dtype_name, exponent="ffma", threshold=8.0, poly=0, offset=0.0):
         if exponent not in ("ffma", "shared", "exact", "fast"):
             raise ValueError(f"EXPONENT expects 'ffma', 'shared', 'exact' or 'fast', but got {exponent!r}")
         if threshold is not None and not threshold >= 0:
@@ -137,6 +137,10 @@ class Softmax:
         self.poly = poly
         self.limit = FFMA_LIMIT[dtype_name]
         self.degree = POLY_DEGREE[dtype_name]
+        # log2 of a power of two every weight is multiplied by (FP8 weights: headroom below e4m3's
+        # 448, so that small weights stay normal); it cancels in O / l, and ``finish`` takes it out of
+        # the LSE. 0 emits nothing.
+        self.offset = offset
 
 
 @ty.func
@@ -172,8 +176,17 @@ def _exps_ffma(vals, c, neg_hi, poly, degree):
 
 
 @ty.func
-def _exps_exact(vals, c, m_use):
+def _exps_exact(vals, c, m_use, offset=0.0):
+    if offset:
+        return [ty.exp2((s - m_use[row_of(i)]) * c + offset) for i, s in enumerate(vals)]
     return [ty.exp2((s - m_use[row_of(i)]) * c) for i, s in enumerate(vals)]
+
+
+def _with_offset(sm, neg_hi):
+    """The per-row exponent offsets with the weights' power-of-two headroom added (none when 0)."""
+    if sm.offset:
+        return [x + sm.offset for x in neg_hi]
+    return neg_hi
 
 
 @ty.func
@@ -198,23 +211,23 @@ def update(sm, state, vals):
     lo = [ty.fma(m_use[r], c, -hi[r]) for r in range(2)]
     if sm.exponent == "exact":
         ffma = ty.cast(0, ty.i1)
-        p = _exps_exact(vals, c, m_use)
+        p = _exps_exact(vals, c, m_use, sm.offset)
     elif sm.exponent == "fast":
         ffma = ty.cast(1, ty.i1)
-        p = _exps_ffma(vals, c, [-h for h in hi], sm.poly, sm.degree)
+        p = _exps_ffma(vals, c, _with_offset(sm, [-h for h in hi]), sm.poly, sm.degree)
     elif sm.exponent == "shared":
         ffma = warp_all((ty.abs(hi[0]) < sm.limit) & (ty.abs(hi[1]) < sm.limit))
         args, offset = list(vals), [-h for h in hi]
         if ~ffma:  # rare: the exact form's FADD, then the common sequence with no offset
             args = [v - m_use[row_of(i)] for i, v in enumerate(vals)]
             offset = [ty.cast(0.0, ty.f32), ty.cast(0.0, ty.f32)]
-        p = _exps_ffma(args, c, offset, sm.poly, sm.degree)
+        p = _exps_ffma(args, c, _with_offset(sm, offset), sm.poly, sm.degree)
     else:
         ffma = warp_all((ty.abs(hi[0]) < sm.limit) & (ty.abs(hi[1]) < sm.limit))
         if ffma:
-            p = _exps_ffma(vals, c, [-h for h in hi], sm.poly, sm.degree)
+            p = _exps_ffma(vals, c, _with_offset(sm, [-h for h in hi]), sm.poly, sm.degree)
         else:
-            p = _exps_exact(vals, c, m_use)
+            p = _exps_exact(vals, c, m_use, sm.offset)
     # 2^(R_old - R_new) with R = m c - ffma lo (m_old = -inf gives 0: the row had nothing).
     alpha = []
     for r in range(2):
@@ -255,6 +268,9 @@ def finish(sm, state, want_lse):
             m = state["m"][r]
             m_use = ty.select(m == NEG_INF, 0.0, m)
             lo = ty.select(state["ffma"], state["lo"][r], 0.0)
-            val = ty.fma(m_use, sm.scale, (ty.log2(l) - lo) * LN2)
+            log_l = ty.log2(l) - lo
+            if sm.offset:
+                log_l = log_l - sm.offset
+            val = ty.fma(m_use, sm.scale, log_l * LN2)
             lse.append(ty.select(ok, val, NEG_INF))
     return inv, (lse if want_lse else None)
