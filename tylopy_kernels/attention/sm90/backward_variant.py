@@ -99,11 +99,12 @@ def iteration(prob, hk, m_first, per_head, it, block_m):
 
 @ty.func
 def position_bounds(vb, key0, m0):
-    """Per key row of this thread (g and g + 8 of its warp's 16): (lo, hi) such that query column
-    offset o_i = 8(i >> 2) + (i & 1) of register i is visible under the causal diagonal, the
-    window and the key length iff lo <= o_i <= hi (``variant_tiles._visible``'s rules, solved for
-    the query once per row so each register costs two compares with immediates; None where a
-    side has no bound). A key row past n_k gets lo = BIG: no column passes."""
+    """Per key row of this thread (g and g + 8 of its warp's 16): (ok, lo, hi) such that query
+    column offset o_i = 8(i >> 2) + (i & 1) of register i is visible under the key length, the
+    causal diagonal and the window iff ok and lo <= o_i <= hi (``variant_tiles._visible``'s rules,
+    solved for the query once per row so each register costs compares with immediates; None where
+    a side has no bound). With a lower bound, a key row past n_k gets lo = BIG (no column passes)
+    instead of its own predicate."""
     key = vb.key
     vp = vb.fwd.variant
     warp = ty.warp_idx() & 3
@@ -112,13 +113,18 @@ def position_bounds(vb, key0, m0):
     out = []
     for h in range(2):
         ki = key0 + 16 * warp + (lane >> 2) + 8 * h
-        lo = ty.cast(0, ty.i32)
+        ok = None
+        lo = None
         hi = None
         if key.causal or key.window[1] >= 0:   # i >= ki - diag - reach
             lo = ki - right_reach(vb) - base
         if key.window[0] >= 0:                 # i <= ki - diag + left
             hi = ki + vp.left - base
-        out.append((ty.select(ki < vb.fwd.n_k, lo, BIG), hi))
+        if lo is None:
+            ok = ki < vb.fwd.n_k
+        else:
+            lo = ty.select(ki < vb.fwd.n_k, lo, BIG)
+        out.append((ok, lo, hi))
     return out
 
 
@@ -136,9 +142,10 @@ def right_reach(vb):
 
 
 def position_keep(bounds, i):
-    lo, hi = bounds[(i >> 1) & 1]
+    ok, lo, hi = bounds[(i >> 1) & 1]
     o = 8 * (i >> 2) + (i & 1)
-    ok = lo <= o
+    if lo is not None:
+        ok = lo <= o
     if hi is not None:
         ok = ok & (hi >= o)
     return ok
@@ -199,22 +206,28 @@ def element_keep(ta, i, masked, with_bits, bounds, keys, queries):
     return keep
 
 
+class QueryColumns:
+    """The query index of each register, made at its first use (inside the element loop, so no
+    index is live across the tile) and shared by registers i and i ^ 2 (one column): loads a mod
+    makes with an index are made once per column (``mods.AuxTensor`` keys them by value)."""
+
+    def __init__(self, m0, g2):
+        self.m0, self.g2, self.made = m0, g2, {}
+
+    def __getitem__(self, i):
+        o = 8 * (i >> 2) + (i & 1)
+        if o not in self.made:
+            self.made[o] = self.m0 + (2 * self.g2 + o)
+        return self.made[o]
+
+
 def element_indices(ta):
-    """(this thread's two key rows, the query of each register): index values mods and masks read.
-    One value per key row and per query column (registers i and i ^ 2 share a column), so loads a
-    mod makes with an index are made once per tile (``mods.AuxTensor`` keys them by value)."""
+    """(this thread's two key rows, its registers' queries): index values mods and masks read. One
+    value per key row, so loads a mod makes with a key's index are made once per tile."""
     warp = ty.warp_idx() & 3
     lane = ty.lane_id()
-    g2 = lane & 3
     keys = [ta.key0 + 16 * warp + (lane >> 2) + 8 * h for h in range(2)]
-    columns = {}
-    queries = []
-    for i in range(2 * ta.cfg.block_m // 4):
-        o = 8 * (i >> 2) + (i & 1)
-        if o not in columns:
-            columns[o] = ta.m0 + (2 * g2 + o)
-        queries.append(columns[o])
-    return keys, queries
+    return keys, QueryColumns(ta.m0, lane & 3)
 
 
 @ty.func
@@ -246,17 +259,16 @@ def masked_exponents(args, ta):
 
 
 @ty.func
-def fused_words(s, dp, ta, need):
+def fused_words(s, dp, ta):
     """With a transform (dP^T already waited for): P = 2^(T(x) log2 e - L log2 e) and dS = P (dP
     - delta) T'(x) per register, packed at once (no f32 tile of P T' beside dP^T: that spills).
-    ``need``: whether the position masks can cut this tile (else every position passes)."""
+    One pass with every mask (a second branch of the transform spills at D = 128)."""
     vb = ta.prob.variant
     key = vb.key
     vals = list(s.values)
     dv = dp.values
     with_grad = transform_has_slope(key) or vb.score_mod_bwd is not None
-    bounds = [(ty.select(need, lo, -BIG), None if hi is None else ty.select(need, hi, BIG))
-              for lo, hi in position_bounds(vb, ta.key0, ta.m0)]
+    bounds = position_bounds(vb, ta.key0, ta.m0)
     forget_loads(vb.fwd.variant)
     keys, queries = element_indices(ta)
     lay = ta.lay
@@ -304,9 +316,7 @@ def score_grads(s, dp, smem, lay, prob, cfg, stage, key0, m0, hq, b, it, bits):
     if with_grad or key.transforms_scores:
         # dS needs t' beside P: wait for dP^T first and finish each element at once.
         dp = hopper.wgmma_wait(0, dp)
-        # One pass (two branches of the transform spill at D=128): the position bounds open up
-        # on tiles no mask cuts, so the compares pass; mask_mod still runs on every tile here.
-        p_words, ds_words = fused_words(s, dp, ta, need)
+        p_words, ds_words = fused_words(s, dp, ta)
     else:
         # Masks only: the exponents overlap the dP^T product, as in the dense kernel.
         args = plain_exponents(s, ta)
