@@ -268,3 +268,17 @@ def test_autograd_gives_sink_and_float_mask_gradients(compiled):
     for name, b, w in zip(("dq", "dk", "dv", "dsinks", "dmask"), got, want):
         assert b is not None, name
         assert torch.allclose(b.double(), w, atol=1e-5, rtol=1e-4), name
+
+
+def test_window_backward_reads_only_the_query_tiles_of_its_band():
+    """A key tile walks only the query tiles its window reaches: with NaN in the Q and dO rows no
+    key of the first tile can see, that tile's dK and dV stay finite (visiting one of those query
+    tiles would add 0 x NaN), while the keys that do see them turn NaN."""
+    B, H, n, D = 1, 1, 512, 64
+    q, k, v, dout, g = inputs(B, H, H, n, n, D, seed=5)
+    q[:, :, 320:] = math.nan
+    dout[:, :, 320:] = math.nan
+    variant, tensors = V.make_variant(B, H, n, n, q.device, is_causal=True, window_size=(64, 0))
+    got = emulate_backward(q, k, v, dout, variant, tensors, 1 / math.sqrt(D))
+    assert torch.isfinite(got["dk"][:, :, :128]).all() and torch.isfinite(got["dv"][:, :, :128]).all()
+    assert not torch.isfinite(got["dk"][:, :, 384:]).all()

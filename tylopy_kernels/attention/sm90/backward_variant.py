@@ -113,17 +113,14 @@ def position_bounds(vb, key0, m0):
     out = []
     for h in range(2):
         ki = key0 + 16 * warp + (lane >> 2) + 8 * h
-        ok = None
+        ok = ki < vb.fwd.n_k
         lo = None
         hi = None
         if key.causal or key.window[1] >= 0:   # i >= ki - diag - reach
-            lo = ki - right_reach(vb) - base
+            lo = ty.select(ok, ki - right_reach(vb) - base, BIG)
+            ok = None
         if key.window[0] >= 0:                 # i <= ki - diag + left
             hi = ki + vp.left - base
-        if lo is None:
-            ok = ki < vb.fwd.n_k
-        else:
-            lo = ty.select(ki < vb.fwd.n_k, lo, BIG)
         out.append((ok, lo, hi))
     return out
 
