@@ -286,9 +286,16 @@ def _apply_masks(prob, s, vals, rows, slots, col0, b, h, is_partial, mask_rows):
     warp = ty.warp_idx() & 3
     lane = ty.lane_id()
     out = []
+    # One index value per column, made at its first use: in the accumulator layout registers i
+    # and i ^ 2 hold one column in the thread's two rows, so a mod's loads by key index are shared.
+    shared = all(slots[i] == (i >> 1) & 1 for i in range(len(vals)))
+    cols = {}
     for i in range(len(vals)):
         row = rows[slots[i]]
-        col = col0 + s.layout.coord(warp, lane, i)[1]
+        c = i & ~2 if shared else i
+        if c not in cols:
+            cols[c] = col0 + s.layout.coord(warp, lane, i)[1]
+        col = cols[c]
         ok = _visible(prob, row, col)
         if vp.v.attn_mask == "bool":
             ok = ok & (_mask_at(prob, mask_rows[slots[i]], row, col, ok) != 0)
