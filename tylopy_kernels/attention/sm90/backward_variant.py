@@ -171,18 +171,15 @@ def tile_needs_masks(vb, key0, m0, block_m, full):
 
 
 class TileArgs:
-    """What the element work of one consumer's tile reads (a plain holder)."""
+    """What the element work of one consumer's tile reads (a plain holder); ``where`` is
+    (first key row, first query row, query head, batch)."""
 
-    def __init__(self, smem, lay, prob, cfg, stage, key0, m0, hq, b):
+    def __init__(self, smem, lay, prob, cfg, stage, where):
         self.smem, self.lay, self.prob, self.cfg, self.stage = smem, lay, prob, cfg, stage
-        self.key0, self.m0, self.hq, self.b = key0, m0, hq, b
+        self.key0, self.m0, self.hq, self.b = where
         self.full = None      # a block mask's full-tile flag (with mask_mod), or None
         self.slope = None     # ALiBi's slope of this (batch, query head), or None
         self.bits = None      # the Boolean attn_mask's words, or None
-
-
-def tile_args(smem, lay, prob, cfg, stage, key0, m0, hq, b):
-    return TileArgs(smem, lay, prob, cfg, stage, key0, m0, hq, b)
 
 
 @ty.func
@@ -302,7 +299,7 @@ def score_grads(s, dp, smem, lay, prob, cfg, stage, key0, m0, hq, b, it, bits):
     skip the masks' element work: the masked and the plain element code are two branches."""
     vb = prob.variant
     key = vb.key
-    ta = tile_args(smem, lay, prob, cfg, stage, key0, m0, hq, b)
+    ta = TileArgs(smem, lay, prob, cfg, stage, (key0, m0, hq, b))
     ta.bits = bits
     if key.block_mask is not None and key.mask_mod is not None:
         ta.full = (work_entry(prob, it) & 1) != 0

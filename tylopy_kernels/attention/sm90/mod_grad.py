@@ -19,7 +19,7 @@ dT/dx)`` at the scaled score x of one element (``dT/dx`` None when ``with_grad``
 import tylopy as ty
 
 from tylopy_kernels.attention.sm90 import mods
-from tylopy_kernels.attention.sm90.variant_tiles import _transform, softcap_tanh
+from tylopy_kernels.attention.sm90.variant_tiles import _after_softcap, _transform, softcap_tanh
 
 
 class ForwardView:
@@ -48,8 +48,8 @@ def score_and_grad(vb, b, h, q_idx, kv_idx, x, with_grad, slope, mval):
     vp = fv.variant
     key = vp.v
 
-    def transform(v, tanh=None):
-        return _transform(fv, v, b, h, q_idx, kv_idx, mval, slope, tanh)
+    def transform(v):
+        return _transform(fv, v, b, h, q_idx, kv_idx, mval, slope)
 
     if not with_grad:
         return transform(x), None
@@ -57,7 +57,7 @@ def score_and_grad(vb, b, h, q_idx, kv_idx, x, with_grad, slope, mval):
         # softcap alone (ALiBi and the float mask add constants): d/dx c tanh(x / c) = 1 - t^2,
         # from the t the value used (2 instructions, not the chain rule through ex2 and rsqrt)
         t = softcap_tanh(vp, x)
-        return transform(x, t), ty.fma(-t, t, 1.0)
+        return _after_softcap(fv, vp.softcap * t, b, h, q_idx, kv_idx, mval, slope), ty.fma(-t, t, 1.0)
     if vb.score_mod_bwd is None:
         return ty.value_and_derivative(transform, x)
     s, ds = x, 1.0

@@ -199,12 +199,17 @@ def softcap_tanh(vp, x):
     return ty.fma(r * -2.0, r, 1.0)
 
 
-def _transform(prob, x, b, h, row, col, mask_val, slope, tanh=None):
-    """Steps 2-5 of ``variants.score_transform`` on one scaled score (``tanh``: softcap_tanh(x)
-    when the caller already has it, for the derivative 1 - t^2)."""
+def _transform(prob, x, b, h, row, col, mask_val, slope):
+    """Steps 2-5 of ``variants.score_transform`` on one scaled score."""
     vp = prob.variant
     if vp.v.softcap:
-        x = vp.softcap * (softcap_tanh(vp, x) if tanh is None else tanh)
+        x = vp.softcap * softcap_tanh(vp, x)
+    return _after_softcap(prob, x, b, h, row, col, mask_val, slope)
+
+
+def _after_softcap(prob, x, b, h, row, col, mask_val, slope):
+    """Steps 3-5 (score_mod, ALiBi, the float mask) on a capped score."""
+    vp = prob.variant
     if vp.v.score_mod is not None:
         x = mods.call_traced("score_mod", vp.kv.live.score_mod, vp.kv.live, vp.aux, (x, b, h, row, col))
     if vp.v.alibi:
