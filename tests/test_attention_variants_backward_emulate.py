@@ -282,3 +282,22 @@ def test_window_backward_reads_only_the_query_tiles_of_its_band():
     got = emulate_backward(q, k, v, dout, variant, tensors, 1 / math.sqrt(D))
     assert torch.isfinite(got["dk"][:, :, :128]).all() and torch.isfinite(got["dv"][:, :, :128]).all()
     assert not torch.isfinite(got["dk"][:, :, 384:]).all()
+
+
+@pytest.mark.slow
+def test_document_block_mask_backward_skips_masks_on_full_tiles():
+    """Packed documents as a mask_mod with its block mask: full tiles (a document over two 128-tiles)
+    take the plain element path, partial ones the masks, empty ones are never listed; the last
+    query and key tiles are ragged (N = 392) and the ring wraps (several query tiles per key tile)."""
+    from tylopy_kernels.attention.block_mask import create_block_mask
+    B, H, H_kv, n, D = 1, 2, 1, 392, 64
+    doc = torch.tensor([0] * 260 + [1] * 132)
+
+    def document(b, h, q_idx, kv_idx):
+        return (doc[q_idx] == doc[kv_idx]) & (kv_idx <= q_idx)
+
+    q, k, v, dout, g = inputs(B, H, H_kv, n, n, D, seed=3)
+    bm = create_block_mask(document, 1, 1, n, n)
+    variant, tensors = V.make_variant(B, H, n, n, q.device, mask_mod=document, block_mask=bm)
+    got = emulate_backward(q, k, v, dout, variant, tensors, 1 / math.sqrt(D))
+    print(check(got, q, k, v, dout, variant, tensors, 1 / math.sqrt(D)))
