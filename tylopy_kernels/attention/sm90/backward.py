@@ -164,6 +164,8 @@ class Problem:
 def work_range(prob, n0, block_m):
     """(first query block, query blocks per head, iterations): causal skips the query blocks that
     end before this CTA's first key; GQA walks the group's query heads one after another."""
+    if prob.variant is not None:
+        return prob.variant.work_range(prob, n0, block_m)
     m_first = 0
     if prob.causal != 0:
         if prob.varlen is None:

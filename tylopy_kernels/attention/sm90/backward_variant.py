@@ -24,9 +24,9 @@ lists, each with a flag for a full tile (mask_mod is not evaluated there), in
 import tylopy as ty
 from tylopy import hopper
 
-from tylopy_kernels.attention.sm90.backward import (Config, Problem, Smem, check_config, column_stats, consumer,
-                                                    init_barriers, producer)
-from tylopy_kernels.attention.sm90.backward_common import LOG2E, NEG_INF, mask_bit
+from tylopy_kernels.attention.sm90.backward import (KEYS_PER_CONSUMER, Config, Problem, Smem, check_config, column_stats,
+                                                    consumer, init_barriers, producer)
+from tylopy_kernels.attention.sm90.backward_common import BIG, LOG2E, NEG_INF, mask_bit
 from tylopy_kernels.attention.sm90.mod_grad import (ForwardView, float_mask_at, mask_mod_keep,
                                                     score_and_grad, transform_has_slope)
 from tylopy_kernels.attention.sm90.variant_tiles import VariantProblem, forget_loads
@@ -99,10 +99,12 @@ def iteration(prob, hk, m_first, per_head, it, block_m):
 
 @ty.func
 def position_bounds(vb, key0, m0):
-    """Per key row of this thread (g and g + 8 of its warp's 16): (key < N_k, lo, hi) such that query
-    column offset o_i = 8(i >> 2) + (i & 1) of register i is visible under the causal diagonal and
-    the window iff lo <= o_i <= hi (``variant_tiles._visible``'s rules, solved for the query once per
-    row so each register costs two compares with immediates)."""
+    """Per key row of this thread (g and g + 8 of its warp's 16): (ok, lo, hi) such that query
+    column offset o_i = 8(i >> 2) + (i & 1) of register i is visible under the key length, the
+    causal diagonal and the window iff ok and lo <= o_i <= hi (``variant_tiles._visible``'s rules,
+    solved for the query once per row so each register costs compares with immediates; None where
+    a side has no bound). With a lower bound, a key row past n_k gets lo = BIG (no column passes)
+    instead of its own predicate."""
     key = vb.key
     vp = vb.fwd.variant
     warp = ty.warp_idx() & 3
@@ -111,93 +113,215 @@ def position_bounds(vb, key0, m0):
     out = []
     for h in range(2):
         ki = key0 + 16 * warp + (lane >> 2) + 8 * h
+        ok = ki < vb.fwd.n_k
         lo = None
         hi = None
         if key.causal or key.window[1] >= 0:   # i >= ki - diag - reach
-            reach = ty.cast(0, ty.i32)
-            if key.window[1] >= 0:
-                reach = vp.right
-                if key.causal:
-                    reach = ty.minimum(reach, 0)
-            lo = ki - reach - base
+            lo = ty.select(ok, ki - right_reach(vb) - base, BIG)
+            ok = None
         if key.window[0] >= 0:                 # i <= ki - diag + left
             hi = ki + vp.left - base
-        out.append((ki < vb.fwd.n_k, lo, hi))
+        out.append((ok, lo, hi))
     return out
+
+
+@ty.func
+def right_reach(vb):
+    """How far right of the diagonal a query sees: 0 under causal masking, the window's right
+    size (at most 0 with causal), unbounded is never asked."""
+    key = vb.key
+    reach = ty.cast(0, ty.i32)
+    if key.window[1] >= 0:
+        reach = vb.fwd.variant.right
+        if key.causal:
+            reach = ty.minimum(reach, 0)
+    return reach
 
 
 def position_keep(bounds, i):
     ok, lo, hi = bounds[(i >> 1) & 1]
     o = 8 * (i >> 2) + (i & 1)
     if lo is not None:
-        ok = ok & (lo <= o)
+        ok = lo <= o
     if hi is not None:
         ok = ok & (hi >= o)
     return ok
 
 
 @ty.func
-def score_grads(s, dp, smem, lay, prob, cfg, stage, key0, m0, hq, b, it, bits):
-    """(P^T operands of dV, dS^T operands of dK), the variant's ``score_grads_t``: P^T from the
-    transformed scores, dS^T = P^T (dP^T - delta) t'."""
-    vb = prob.variant
+def tile_needs_masks(vb, key0, m0, block_m, full):
+    """Whether any element of this consumer's 64 keys x the query tile can be masked: keys past
+    n_k, the causal diagonal or the window's sides crossing the tile, or mask_mod (on a block
+    mask's partial tiles only; ``full``: the work entry's flag). Interior tiles take the plain
+    path (P = 2^(x c log2 e - L log2 e), the dense kernel's element work). A Boolean attn_mask
+    is applied from its bits on every tile, outside this test."""
     key = vb.key
+    vp = vb.fwd.variant
+    need = key0 + KEYS_PER_CONSUMER > vb.fwd.n_k
+    if key.causal or key.window[1] >= 0:      # the last key against the first query
+        need = need | (key0 + KEYS_PER_CONSUMER - 1 > m0 + vb.diag + right_reach(vb))
+    if key.window[0] >= 0:                    # the first key against the last query
+        need = need | (key0 < m0 + block_m - 1 + vb.diag - vp.left)
+    if key.mask_mod is not None:
+        if full is None:
+            need = ty.cast(1, ty.i1)
+        else:
+            need = need | ~full
+    return need
+
+
+class TileArgs:
+    """What the element work of one consumer's tile reads (a plain holder); ``where`` is
+    (first key row, first query row, query head, batch)."""
+
+    def __init__(self, smem, lay, prob, cfg, stage, where):
+        self.smem, self.lay, self.prob, self.cfg, self.stage = smem, lay, prob, cfg, stage
+        self.key0, self.m0, self.hq, self.b = where
+        self.full = None      # a block mask's full-tile flag (with mask_mod), or None
+        self.slope = None     # ALiBi's slope of this (batch, query head), or None
+        self.bits = None      # the Boolean attn_mask's words, or None
+
+
+@ty.func
+def element_keep(ta, i, masked, with_bits, bounds, keys, queries):
+    """Whether register i's (key, query) pair takes part (None: every pair does): ``masked``, the
+    position masks and mask_mod; ``with_bits``, the Boolean attn_mask's bit."""
+    vb = ta.prob.variant
+    key = vb.key
+    keep = None
+    if masked:
+        keep = position_keep(bounds, i)
+        if key.mask_mod is not None:
+            keep = keep & mask_mod_keep(vb, ta.b, ta.hq, queries[i], keys[(i >> 1) & 1], ta.full)
+    if with_bits and ta.bits is not None:
+        h, w, bit = mask_bit(i)
+        got = (ta.bits[h][w] & (1 << bit)) != 0
+        keep = got if keep is None else keep & got
+    return keep
+
+
+class QueryColumns:
+    """The query index of each register, made at its first use (inside the element loop, so no
+    index is live across the tile) and shared by registers i and i ^ 2 (one column): loads a mod
+    makes with an index are made once per column (``mods.AuxTensor`` keys them by value)."""
+
+    def __init__(self, m0, g2):
+        self.m0, self.g2, self.made = m0, g2, {}
+
+    def __getitem__(self, i):
+        o = 8 * (i >> 2) + (i & 1)
+        if o not in self.made:
+            self.made[o] = self.m0 + (2 * self.g2 + o)
+        return self.made[o]
+
+
+def element_indices(ta):
+    """(this thread's two key rows, its registers' queries): index values mods and masks read. One
+    value per key row, so loads a mod makes with a key's index are made once per tile."""
     warp = ty.warp_idx() & 3
     lane = ty.lane_id()
-    full = None
-    if key.block_mask is not None and key.mask_mod is not None:
-        full = (work_entry(prob, it) & 1) != 0
-    slope = vb.fwd.variant.slopes[b, hq] if key.alibi else None
-    with_grad = transform_has_slope(key) or vb.score_mod_bwd is not None
-    fused = with_grad or key.transforms_scores   # (a transform's registers: no f32 P tile beside dP^T)
-    if fused:
-        # dS needs t' beside P: wait for dP^T first and finish each element at once (P, t', dS,
-        # both packed), so no f32 tile of P t' waits beside dP^T's registers (that spills).
-        dp = hopper.wgmma_wait(0, dp)
+    keys = [ta.key0 + 16 * warp + (lane >> 2) + 8 * h for h in range(2)]
+    return keys, QueryColumns(ta.m0, lane & 3)
+
+
+@ty.func
+def plain_exponents(s, ta):
+    """Without a transform: x c log2(e) - L log2(e) per register (one FMA, as the dense kernel),
+    -inf where the Boolean attn_mask drops the pair."""
     vals = list(s.values)
-    bounds = position_bounds(vb, key0, m0)
+    scale_log2 = ta.prob.scale * LOG2E
+    out = []
+    for j in range(len(vals) // 4):
+        lse = column_stats(ta.smem, ta.lay.lse + ta.stage * ta.lay.stat_bytes, j)
+        for e in range(4):
+            i = 4 * j + e
+            arg = ty.fma(vals[i], scale_log2, -lse[e & 1])
+            keep = element_keep(ta, i, False, True, None, None, None)
+            out.append(arg if keep is None else ty.select(keep, arg, NEG_INF))
+    return out
+
+
+@ty.func
+def masked_exponents(args, ta):
+    """``plain_exponents``' values with the position masks and mask_mod applied (-inf where dropped)."""
+    vb = ta.prob.variant
+    bounds = position_bounds(vb, ta.key0, ta.m0)
     forget_loads(vb.fwd.variant)     # a new scope for the mods' shared loads (``mods.AuxTensor``)
-    # One index value per key row, so loads a mod makes with a key's index are made once per tile.
-    g2 = ty.lane_id() & 3
-    keys = [key0 + 16 * warp + (lane >> 2) + 8 * h for h in range(2)]
-    dv = dp.values if fused else None
-    p_f32 = []     # t' = 1: f32 P until dP^T is there
+    keys, queries = element_indices(ta)
+    return [ty.select(element_keep(ta, i, True, False, bounds, keys, queries), args[i], NEG_INF)
+            for i in range(len(args))]
+
+
+@ty.func
+def fused_words(s, dp, ta):
+    """With a transform (dP^T already waited for): P = 2^(T(x) log2 e - L log2 e) and dS = P (dP
+    - delta) T'(x) per register, packed at once (no f32 tile of P T' beside dP^T: that spills).
+    One pass with every mask (a second branch of the transform spills at D = 128)."""
+    vb = ta.prob.variant
+    key = vb.key
+    vals = list(s.values)
+    dv = dp.values
+    with_grad = transform_has_slope(key) or vb.score_mod_bwd is not None
+    bounds = position_bounds(vb, ta.key0, ta.m0)
+    forget_loads(vb.fwd.variant)
+    keys, queries = element_indices(ta)
+    lay = ta.lay
     p_words = []
     ds_words = []
     for j in range(len(vals) // 4):
-        lse = column_stats(smem, lay.lse + stage * lay.stat_bytes, j)
-        delta = column_stats(smem, lay.delta + stage * lay.stat_bytes, j) if fused else None
+        lse = column_stats(ta.smem, lay.lse + ta.stage * lay.stat_bytes, j)
+        delta = column_stats(ta.smem, lay.delta + ta.stage * lay.stat_bytes, j)
         ps = []
         ds = []
         for e in range(4):
             i = 4 * j + e
-            o = 8 * (i >> 2) + (i & 1)
             ki = keys[(i >> 1) & 1]
-            qi = m0 + (2 * g2 + o)
+            qi = queries[i]
             mval = None
             if key.attn_mask == "float":
-                mval = float_mask_at(vb, b, hq, qi, ki)
-            t, grad = score_and_grad(vb, b, hq, qi, ki, vals[i] * prob.scale, with_grad, slope, mval)
-            keep = position_keep(bounds, i)
-            if key.mask_mod is not None:
-                keep = keep & mask_mod_keep(vb, b, hq, qi, ki, full)
-            if bits is not None:
-                h, w, bit = mask_bit(i)
-                keep = keep & ((bits[h][w] & (1 << bit)) != 0)
-            p = ty.exp2(ty.select(keep, ty.fma(t, LOG2E, -lse[e & 1]), NEG_INF))
+                mval = float_mask_at(vb, ta.b, ta.hq, qi, ki)
+            t, grad = score_and_grad(vb, ta.b, ta.hq, qi, ki, vals[i] * ta.prob.scale, with_grad, ta.slope, mval)
+            arg = ty.fma(t, LOG2E, -lse[e & 1])
+            keep = element_keep(ta, i, True, True, bounds, keys, queries)
+            p = ty.exp2(arg if keep is None else ty.select(keep, arg, NEG_INF))
             ps.append(p)
-            if fused:
-                ds.append((p * grad if with_grad else p) * (dv[i] - delta[e & 1]))
-        if fused:
-            for h in range(2):
-                p_words.append(ty.pack2(ps[2 * h], ps[2 * h + 1], cfg.dtype))
-                ds_words.append(ty.pack2(ds[2 * h], ds[2 * h + 1], cfg.dtype))
-        else:
-            p_f32 += ps
-    if not fused:
+            ds.append((p * grad if with_grad else p) * (dv[i] - delta[e & 1]))
+        for h in range(2):
+            p_words.append(ty.pack2(ps[2 * h], ps[2 * h + 1], ta.cfg.dtype))
+            ds_words.append(ty.pack2(ds[2 * h], ds[2 * h + 1], ta.cfg.dtype))
+    return p_words, ds_words
+
+
+@ty.func
+def score_grads(s, dp, smem, lay, prob, cfg, stage, key0, m0, hq, b, it, bits):
+    """(P^T operands of dV, dS^T operands of dK), the variant's ``score_grads_t``: P^T from the
+    transformed scores, dS^T = P^T (dP^T - delta) t'. Tiles no mask can cut (``tile_needs_masks``)
+    skip the masks' element work: the masked and the plain element code are two branches."""
+    vb = prob.variant
+    key = vb.key
+    ta = TileArgs(smem, lay, prob, cfg, stage, (key0, m0, hq, b))
+    ta.bits = bits
+    if key.block_mask is not None and key.mask_mod is not None:
+        ta.full = (work_entry(prob, it) & 1) != 0
+    if key.alibi:
+        ta.slope = vb.fwd.variant.slopes[b, hq]
+    need = tile_needs_masks(vb, key0, m0, cfg.block_m, ta.full)
+    with_grad = transform_has_slope(key) or vb.score_mod_bwd is not None
+    if with_grad or key.transforms_scores:
+        # dS needs t' beside P: wait for dP^T first and finish each element at once.
+        dp = hopper.wgmma_wait(0, dp)
+        p_words, ds_words = fused_words(s, dp, ta)
+    else:
+        # Masks only: the exponents overlap the dP^T product, as in the dense kernel.
+        args = plain_exponents(s, ta)
+        if need:
+            args = masked_exponents(args, ta)
+        p_f32 = [ty.exp2(a) for a in args]
         dp = hopper.wgmma_wait(0, dp)
         dv = dp.values
-        for j in range(len(vals) // 4):
+        p_words = []
+        ds_words = []
+        for j in range(len(p_f32) // 4):
             delta = column_stats(smem, lay.delta + stage * lay.stat_bytes, j)
             ds = [p_f32[4 * j + e] * (dv[4 * j + e] - delta[e & 1]) for e in range(4)]
             for h in range(2):

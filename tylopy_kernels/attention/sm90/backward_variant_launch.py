@@ -73,13 +73,27 @@ def work_list(variant, tensors, B, H, H_kv, n_q, n_k, block_m, device):
     return work, count
 
 
+def dq_order(variant, head_dim, score_mod_bwd=None) -> str:
+    """The dQ order of the variant's dK/dV kernel: the dense kernel's "early" (dQ = dS K issued
+    between the dV and dK products, its reduction overlapping dK) for causal masks, sinks, softcap
+    and (D = 64) windows, which ptxas assembles without spills at D = 64 (softcap spills 52-56
+    bytes at D = 128 in every order); "serial" (dQ once dV and dK are done, the fewest live
+    registers) where the element work holds more: ALiBi, float masks, mask_mod, user score_mods
+    and, at D = 128, windows (16 bytes of spills with "early", none serial)."""
+    heavy = (variant.alibi or variant.attn_mask == "float" or variant.mask_mod is not None
+             or variant.score_mod is not None or score_mod_bwd is not None)
+    if heavy or (head_dim == 128 and variant.window != (-1, -1)):
+        return "serial"
+    return "early"
+
+
 def plan_backward_variant(dout, q, k, v, out, lse, dq, dk, dv, variant, tensors, scale, *, schedule=None,
                           score_mod_bwd=None, encode=True):
     """The launches (``backward_launch.Step``) that fill dq, dk, dv."""
     bool_mask = tensors[variant.index("attn_mask")] if variant.attn_mask == "bool" else None
     sched = dict(schedule or {})
     if bool_mask is None:  # (with a mask the dense plan's MASKED_SCHEDULE already says "serial")
-        sched.setdefault("DQ_ORDER", "serial")
+        sched.setdefault("DQ_ORDER", dq_order(variant, q.shape[-1], score_mod_bwd))
     steps = plan_backward_hopper(q, k, v, out, dout, lse, dq, dk, dv, is_causal=False, scale=scale,
                                  attn_mask=bool_mask, schedule=sched, encode=encode)
     for n, step in enumerate(steps):

@@ -19,7 +19,7 @@ dT/dx)`` at the scaled score x of one element (``dT/dx`` None when ``with_grad``
 import tylopy as ty
 
 from tylopy_kernels.attention.sm90 import mods
-from tylopy_kernels.attention.sm90.variant_tiles import _transform
+from tylopy_kernels.attention.sm90.variant_tiles import _after_softcap, _transform, softcap_tanh
 
 
 class ForwardView:
@@ -53,11 +53,17 @@ def score_and_grad(vb, b, h, q_idx, kv_idx, x, with_grad, slope, mval):
 
     if not with_grad:
         return transform(x), None
+    if key.softcap and key.score_mod is None:
+        # softcap alone (ALiBi and the float mask add constants): d/dx c tanh(x / c) = 1 - t^2,
+        # from the t the value used (2 instructions, not the chain rule through ex2 and rsqrt)
+        t = softcap_tanh(vp, x)
+        return _after_softcap(fv, vp.softcap * t, b, h, q_idx, kv_idx, mval, slope), ty.fma(-t, t, 1.0)
     if vb.score_mod_bwd is None:
         return ty.value_and_derivative(transform, x)
     s, ds = x, 1.0
     if key.softcap:
-        s, ds = ty.value_and_derivative(lambda v: vp.softcap * ty.tanh(v * vp.inv_softcap), x)
+        t = softcap_tanh(vp, x)
+        s, ds = vp.softcap * t, ty.fma(-t, t, 1.0)
     grad = ds
     if key.score_mod is not None:
         bwd = mods.substituted(vb.score_mod_bwd, {})  # torch -> the DSL, as for the mod
