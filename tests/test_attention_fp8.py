@@ -172,3 +172,31 @@ def test_entry_point_errors_name_the_argument():
         tylopy.attention(q, q.clone().requires_grad_(True), q)
     with pytest.raises(TypeError, match="query expects dtype torch.float8_e4m3fn"):  # a descale makes it FP8
         tylopy.attention(q.bfloat16(), q.bfloat16(), q.bfloat16(), v_descale=torch.ones(1))
+
+
+def test_fp8_attention_is_an_operator_compile_and_export_see_one_graph():
+    """Under torch.compile(fullgraph=True) and torch.export an FP8 call is the operator
+    tylopy::attention_fp8_fwd (on the CPU: the float64 reference of the dequantized inputs, in bf16)."""
+    B, H, Hkv, N, D = 1, 4, 2, 40, 64
+    q, k, v = (codes((B, h, N, D), seed=s) for s, h in ((1, H), (2, Hkv), (3, Hkv)))
+    qd, kd, vd = _descales("mixed", B, Hkv, seed=4)
+
+    def fn(q, k, v, qd, vd):
+        return tylopy.attention(q, k, v, is_causal=True, enable_gqa=True, return_lse=True, q_descale=qd,
+                                v_descale=vd)
+
+    want = F.reference(*(F.dequantized(t, d) for t, d in ((q, qd), (k, kd), (v, vd))), causal=True)
+    explained = torch._dynamo.explain(fn)(q, k, v, qd, vd)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+    out, lse = torch.compile(fn, fullgraph=True, backend="eager")(q, k, v, qd, vd)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    assert torch.allclose(out.double(), want[0], atol=2e-2) and torch.allclose(lse.double(), want[1], atol=1e-5)
+
+    class Module(torch.nn.Module):
+        def forward(self, q, k, v, qd, vd):
+            return fn(q, k, v, qd, vd)
+
+    program = torch.export.export(Module(), (q.contiguous(), k.contiguous(), v.contiguous(), qd, vd))
+    assert "tylopy.attention_fp8_fwd" in str(program.graph)
+    again = program.module()(q.contiguous(), k.contiguous(), v.contiguous(), qd, vd)
+    assert torch.equal(again[0], out) and torch.equal(again[1], lse)

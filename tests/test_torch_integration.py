@@ -75,17 +75,18 @@ def test_import_registers_the_operators_and_compiles_nothing():
         import torch
         ops = [n for n in ("attention_fwd", "attention_bwd", "attention_varlen_fwd", "attention_varlen_bwd",
                            "attention_decode", "matmul", "scaled_matmul", "attention_variant_fwd",
-                           "attention_variant_bwd") if hasattr(torch.ops.tylopy, n)]
+                           "attention_variant_bwd", "varlen_doc_tables", "attention_fp8_fwd")
+               if hasattr(torch.ops.tylopy, n)]
         kernels = [m for m in ("tylopy_kernels.attention.sm90.forward", "tylopy_kernels.attention.portable.forward",
                                "tylopy_kernels.attention.decode.kernel", "tylopy_kernels.gemm.hopper",
                                "tylopy_kernels.gemm.fp8") if m in sys.modules]
         print("OPS", len(ops), "KERNELS", kernels)
     """)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "OPS 9 KERNELS []" in proc.stdout
+    assert "OPS 11 KERNELS []" in proc.stdout
     assert set(tylopy_kernels.ops.OPERATORS) == {f"tylopy::{n}" for n in (
         "attention_fwd", "attention_bwd", "attention_varlen_fwd", "attention_varlen_bwd", "attention_decode", "matmul",
-        "scaled_matmul", "attention_variant_fwd", "attention_variant_bwd")}
+        "scaled_matmul", "attention_variant_fwd", "attention_variant_bwd", "varlen_doc_tables", "attention_fp8_fwd")}
 
 
 # -- torch.export ----------------------------------------------------------------------------------------------

@@ -45,6 +45,18 @@ def _cases(device, dtype):
         yield "attention nested", lambda q, k, v: tylopy.attention(nested(q), nested(k), nested(v)).values(), \
             (qp, kp, vp)
     yield "ring_attention", lambda q, k, v: tylopy.distributed.ring_attention(q, k, v, is_causal=True), (q, q, q)
+    yield "attention window+softcap+grad", lambda q, k, v: tylopy.attention(
+        q, k, v, is_causal=True, enable_gqa=True, window_size=(64, 0), softcap=30.0).sum(), \
+        tuple(grad(x.clone()) for x in (q, k, v))
+    yield "attention score_mod", lambda q, k, v: tylopy.attention(
+        q, k, v, enable_gqa=True, score_mod=lambda s, b, h, qi, ki: s - 0.01 * (qi - ki).abs()), (q, k, v)
+    yield "attention_varlen window+grad", lambda q, k, v: tylopy.attention_varlen(
+        q, k, v, cu, cu, 156, 156, is_causal=True, window_size=(32, 0)).sum(), tuple(grad(x.clone()) for x in (qp, kp, vp))
+    e4m3 = torch.float8_e4m3fn
+    yield "scaled_matmul", lambda a, b, sa, sb: tylopy.scaled_matmul(a, b, sa, sb, out_dtype=torch.bfloat16), \
+        (t(256, 128).to(e4m3), t(512, 128).to(e4m3).t(), t(1, dtype=torch.float32), t(1, dtype=torch.float32))
+    yield "attention fp8", lambda q, k, v: tylopy.attention(q, k, v, is_causal=True), \
+        (t(2, 8, 256, 128).to(e4m3), t(2, 8, 256, 128).to(e4m3), t(2, 8, 256, 128).to(e4m3))
 
 
 def main(argv=None) -> int:

@@ -9,6 +9,9 @@
 ``tylopy::scaled_matmul``          ``tylopy.scaled_matmul`` (``gemm/fp8_ops.py``), FP8
 ``tylopy::attention_variant_fwd``  ``tylopy.attention`` with variant keywords
 ``tylopy::attention_variant_bwd``  (``attention/autograd_variants.py``)
+``tylopy::varlen_doc_tables``      ``tylopy.attention_varlen`` with variant keywords: the document
+                                   tables of the packed route (``attention/varlen_variants.py``)
+``tylopy::attention_fp8_fwd``      ``tylopy.attention`` with float8 inputs (``attention/fp8.py``)
 =================================  ==============================================================
 
 and their autocast rule: under ``torch.autocast(device)`` the attention operators run in the
@@ -25,13 +28,16 @@ import torch
 
 from tylopy_kernels.attention import autograd as _attention_ops
 from tylopy_kernels.attention import autograd_variants as _variant_ops
+from tylopy_kernels.attention import fp8 as _fp8_attention_ops
+from tylopy_kernels.attention import varlen_variants as _varlen_variant_ops
 from tylopy_kernels.attention.decode import api as _decode_ops
 from tylopy_kernels.gemm import fp8_ops as _fp8_gemm_ops
 from tylopy_kernels.gemm import ops as _gemm_ops
 
 OPERATORS = ("tylopy::attention_fwd", "tylopy::attention_bwd", "tylopy::attention_varlen_fwd",
              "tylopy::attention_varlen_bwd", "tylopy::attention_decode", "tylopy::matmul",
-             "tylopy::scaled_matmul", "tylopy::attention_variant_fwd", "tylopy::attention_variant_bwd")
+             "tylopy::scaled_matmul", "tylopy::attention_variant_fwd", "tylopy::attention_variant_bwd",
+             "tylopy::varlen_doc_tables", "tylopy::attention_fp8_fwd")
 AUTOCAST_OPERATORS = ("tylopy::attention_fwd", "tylopy::attention_varlen_fwd", "tylopy::attention_variant_fwd")
 
 

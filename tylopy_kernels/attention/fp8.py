@@ -11,6 +11,8 @@ docs/fp8.md has the numerics. Every check runs before the GPU is touched.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from tylopy_kernels.attention.common import rejecter
@@ -48,8 +50,9 @@ def reject_variant(given):
         _fail(ValueError, name, "its default with float8 inputs (the FP8 forward has no variants)", repr(given[name]))
 
 
-def check_fp8(qkv, attn_mask, dropout_p, is_causal, scale, enable_gqa, descales):
-    """Validate an FP8 call (``qkv`` = (query, key, value)); returns the softmax scale."""
+def check_fp8(qkv, attn_mask, dropout_p, is_causal, scale, enable_gqa, descales, traced=False):
+    """Validate an FP8 call (``qkv`` = (query, key, value)); returns the softmax scale. ``traced``:
+    the operator runs it later, so the device is not required to be CUDA here."""
     from tylopy_kernels.attention import check_inputs
     query, key, value = qkv
     for name, t in (("query", query), ("key", key), ("value", value)):
@@ -81,7 +84,7 @@ def check_fp8(qkv, attn_mask, dropout_p, is_causal, scale, enable_gqa, descales)
         if d is not None and d.requires_grad and torch.is_grad_enabled():
             raise NotImplementedError(f"attention: {name} expects requires_grad=False (the FP8 forward has no "
                                       f"backward), but got a tensor that requires grad")
-    if query.device.type != "cuda":
+    if query.device.type != "cuda" and not traced:
         _fail(ValueError, "query", "a CUDA tensor", f"a tensor on {query.device}")
     return scale
 
@@ -110,11 +113,27 @@ def _signature(qkv, attn_mask, dropout_p, is_causal, scale, enable_gqa, descales
     return sig
 
 
+def _traced(query) -> bool:
+    """A trace (torch.compile / torch.export), meta or fake tensors, or another tensor subclass: the
+    call goes through the ``tylopy::attention_fp8_fwd`` operator, whose fake gives the shapes."""
+    return type(query) is not torch.Tensor or query.is_meta or torch.compiler.is_compiling()
+
+
 def fp8_attention(qkv, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, descales):
     """The checked FP8 forward of ``qkv`` = (query, key, value): (out, lse) with return_lse, else
     out (bf16)."""
     if type(return_lse) is not bool:
         _fail(TypeError, "return_lse", "a bool", type(return_lse).__name__)
+    query, key, value = qkv
+    if isinstance(query, torch.Tensor) and _traced(query):
+        scale = check_fp8(qkv, attn_mask, dropout_p, is_causal, scale, enable_gqa, descales, traced=True)
+        out, lse = attention_fp8_fwd(query, key, value, attn_mask, is_causal, scale, return_lse, *descales)
+        return (out, lse) if return_lse else out
+    return _run_fp8(qkv, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, descales)
+
+
+def _run_fp8(qkv, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, descales):
+    """``fp8_attention`` on plain tensors: checks (skipped for a signature seen before), then the kernel."""
     query, key, value = qkv
     sig = _signature(qkv, attn_mask, dropout_p, is_causal, scale, enable_gqa, descales)
     known = _checked.get(sig) if sig is not None else None
@@ -143,6 +162,55 @@ def fp8_attention(qkv, attn_mask, dropout_p, is_causal, scale, enable_gqa, retur
     from tylopy_kernels.attention.sm90.fp8_launch import Fp8Problem, launch_fp8
     launch_fp8(Fp8Problem(query, key, value, attn_mask, is_causal, scale, descales), out, lse)
     return (out, lse) if return_lse else out
+
+
+# -- the operator -----------------------------------------------------------------------------------
+
+@torch.library.custom_op("tylopy::attention_fp8_fwd", mutates_args=())
+def attention_fp8_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor],
+                      is_causal: bool, scale: float, return_lse: bool, q_descale: Optional[torch.Tensor],
+                      k_descale: Optional[torch.Tensor],
+                      v_descale: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The checked FP8 forward as an operator: (out bf16, lse fp32 or an empty (0,) tensor). On CUDA
+    the kernel; on any other device the float64 reference of the dequantized inputs, rounded to bf16
+    (an exported program runs on the CPU too)."""
+    descales = (q_descale, k_descale, v_descale)
+    if q.device.type == "cuda":
+        res = _run_fp8((q, k, v), attn_mask, 0.0, is_causal, scale, q.shape[1] != k.shape[1], True, descales)
+    else:
+        res = reference_fp8((q, k, v), attn_mask, is_causal, scale, descales)
+    out, lse = res
+    return out, (lse if return_lse else lse.new_empty((0,)))
+
+
+@attention_fp8_fwd.register_fake
+def _(q, k, v, attn_mask, is_causal, scale, return_lse, q_descale, k_descale, v_descale):
+    B, H, n_q, D = q.shape
+    lse_shape = (B, H, n_q) if return_lse else (0,)
+    return q.new_empty((B, H, n_q, D), dtype=torch.bfloat16), q.new_empty(lse_shape, dtype=torch.float32)
+
+
+def dequantized(codes: torch.Tensor, descale) -> torch.Tensor:
+    """float64 values of codes times their descale (None: 1). A (B, H_kv) descale of a tensor with
+    more heads (the query, under grouped-query attention) applies to each group of H / H_kv heads."""
+    x = codes.double()
+    if descale is None:
+        return x
+    d = descale.double()
+    if d.numel() == 1:
+        return x * d.reshape(-1)[0].to(x.device)
+    d = d.repeat_interleave(x.shape[1] // d.shape[1], 1)
+    return x * d[:, :, None, None]
+
+
+def reference_fp8(qkv, attn_mask, is_causal, scale, descales):
+    """(out bf16, lse fp32) of the dequantized inputs in float64, K/V heads repeated for GQA."""
+    from tylopy_kernels.attention.autograd import reference_forward
+    q, k, v = (dequantized(t, d) for t, d in zip(qkv, descales))
+    H = q.shape[1]
+    k, v = (t.repeat_interleave(H // t.shape[1], 1) if t.shape[1] != H else t for t in (k, v))
+    out, lse = reference_forward(q, k, v, attn_mask, is_causal, scale)
+    return out.to(torch.bfloat16), lse.to(torch.float32)
 
 
 import tylopy as ty  # noqa: E402  (last: tylopy imports the attention entry points)

@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from tylopy_kernels.attention.fp8 import dequantized  # noqa: F401  (the tests and the bench take it from here)
 from tylopy_kernels.attention.sm90.forward_fp8 import P_OFFSET
 
 E4M3_MAX = 448.0
@@ -26,19 +27,6 @@ def quantize(x: torch.Tensor, per_head: bool, kv_heads=None):
         descale = (x.abs().amax().float().clamp_min(1e-12) / E4M3_MAX).reshape(1)
         div = descale
     return (x.float() / div).to(torch.float8_e4m3fn), descale
-
-
-def dequantized(codes: torch.Tensor, descale) -> torch.Tensor:
-    """float64 values of codes times their descale (None: 1). A (B, H_kv) descale of a tensor with
-    more heads (the query, under grouped-query attention) applies to each group of H / H_kv heads."""
-    x = codes.double()
-    if descale is None:
-        return x
-    d = descale.double()
-    if d.numel() == 1:
-        return x * d.reshape(-1)[0].to(x.device)
-    d = d.repeat_interleave(x.shape[1] // d.shape[1], 1)
-    return x * d[:, :, None, None]
 
 
 def reference(q, k, v, causal=False, scale=None, mask=None):
