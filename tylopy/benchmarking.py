@@ -39,3 +39,24 @@ def write_results(name: str, data: dict, output: str | None = None) -> str:
         json.dump(record, f, indent=1)
     print(f"wrote {out}")
     return out
+
+
+def parse_schedule(text: str) -> dict:
+    """"K=V,K=V" -> {K: V} with ints, floats, True/False/None converted ("EXPONENT=shared,BLOCK_N=64"):
+    the ``--schedule`` / ``--variant`` argument of the benchmarks."""
+    out = {}
+    for item in (t for t in text.split(",") if t):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise SystemExit(f"a schedule change is KEY=VALUE (e.g. EXPONENT=shared), but got {item!r}")
+        out[key.strip()] = _value(value.strip())
+    return out
+
+
+def _value(text: str):
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return {"True": True, "False": False, "None": None}.get(text, text)

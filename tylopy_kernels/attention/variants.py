@@ -458,11 +458,11 @@ def score_transform(variant: Variant, s, tensors, n_q, n_k, grids=None):
         s = variant.softcap * torch.tanh(s / variant.softcap)
     if variant.score_mod is not None:
         bwd = variant.score_mod_bwd
-        from tylopy_kernels.attention.varlen_variants import handles_grad
+        from tylopy_kernels.attention.user_grad import handles_grad
         if bwd is not None and not handles_grad(variant.score_mod):
             # the user's derivative replaces autograd's through the mod (reference path)
-            from tylopy_kernels.attention.varlen_variants import _UserGrad
-            got = _UserGrad.apply(s, lambda x: call_mod(variant.score_mod, (x, b, h, i, j), variant, tensors,
+            from tylopy_kernels.attention.user_grad import UserGrad
+            got = UserGrad.apply(s, lambda x: call_mod(variant.score_mod, (x, b, h, i, j), variant, tensors,
                                                         "score_mod"),
                                   lambda x, g: call_mod(bwd, (x, g, b, h, i, j), replace(variant, score_mod_bwd=None,
                                                         score_mod=None, mask_mod=None), (), "score_mod_bwd"))

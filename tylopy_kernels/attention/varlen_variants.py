@@ -35,6 +35,7 @@ import torch
 from tylopy_kernels.attention import variants as V
 from tylopy_kernels.attention.block_mask import _lists
 from tylopy_kernels.attention.mod_registry import ModError, captured_tensors, mod_ref
+from tylopy_kernels.attention.user_grad import VARLEN_RUN, UserGrad
 
 BLOCK = 128
 AUX_SLOTS = 4      # the variant kernel's tensor slots for the mods (``sm90/mods.py``)
@@ -228,7 +229,7 @@ class _DocRun:
                 got = mods.raw(mods.substituted(fn, env)(*call_args))
                 return mods.Val(mods._checked_result(self.kind, fn, got))
             if self.user_bwd is not None:
-                got = _UserGrad.apply(args[0], lambda s: fn(s, *call_args[1:]),
+                got = UserGrad.apply(args[0], lambda s: fn(s, *call_args[1:]),
                                       lambda s, g: self.user_bwd(s, g, *args[1:]))
             else:
                 got = fn(*call_args)
@@ -248,25 +249,6 @@ class _DocRun:
                            f"{'bool' if want_bool else 'a float score'} ({inner.__code__.co_filename}:"
                            f"{inner.__code__.co_firstlineno}), but got {getattr(got, 'dtype', type(got).__name__)}")
         return got
-
-
-class _UserGrad(torch.autograd.Function):
-    """A user's score_mod whose derivative is the user's ``score_mod_bwd`` (the reference path)."""
-
-    @staticmethod
-    def forward(s, mod, bwd):
-        return mod(s).to(s.dtype).expand(s.shape)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        s, _, bwd = inputs
-        ctx.save_for_backward(s)
-        ctx.bwd = bwd
-
-    @staticmethod
-    def backward(ctx, grad):
-        (s,) = ctx.saved_tensors
-        return ctx.bwd(s, grad).to(s.dtype).expand(s.shape), None, None
 
 
 def wrap_mod(run: _DocRun, user):
@@ -294,7 +276,7 @@ def wrap_mod(run: _DocRun, user):
     closure = tuple(cells[n] for n in code.co_freevars)
     glob = inner.__globals__ if inner is not None else {}
     fn = types.FunctionType(code, glob, f"varlen_{run.kind}", None, closure)
-    fn.__tylopy_varlen_run__ = run
+    setattr(fn, VARLEN_RUN, run)
     return fn
 
 
@@ -317,11 +299,6 @@ def varlen_mod(kind, user, user_bwd, takes_user_aux, alibi):
         while len(_wrappers) > _CACHE:
             _wrappers.popitem(last=False)
     return fn
-
-
-def handles_grad(ref) -> bool:
-    """Whether a variant's score_mod is a generated one (it applies the user's score_mod_bwd itself)."""
-    return ref is not None and hasattr(ref.function(), "__tylopy_varlen_run__")
 
 
 # -- the entry point -------------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ import math
 import os
 import sys
 
+from tylopy.benchmarking import parse_schedule
+
 TOKENS = 16384
 HEADS = {64: 32, 128: 16}
 NS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -104,17 +106,6 @@ def _variant(override, causal):
         with schedule(x["q"].shape[-1], override):
             return tylopy.attention(x["q"], x["k"], x["v"], is_causal=causal)
     return run_variant
-
-
-def parse_schedule(text):
-    """"K=V,K=V" -> {K: V} with numbers, True/False/None converted ("EXPONENT=shared,BLOCK_N=64")."""
-    out = {}
-    for item in (t for t in text.split(",") if t):
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise SystemExit(f"a schedule change is KEY=VALUE (e.g. EXPONENT=shared), but got {item!r}")
-        out[key.strip()] = _value(value.strip())
-    return out
 
 
 def _inputs(b, h, n, d, seed, device="cuda"):
@@ -486,15 +477,6 @@ def main(argv=None):
         except ImportError as e:
             print(f"no plot ({e})")
     return 0
-
-
-def _value(text):
-    for conv in (int, float):
-        try:
-            return conv(text)
-        except ValueError:
-            pass
-    return {"True": True, "False": False, "None": None}.get(text, text)
 
 
 if __name__ == "__main__":

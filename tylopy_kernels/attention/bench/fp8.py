@@ -117,7 +117,7 @@ def candidates(causal, variants=()):
     ``tylopy_fp8[K=V,...]``: the FP8 forward under those schedule changes."""
     import tylopy
 
-    from tylopy_kernels.attention.bench.forward import parse_schedule
+    from tylopy.benchmarking import parse_schedule
     out = {"tylopy_fp8": lambda x: tylopy.attention(x["q8"], x["k8"], x["v8"], is_causal=causal,
                                                     q_descale=x["descales"][0], k_descale=x["descales"][1],
                                                     v_descale=x["descales"][2]),
@@ -231,7 +231,7 @@ def main(args, timer):
         return 2
     from tylopy.benchmarking import write_results
     from tylopy_kernels.attention.sm90.fp8_launch import SCHEDULE
-    from tylopy_kernels.attention.bench.forward import parse_schedule
+    from tylopy.benchmarking import parse_schedule
     ns = tuple(n for n in args.n if n >= 1024) or NS
     dims = tuple(args.d) if args.d else (128,)
     with fp8_schedule(parse_schedule(args.schedule)):
