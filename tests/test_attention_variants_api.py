@@ -119,7 +119,7 @@ def test_one_warning_per_reason_on_the_torch_path():
     assert len(msgs) == 1 and "cpu" in msgs[0], msgs
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive  # a minute on two cores; the emulated backward tests check the same gradients
 def test_gradients_and_sink_gradient_by_gradcheck():
     q, k, v = (t.requires_grad_() for t in _qkv(n=12, nk=20, Hkv=1))
     sinks = torch.tensor([0.3, -0.2], requires_grad=True)
