@@ -50,7 +50,8 @@ from tylopy_kernels.attention.sm90.consumer import (ROWS, TURN_THREADS, Turn, fi
                                                    pass_dead_tiles, release, rescale_o, stage_of, store_direct,
                                                    store_lse, wait_pv)
 from tylopy_kernels.attention.sm90.forward import init_barriers
-from tylopy_kernels.attention.sm90.tiles import MAX_SMEM, REGISTER_SPLIT, Problem, bar_at, next_tile, tma_coords
+from tylopy_kernels.attention.sm90.tiles import (REGISTER_SPLIT, Problem, bar_at, next_tile, place_barriers,
+                                                 tma_coords)
 
 ROW_BYTES = 128         # one 128-byte swizzle row of V^T: 128 keys
 KEY_GROUP = 32          # keys permuted together (one k32 step of the PV product)
@@ -88,16 +89,7 @@ class Fp8Plan:
         self.k = self.q + self.q_bytes
         self.v = self.k + stages * self.tile_bytes
         bars = self.o = self.v + stages * self.tile_bytes
-        self.q_full = bars
-        self.q_empty = bars + 8
-        self.k_full = bars + 16
-        self.k_empty = self.k_full + 8 * stages
-        self.v_full = self.k_empty + 8 * stages
-        self.v_empty = self.v_full + 8 * stages
-        self.total = self.v_empty + 8 * stages
-        if self.total > MAX_SMEM:
-            raise ValueError(f"this schedule needs {self.total} bytes of shared memory, but a block has at most "
-                             f"{MAX_SMEM} (fewer STAGES or a smaller BLOCK_N)")
+        place_barriers(self, bars, stages, "fewer STAGES or a smaller BLOCK_N")
 
 
 class Fp8Schedule:

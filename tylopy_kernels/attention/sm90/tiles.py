@@ -34,16 +34,22 @@ class Plan:
         self.v = self.k + stages * self.tile_bytes
         self.o = self.v + stages * self.tile_bytes         # O staging for the TMA store
         bars = self.o + (consumers * self.o_chunk * self.chunks if tma_store else 0)
-        self.q_full = bars
-        self.q_empty = bars + 8
-        self.k_full = bars + 16
-        self.k_empty = self.k_full + 8 * stages
-        self.v_full = self.k_empty + 8 * stages
-        self.v_empty = self.v_full + 8 * stages
-        self.total = self.v_empty + 8 * stages
-        if self.total > MAX_SMEM:
-            raise ValueError(f"this schedule needs {self.total} bytes of shared memory, but a block has at most "
-                             f"{MAX_SMEM} (fewer STAGES, a smaller BLOCK_N, or TMA_STORE=False)")
+        place_barriers(self, bars, stages, "fewer STAGES, a smaller BLOCK_N, or TMA_STORE=False")
+
+
+def place_barriers(plan, bars, stages, remedy):
+    """The mbarriers from byte ``bars`` on (Q full/empty, then a full and an empty barrier per stage
+    for K and for V), ``plan.total``, and the shared-memory limit check (``remedy``: what to change)."""
+    plan.q_full = bars
+    plan.q_empty = bars + 8
+    plan.k_full = bars + 16
+    plan.k_empty = plan.k_full + 8 * stages
+    plan.v_full = plan.k_empty + 8 * stages
+    plan.v_empty = plan.v_full + 8 * stages
+    plan.total = plan.v_empty + 8 * stages
+    if plan.total > MAX_SMEM:
+        raise ValueError(f"this schedule needs {plan.total} bytes of shared memory, but a block has at most "
+                         f"{MAX_SMEM} ({remedy})")
 
 
 class Schedule:
