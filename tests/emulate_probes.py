@@ -122,8 +122,10 @@ def emulate_hopper(q, k, v, out, lse, causal, schedule=None):
     """Run the Hopper kernel in the emulator with the arguments ``launch_hopper`` would pass."""
     mod = pytest.importorskip("tylopy_kernels.attention.sm90.forward")
     launch = pytest.importorskip("tylopy_kernels.attention.sm90.launch")
-    plan = launch.plan_launch(q, k, v, None, causal, 1 / math.sqrt(q.shape[-1]), out, lse,
-                              dict({"PERSISTENT": False}, **(schedule or {})), make_map=_spec, sm_count=4)
+    plan = launch.plan_launch(launch.ForwardTensors(q, k, v, out, lse),
+                              launch.HopperOptions(1 / math.sqrt(q.shape[-1]), causal,
+                                                   dict({"PERSISTENT": False}, **(schedule or {}))),
+                              launch.MapTarget(_spec, sm_count=4))
     return mod.attention_fwd_sm90.emulate(*plan.args, grid=plan.grid, **plan.constexprs)
 
 

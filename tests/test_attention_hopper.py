@@ -50,8 +50,9 @@ def _launcher_specializations():
                 q, k = q.transpose(1, 2), k.transpose(1, 2)
             mask = torch.ones(128, n_k, dtype=torch.bool) if masked else None
             for out in (torch.empty(1, 2, 128, d, dtype=dt), torch.empty(1, 128, 2, d, dtype=dt).transpose(1, 2)):
-                plan = launch.plan_launch(q, k, k, mask, causal, 0.125, out, torch.empty(1, 2, 128) if lse else None,
-                                          make_map=lambda *args: None, sm_count=132)
+                tensors = launch.ForwardTensors(q, k, k, out, torch.empty(1, 2, 128) if lse else None, mask)
+                plan = launch.plan_launch(tensors, launch.HopperOptions(0.125, causal),
+                                          launch.MapTarget(lambda *args: None, sm_count=132))
                 seen.append(plan.constexprs)
     except Exception as e:  # noqa: BLE001 -- reported by test_launcher_specializations_found
         return [], f"{type(e).__name__}: {e}"

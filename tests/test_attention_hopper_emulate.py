@@ -36,8 +36,9 @@ def emulate(q, k, v, causal=False, mask=None, scale=None, schedule=None):
     scale = 1 / math.sqrt(D) if scale is None else scale
     out = torch.full((B, H, n, D), float("nan"), dtype=q.dtype)
     lse = torch.full((B, H, n), float("nan"))
-    plan = launch.plan_launch(q, k, v, mask, causal, scale, out, lse, dict({"PERSISTENT": False}, **(schedule or {})),
-                              make_map=_spec, sm_count=3)
+    plan = launch.plan_launch(launch.ForwardTensors(q, k, v, out, lse, mask),
+                              launch.HopperOptions(scale, causal, dict({"PERSISTENT": False}, **(schedule or {}))),
+                              launch.MapTarget(_spec, sm_count=3))
     attention_fwd_sm90.emulate(*plan.args, grid=plan.grid, **plan.constexprs)
     return out, lse, plan
 
@@ -282,7 +283,8 @@ def test_launcher_schedule_for_short_sequences(D, causal, with_lse):
     q, k, v = (randn(2, 2, 300, D, seed=s) for s in (20, 21, 22))
     out = torch.full(q.shape, float("nan"), dtype=q.dtype)
     lse = torch.full(q.shape[:3], float("nan")) if with_lse else None
-    plan = launch.plan_launch(q, k, v, None, causal, 1 / math.sqrt(D), out, lse, make_map=_spec, sm_count=3)
+    plan = launch.plan_launch(launch.ForwardTensors(q, k, v, out, lse), launch.HopperOptions(1 / math.sqrt(D), causal),
+                              launch.MapTarget(_spec, sm_count=3))
     attention_fwd_sm90.emulate(*plan.args, grid=plan.grid, **plan.constexprs)
     cx = plan.constexprs
     assert cx["PERSISTENT"] and cx["TMA_STORE"] and cx["CONSUMERS"] == 2 and plan.grid == (3,), (cx, plan.grid)
@@ -308,7 +310,8 @@ def _check_emulated_case(case, schedule=None, model_change=None):
     query, scale = _nonpositive_scale(q, case.resolved_scale)
     out = torch.full(q.shape, float("nan"), dtype=q.dtype)
     lse = torch.full(q.shape[:3], float("nan")) if case.lse else None
-    plan = launch.plan_launch(query, k, v, mask, case.causal, scale, out, lse, schedule, make_map=_spec, sm_count=132)
+    plan = launch.plan_launch(launch.ForwardTensors(query, k, v, out, lse, mask),
+                              launch.HopperOptions(scale, case.causal, schedule), launch.MapTarget(_spec, sm_count=132))
     attention_fwd_sm90.emulate(*plan.args, grid=plan.grid, **plan.constexprs)
     model = S.hopper_model(case, plan.constexprs).replace(**(model_change or {}))
     return rules.check_output(out, lse, AttentionInputs(q, k, v, mask, case.causal, case.scale), model,

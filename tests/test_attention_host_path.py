@@ -22,7 +22,7 @@ def launch(q, k, v, causal=False, scale=0.125, lse=False, schedule=None, out=Non
     if lse is True:
         lse = torch.empty(q.shape[:3], dtype=torch.float32)
     lse_t = lse if isinstance(lse, torch.Tensor) else None
-    HL.launch_hopper(q, k, v, None, causal, scale, out, lse_t, schedule)
+    HL.launch_hopper(HL.ForwardTensors(q, k, v, out, lse_t), HL.HopperOptions(scale, causal, schedule))
     return out, lse_t
 
 

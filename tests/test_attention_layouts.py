@@ -81,8 +81,8 @@ def run_hopper(plan_launch):
     out = torch.full(q.shape, float("nan"), dtype=q.dtype)
     lse = torch.full(q.shape[:3], float("nan"))
     scale = 1 / math.sqrt(q.shape[-1])
-    plan = plan_launch(q, k, v, None, False, scale, out, lse, {"PERSISTENT": False, "CONSUMERS": 2},
-                       make_map=_spec, sm_count=132)
+    plan = plan_launch(L.ForwardTensors(q, k, v, out, lse), L.HopperOptions(scale, False, {"PERSISTENT": False, "CONSUMERS": 2}),
+                       L.MapTarget(_spec, sm_count=132))
     attention_fwd_sm90.emulate(*plan.args, grid=plan.grid, **plan.constexprs)
     model = HOPPER.replace(block_n=plan.constexprs["BLOCK_N"], lse=True, dtype=q.dtype)
     return check_layouts(out, lse, q, k, v, scale, model)

@@ -32,12 +32,12 @@ def test_portable_kernel_three_layouts():
 
 @requires_sm90
 def test_hopper_kernel_different_strides_mapped_as_they_are():
-    from tylopy_kernels.attention.sm90.launch import launch_hopper
+    from tylopy_kernels.attention.sm90.launch import ForwardTensors, HopperOptions, launch_hopper
     q, k, v = hopper_inputs(device="cuda")
     out, lse = _outputs(q)
     scale = 1 / math.sqrt(q.shape[-1])
     with S.recorded_launches() as seen:
-        launch_hopper(q, k, v, None, False, scale, out, lse)
+        launch_hopper(ForwardTensors(q, k, v, out, lse), HopperOptions(scale))
     torch.cuda.synchronize()
     assert seen, "the Hopper kernel did not run"
     check_layouts(out.cpu(), lse.cpu(), q.cpu(), k.cpu(), v.cpu(), scale,

@@ -142,8 +142,9 @@ def test_scenarios_reject_broken_implementations():
     with pytest.raises(AssertionError, match="changed outputs"):
         S.check_future_perturbation(causal, leaks_future, (10,), "cpu")
 
-    def writes_past_the_end(q, k, v, attn_mask, is_causal, scale, out, lse):
-        F.model_launch(128)(q, k, v, attn_mask, is_causal, scale, out, lse)
+    def writes_past_the_end(tensors, options):
+        F.model_launch(128)(tensors, options)
+        out = tensors.out
         out.as_strided((1,), (1,), out.storage_offset() - 1).fill_(0)
 
     with pytest.raises(AssertionError, match="outside"):

@@ -112,8 +112,8 @@ def run_hopper(case_id, seed=None, ctas=None):
     out = torch.full(q.shape, float("nan"), dtype=dtype)
     lse = torch.full((B, H, n_q), float("nan")) if lse_on else None
     scale = 1 / math.sqrt(D)
-    plan = L.plan_launch(q, k, v, mask, causal, scale, out, lse, c["schedule"], make_map=_spec,
-                         sm_count=c["sm_count"])
+    plan = L.plan_launch(L.ForwardTensors(q, k, v, out, lse, mask), L.HopperOptions(scale, causal, c["schedule"]),
+                         L.MapTarget(_spec, sm_count=c["sm_count"]))
     cx = plan.constexprs
     assert {key: cx.get(key) for key in c["expect"]} == c["expect"], f"the launcher picked {cx}"
     iterations = -(-n_k // cx["BLOCK_N"])

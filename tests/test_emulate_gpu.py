@@ -174,8 +174,8 @@ def test_hopper_attention_matches_the_gpu(capsys):
     n = 256
     q, k, v = qkv(1, 1, n, seed=13)
     out_gpu = torch.zeros_like(q).cuda()
-    launch.launch_hopper(q.cuda(), k.cuda(), v.cuda(), None, False, 1 / math.sqrt(64), out_gpu, None,
-                         schedule={"PERSISTENT": False})
+    launch.launch_hopper(launch.ForwardTensors(q.cuda(), k.cuda(), v.cuda(), out_gpu),
+                         launch.HopperOptions(1 / math.sqrt(64), schedule={"PERSISTENT": False}))
     out_cpu = torch.zeros_like(q)
     emulate_hopper(q, k, v, out_cpu, None, False)
     torch.cuda.synchronize()

@@ -289,8 +289,10 @@ def forward(query, key, value, attn_mask, is_causal, scale, return_lse, strides_
         strides_ok = _tma_strides_ok(query, key, value)
     aligned = not (query.data_ptr() | key.data_ptr() | value.data_ptr()) & 15
     if major == 9 and D in HOPPER_HEAD_DIMS and ((strides_ok and aligned) or D == 128):
-        from tylopy_kernels.attention.sm90.launch import launch_hopper
-        kept = launch_hopper(query, key, value, attn_mask, is_causal, scale, out, lse)  # copies what TMA cannot map
+        from tylopy_kernels.attention.common import ForwardTensors
+        from tylopy_kernels.attention.sm90.launch import HopperOptions, launch_hopper
+        kept = launch_hopper(ForwardTensors(query, key, value, out, lse, attn_mask),  # copies what TMA cannot map
+                             HopperOptions(scale, is_causal))
         return out, lse, kept if keep_plan else None
     from tylopy_kernels.attention.portable.launch import launch_forward
     launch_forward(query, key, value, out, lse, scale=scale, is_causal=is_causal, attn_mask=attn_mask)

@@ -3,8 +3,25 @@ optional pointer arguments."""
 from __future__ import annotations
 
 import functools
+from typing import Any, NamedTuple, Optional
 
 import tylopy as ty
+
+
+class ForwardTensors(NamedTuple):
+    """The tensors of one forward: q, k, v read, ``out`` (and ``lse``, None: not returned)
+    written, and SDPA's ``attn_mask`` (bool or additive float; batched only, None: no mask).
+
+    Batched: q/out (B, H, n_q, D), k/v (B, H_kv, n_k, D) with H_kv dividing H, lse (B, H, n_q).
+    Packed (the portable kernel's ``ForwardOptions.varlen``): q/out (total_q, H, D), k/v (total_k, H_kv, D), lse (H, total_q).
+    """
+
+    q: Any
+    k: Any
+    v: Any
+    out: Any
+    lse: Optional[Any] = None
+    attn_mask: Optional[Any] = None
 
 
 def reject(entry: str, exc, arg, expected, got):

@@ -8,13 +8,13 @@ tensors (``streaming_attention``, ``launch_streaming``, ``compiled_for``, ``plan
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 
 import tylopy as ty
 
-from tylopy_kernels.attention.common import mask_and_lse_args, placeholder
+from tylopy_kernels.attention.common import ForwardTensors, mask_and_lse_args, placeholder  # noqa: F401 (ForwardTensors: re-exported)
 from tylopy_kernels.attention.portable.forward import (BLOCK_NS, DEFAULT_BLOCK_N, DEFAULT_WARPS, HEAD_DIMS, MAX_GRID_YZ, NEG_INF, ROWS_PER_WARP,
                        attention_fwd_portable, streaming_attention_fwd)
 
@@ -115,22 +115,6 @@ class Launch:
             return self.kernel.emulate(*self.args, grid=self.grid, **self.constexprs, **options)
         entry = "attention_varlen" if self.constexprs.get("VARLEN") else "attention"
         compiled_for(self.args[0].device, self.kernel, entry=entry, **self.constexprs)(self.grid, *self.args)
-
-
-class ForwardTensors(NamedTuple):
-    """The tensors of one forward: q, k, v read, ``out`` (and ``lse``, None: not returned)
-    written, and SDPA's ``attn_mask`` (bool or additive float; batched only, None: no mask).
-
-    Batched: q/out (B, H, n_q, D), k/v (B, H_kv, n_k, D) with H_kv dividing H, lse (B, H, n_q).
-    Packed (``ForwardOptions.varlen``): q/out (total_q, H, D), k/v (total_k, H_kv, D), lse (H, total_q).
-    """
-
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    out: torch.Tensor
-    lse: Optional[torch.Tensor] = None
-    attn_mask: Optional[torch.Tensor] = None
 
 
 @dataclasses.dataclass(frozen=True)

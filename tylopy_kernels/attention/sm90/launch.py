@@ -1,16 +1,17 @@
 """Host side of the Hopper attention kernel: schedule choice, tensor maps, specialization, launch.
 
-``launch_hopper(q, k, v, attn_mask, is_causal, scale, out, lse)`` takes q as (B, H, N_q, D) and
+``launch_hopper(ForwardTensors(q, k, v, out, lse, attn_mask), HopperOptions(scale, is_causal))`` takes q as (B, H, N_q, D) and
 k, v as (B, H_kv, N_k, D) with H_kv dividing H (grouped-query attention: query head h reads
 K/V head h // (H / H_kv); H_kv = 1 is multi-query attention). K/V views with a zero stride over
 heads (``k1.expand(B, H, N, D)``) or over the batch are mapped over their storage, without a
 copy. ``plan_launch`` builds the same launch without a GPU (the emulator runs it with tensor-map
-specs).
+specs, ``MapTarget(make_map=..., sm_count=...)``).
 """
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
@@ -18,7 +19,7 @@ import tylopy as ty
 from tylopy.runtime.devices import l2_bytes, sm_count
 from tylopy.runtime.tensormap import TensorMap
 
-from tylopy_kernels.attention.common import mask_and_lse_args
+from tylopy_kernels.attention.common import ForwardTensors, mask_and_lse_args
 from tylopy_kernels.attention.sm90.forward import attention_fwd_sm90
 from tylopy_kernels.attention.sm90.tiles import Plan
 
@@ -141,10 +142,32 @@ class Launch:
     constexprs: dict
 
 
-def plan_launch(q, k, v, attn_mask, is_causal, scale, out, lse, schedule=None, make_map=None, sm_count=None,
-                l2_bytes=50 << 20) -> Launch:
-    """The grid, arguments and constexprs of one launch (``make_map(t, dims, strides, box)``
-    builds a tensor map; ``sm_count`` sizes the persistent grid)."""
+@dataclass(frozen=True)
+class HopperOptions:
+    """What one Hopper forward computes: ``scale``, SDPA's top-left ``is_causal``, and ``schedule``
+    (constexpr overrides of the defaults this module picks; None: none, and the plan may be reused)."""
+
+    scale: float
+    is_causal: bool = False
+    schedule: Optional[dict] = None
+
+
+class MapTarget(NamedTuple):
+    """What a plan is built for: ``make_map(t, dims, strides, box)`` builds a tensor map (None: a
+    device map; the emulator passes TensorMapSpec), ``sm_count`` sizes the persistent grid (None:
+    132) and ``l2_bytes`` the head groups of the "lpt" order."""
+
+    make_map: Optional[Callable] = None
+    sm_count: Optional[int] = None
+    l2_bytes: int = 50 << 20
+
+
+def plan_launch(tensors: ForwardTensors, options: HopperOptions, target: MapTarget = MapTarget()) -> Launch:
+    """The grid, arguments and constexprs of one launch of ``tensors`` (q (B, H, N_q, D), k/v
+    (B, H_kv, N_k, D), out, lse or None, attn_mask or None)."""
+    q, k, v, out, lse, attn_mask = tensors
+    is_causal, scale, schedule = options.is_causal, options.scale, options.schedule
+    make_map, sm_count, l2_bytes = target
     B, H, n_q, D = q.shape
     n_k = k.shape[2]
     if H % k.shape[1] or k.shape[1] != v.shape[1]:
@@ -184,10 +207,12 @@ def plan_launch(q, k, v, attn_mask, is_causal, scale, out, lse, schedule=None, m
     return Launch(grid, args, cx)
 
 
-def launch_hopper(q, k, v, attn_mask, is_causal, scale, out, lse, schedule=None):
+def launch_hopper(tensors: ForwardTensors, options: HopperOptions):
     """Run the kernel: q (B, H, N_q, D), k/v (B, H_kv, N_k, D) with H_kv | H, D in {64, 128}; out
     (B, H, N_q, D) and lse (B, H, N_q) float32 or None are written. Returns the ``Repeat`` that a
     call with the same shapes, strides, dtype, device and options can launch again (or None)."""
+    q, k, v, out, lse, attn_mask = tensors
+    is_causal, scale, schedule = options.is_causal, options.scale, options.schedule
     key = None
     if attn_mask is None and schedule is None and not (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr()) & 15:
         key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), q.dtype, q.get_device(),
@@ -197,8 +222,8 @@ def launch_hopper(q, k, v, attn_mask, is_causal, scale, out, lse, schedule=None)
             return again
     dev = q.device
     made = []
-    launch = plan_launch(q, k, v, attn_mask, is_causal, scale, out, lse, schedule, sm_count=sm_count(dev),
-                         l2_bytes=l2_bytes(dev), make_map=_recording(made))
+    launch = plan_launch(ForwardTensors(q, k, v, out, lse, attn_mask), options,
+                         MapTarget(_recording(made), sm_count(dev), l2_bytes(dev)))
     attention_fwd_sm90[launch.grid](*launch.args, **launch.constexprs)
     if key is None:
         return None

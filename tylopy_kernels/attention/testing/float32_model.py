@@ -45,11 +45,14 @@ def fp32_model(block_n: int = 128, round_p_to_input: bool = True, rescale: bool 
 
 
 def model_launch(block_n: int = 128):
-    """A ``launch_hopper``-like function over ``fp32_model``: writes into the given out and lse."""
+    """A ``launch_hopper``-like function over ``fp32_model``: ``launch(ForwardTensors, options)``
+    writes into the tensors' out and lse (``options`` gives scale and is_causal)."""
     model = fp32_model(block_n)
 
-    def launch(q, k, v, attn_mask, is_causal, scale, out, lse):
-        res = model(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, return_lse=lse is not None)
+    def launch(tensors, options):
+        q, k, v, out, lse, attn_mask = tensors
+        res = model(q, k, v, attn_mask=attn_mask, is_causal=options.is_causal, scale=options.scale,
+                    return_lse=lse is not None)
         if lse is not None:
             out.copy_(res[0])
             lse.copy_(res[1])

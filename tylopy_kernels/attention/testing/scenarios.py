@@ -258,8 +258,11 @@ def check_empty(attention, dtype=torch.bfloat16, device="cuda") -> str:
 
 
 def check_canary(case: Case, launch, device="cuda") -> str:
-    """``launch(q, k, v, mask, causal, scale, out, lse)`` into views of NaN buffers: every output
-    element is written, nothing around it is, and the bits equal a contiguous launch's."""
+    """``launch(ForwardTensors(q, k, v, out, lse, mask), HopperOptions(scale, causal))`` into views of
+    NaN buffers: every output element is written, nothing around it is, and the bits equal a
+    contiguous launch's."""
+    from tylopy_kernels.attention.common import ForwardTensors
+    from tylopy_kernels.attention.sm90.launch import HopperOptions
     q, k, v, mask = make_inputs(case, device)
     B, H, n_q, D = q.shape
     scale = case.resolved_scale
@@ -271,7 +274,7 @@ def check_canary(case: Case, launch, device="cuda") -> str:
     if case.lse:
         lse_buf = torch.full((B * H * n_q + 64,), float("nan"), device=device)
         lse = lse_buf[32:32 + B * H * n_q].view(B, H, n_q)
-    launch(q, k, v, mask, case.causal, scale, out, lse)
+    launch(ForwardTensors(q, k, v, out, lse, mask), HopperOptions(scale, case.causal))
     outside = torch.ones(buf.shape, dtype=torch.bool, device=device)
     outside[region] = False
     if not bool(torch.equal(buf.view(torch.int16)[outside], before[outside])):
@@ -285,7 +288,7 @@ def check_canary(case: Case, launch, device="cuda") -> str:
             raise AssertionError("LSE elements were not written")
     out2 = torch.empty((B, H, n_q, D), dtype=q.dtype, device=device)
     lse2 = torch.empty((B, H, n_q), device=device) if case.lse else None
-    launch(q, k, v, mask, case.causal, scale, out2, lse2)
+    launch(ForwardTensors(q, k, v, out2, lse2, mask), HopperOptions(scale, case.causal))
     if not _equal(out, out2) or (case.lse and not _equal(lse, lse2)):
         raise AssertionError("a strided output view got different bits from a contiguous one")
     return "every element written, canaries intact, bits equal to a contiguous launch"
