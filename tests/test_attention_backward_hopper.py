@@ -56,7 +56,7 @@ def _launcher_specs():
     for D, dtype, masked, det, bnhd in _variants():
         args = _inputs(D, dtype, bnhd)
         mask = torch.rand(8, 8) > 0.5 if masked else None
-        for step in L.plan_backward_hopper(*args, is_causal=False, scale=0.125, attn_mask=mask, deterministic=det,
+        for step in L.plan_backward_hopper(L.BackwardTensors(*args, mask), L.HopperBackwardOptions(0.125, deterministic=det),
                                            encode=False):
             key = (step.kernel.name, repr(sorted(step.constexprs.items())))
             seen.setdefault(key, (step.kernel, step.constexprs))
@@ -221,8 +221,8 @@ def test_pack_mask_is_exact(keys_on_rows):
     B, H, n_q, n_k = 2, 3, 70, 45
     mask = torch.rand(1, H, n_q, n_k) > 0.4                      # broadcast over the batch
     steps = []
-    bits, strides = L._packed_mask(steps, *L.mask_and_lse_args(mask, None, B, H, n_q, n_k, "cpu")[:2], B, H, n_q,
-                                   n_k, 128, keys_on_rows, "cpu")
+    bits, strides = L._packed_mask(steps, L.mask_and_lse_args(mask, None, B, H, n_q, n_k, "cpu")[:2],
+                                   L.MaskShape(B, H, n_q, n_k, 128), keys_on_rows)
     step = steps[0]
     step.emulate()
     words = bits.numpy().view(np.uint32)
@@ -264,15 +264,16 @@ def test_bad_input_names_the_argument(name, change, exc, word):
     if "strided" in change:
         v = torch.randn(1, 1, 8, 128).to(torch.bfloat16)[..., ::2]
     with pytest.raises(exc, match=word):
-        L.plan_backward_hopper(q, k, v, out, dout, lse, dq, dk, dv, is_causal=False, scale=0.1,
-                               schedule=change.get("schedule"), encode=False)
+        L.plan_backward_hopper(L.BackwardTensors(q, k, v, out, dout, lse, dq, dk, dv),
+                               L.HopperBackwardOptions(0.1, schedule=change.get("schedule")), encode=False)
 
 
 def test_empty_lengths_give_zero_gradients():
     q, k, v, out, dout, lse, dq, dk, dv = _inputs(64, torch.bfloat16, n_q=0)
     for t in (dk, dv):
         t.fill_(float("nan"))
-    assert L.plan_backward_hopper(q, k, v, out, dout, lse, dq, dk, dv, is_causal=False, scale=0.1, encode=False) == []
+    assert L.plan_backward_hopper(L.BackwardTensors(q, k, v, out, dout, lse, dq, dk, dv), L.HopperBackwardOptions(0.1),
+                                  encode=False) == []
     assert (dk == 0).all() and (dv == 0).all()
 
 

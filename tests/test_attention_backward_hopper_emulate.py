@@ -168,8 +168,8 @@ def run_backward(B=1, H=2, H_kv=None, n_q=128, n_k=128, D=64, dtype=torch.bfloat
     _, out = _padded((B, H, n_q, D), dtype, False, o64)
     lse = lse64.float()
     bufs, grads = zip(*(_padded(t.shape, dtype, bnhd) for t in (q, k, v)))
-    steps = L.plan_backward_hopper(q, k, v, out, dout, lse, *grads, is_causal=causal, scale=scale, attn_mask=mask,
-                                   deterministic=deterministic, schedule=schedule, encode=False)
+    steps = L.plan_backward_hopper(L.BackwardTensors(q, k, v, out, dout, lse, *grads, mask),
+                                   L.HopperBackwardOptions(scale, causal, deterministic, schedule), encode=False)
     for step in steps:
         report = step.emulate(check_races=check_races)
         assert not report.notes, report
@@ -243,8 +243,8 @@ def test_expanded_key_value_heads_run_as_one_head():
     o64, lse64, dq64, dk64, dv64 = attention_grads(q, k1, v1, dout)
     out = o64.to(torch.bfloat16)
     grads = [torch.full((B, H, n, D), float("nan")).to(torch.bfloat16) for _ in range(3)]
-    steps = L.plan_backward_hopper(q, k, v, out, dout, lse64.float(), *grads, is_causal=False, scale=1 / 8,
-                                   encode=False)
+    steps = L.plan_backward_hopper(L.BackwardTensors(q, k, v, out, dout, lse64.float(), *grads),
+                                   L.HopperBackwardOptions(1 / 8), encode=False)
     assert steps[1].grid[1] == 1                                   # one key/value head
     for step in steps:
         step.emulate()

@@ -58,8 +58,8 @@ def run(q, k, v, dout, *, causal=False, mask=None, deterministic=False, schedule
         out = _padded(q.shape, q.dtype, False, oracle[0])[1]
         lse = oracle[1].float()
     bufs, grads = zip(*(_padded(t.shape, q.dtype, bnhd_grads) for t in (q, k, v)))
-    L.launch_backward_hopper(q, k, v, out, dout, lse, *grads, is_causal=causal, scale=scale, attn_mask=mask,
-                             deterministic=deterministic, schedule=schedule)
+    L.launch_backward_hopper(L.BackwardTensors(q, k, v, out, dout, lse, *grads, mask),
+                             L.HopperBackwardOptions(scale, causal, deterministic, schedule))
     torch.cuda.synchronize()
     return grads, bufs, oracle
 
@@ -167,7 +167,7 @@ def test_key_value_expanded_over_heads(D):
     oracle = attention_grads(q, k1, v1, dout, is_causal=False)
     out, lse = oracle[0].to(q.dtype), oracle[1].float()
     grads = [torch.full(t.shape, float("nan"), dtype=t.dtype, device=DEV) for t in (q, k, v)]
-    L.launch_backward_hopper(q, k, v, out, dout, lse, *grads, is_causal=False, scale=1 / math.sqrt(D))
+    L.launch_backward_hopper(L.BackwardTensors(q, k, v, out, dout, lse, *grads), L.HopperBackwardOptions(1 / math.sqrt(D)))
     base = attention_grads(q, k1, v1, dout, dtype=q.dtype)[2:]
     for got, want, low in zip((grads[0], grads[1][:, :1], grads[2][:, :1]), oracle[2:], base):
         ok, msg = gradient_rule(got, want, low)
@@ -180,10 +180,11 @@ def test_cuda_graph_replay():
     oracle = attention_grads(q, k, v, dout, is_causal=True)
     out, lse = oracle[0].to(q.dtype), oracle[1].float()
     grads = [torch.empty_like(t) for t in (q, k, v)]
-    L.launch_backward_hopper(q, k, v, out, dout, lse, *grads, is_causal=True, scale=1 / math.sqrt(128))  # warm-up
+    tensors, options = L.BackwardTensors(q, k, v, out, dout, lse, *grads), L.HopperBackwardOptions(1 / math.sqrt(128), True)
+    L.launch_backward_hopper(tensors, options)  # warm-up
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        L.launch_backward_hopper(q, k, v, out, dout, lse, *grads, is_causal=True, scale=1 / math.sqrt(128))
+        L.launch_backward_hopper(tensors, options)
     for g in grads:
         g.fill_(float("nan"))
     graph.replay()

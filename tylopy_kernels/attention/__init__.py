@@ -314,8 +314,10 @@ def backward(dout, query, key, value, out, lse, attn_mask, dlse, is_causal, scal
     q, s = _nonpositive_scale(query, scale)
     launch = _hopper_backward(query, key, value, dlse)
     if launch is not None:
-        launch(q, key, value, out, dout, lse, dq, dk, dv, is_causal=is_causal, scale=s, attn_mask=attn_mask,
-               deterministic=torch.are_deterministic_algorithms_enabled())
+        from tylopy_kernels.attention.common import BackwardTensors
+        from tylopy_kernels.attention.sm90.backward_launch import HopperBackwardOptions
+        launch(BackwardTensors(q, key, value, out, dout, lse, dq, dk, dv, attn_mask),
+               HopperBackwardOptions(s, is_causal, torch.are_deterministic_algorithms_enabled()))
     else:
         from tylopy_kernels.attention.portable.backward_launch import launch_backward_portable
         launch_backward_portable(q, key, value, out, dout, lse, dq, dk, dv, is_causal=is_causal, scale=s,

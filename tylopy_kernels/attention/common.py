@@ -24,6 +24,24 @@ class ForwardTensors(NamedTuple):
     attn_mask: Optional[Any] = None
 
 
+class BackwardTensors(NamedTuple):
+    """The tensors of one backward: the forward's q, k, v, its output ``out`` and LSE (fp32,
+    natural log) and the output gradient ``dout`` read; dq, dk, dv written; SDPA's ``attn_mask``
+    (batched only) and ``dlse``, a gradient of the returned LSE (None: none)."""
+
+    q: Any
+    k: Any
+    v: Any
+    out: Any
+    dout: Any
+    lse: Any
+    dq: Any
+    dk: Any
+    dv: Any
+    attn_mask: Optional[Any] = None
+    dlse: Optional[Any] = None
+
+
 def reject(entry: str, exc, arg, expected, got):
     """Raise ``exc`` naming the entry point, the argument, what it expects and what came."""
     raise exc(f"{entry}: {arg} expects {expected}, but got {got}")

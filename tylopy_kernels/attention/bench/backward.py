@@ -72,7 +72,8 @@ def _forward_with_lse(q, k, v, causal, scale):
 def _tylopy(deterministic, schedule=None):
     def setup(q, k, v, dout, causal):
         import torch
-        from tylopy_kernels.attention.sm90.backward_launch import launch_backward_hopper
+        from tylopy_kernels.attention.sm90.backward_launch import (BackwardTensors, HopperBackwardOptions,
+                                                                   launch_backward_hopper)
         scale = 1 / math.sqrt(q.shape[-1])
         grads = [torch.empty_like(t) for t in (q, k, v)]
         state = {}
@@ -81,8 +82,8 @@ def _tylopy(deterministic, schedule=None):
             (state["out"], state["lse"]), state["forward"] = _forward_with_lse(q, k, v, causal, scale)
 
         def backward():
-            launch_backward_hopper(q, k, v, state["out"], dout, state["lse"], *grads, is_causal=causal, scale=scale,
-                                   deterministic=deterministic, schedule=schedule)
+            launch_backward_hopper(BackwardTensors(q, k, v, state["out"], dout, state["lse"], *grads),
+                                   HopperBackwardOptions(scale, causal, deterministic, schedule))
             return grads
         return forward, backward, state
     return setup

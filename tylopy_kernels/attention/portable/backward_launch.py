@@ -14,37 +14,19 @@ tensors (``Launch.run(emulate=True)``). Every launch is deterministic.
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 
 from tylopy_kernels.attention.portable.backward import (BLOCK_M, BLOCK_N, HEAD_DIMS, KV_SMEM, PRE_THREADS, WARPS,
                                 attention_bwd_dkdv_portable, attention_bwd_dq_portable,
                                 attention_bwd_preprocess_portable)
-from tylopy_kernels.attention.common import mask_and_lse_args, placeholder, rejecter
+from tylopy_kernels.attention.common import BackwardTensors, mask_and_lse_args, placeholder, rejecter  # noqa: F401 (BackwardTensors: re-exported)
 from tylopy_kernels.attention.portable.forward import ROWS_PER_WARP
 from tylopy_kernels.attention.portable.launch import MAX_GRID_YZ, Launch, aligned, dtype_of, row_strides
 
 
 _fail = rejecter("attention backward")
-
-
-class BackwardTensors(NamedTuple):
-    """The tensors of one backward: the forward's q, k, v, its output ``out`` and LSE (fp32,
-    natural log) and the output gradient ``dout`` read; dq, dk, dv written; SDPA's ``attn_mask``
-    (batched only) and ``dlse``, a gradient of the returned LSE (None: none)."""
-
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    out: torch.Tensor
-    dout: torch.Tensor
-    lse: torch.Tensor
-    dq: torch.Tensor
-    dk: torch.Tensor
-    dv: torch.Tensor
-    attn_mask: Optional[torch.Tensor] = None
-    dlse: Optional[torch.Tensor] = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Host side of the Hopper attention backward: buffers, tensor maps, specialization, launch.
 
-    launch_backward_hopper(q, k, v, out, dout, lse, dq, dk, dv, is_causal=False, scale=0.125)
+    launch_backward_hopper(BackwardTensors(q, k, v, out, dout, lse, dq, dk, dv), HopperBackwardOptions(scale=0.125))
 
 fills dq, dk, dv (views of the input dtype, last dim contiguous) from the forward's inputs, its
 output ``out``, the output gradient ``dout`` and its LSE (fp32 (B, H, N), natural log). K and V
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -38,7 +39,7 @@ from tylopy_kernels.attention.sm90.backward_aux import attention_bwd_dq_convert,
 from tylopy_kernels.attention.sm90.backward_dq import BLOCK_M as DQ_BLOCK_M
 from tylopy_kernels.attention.sm90.backward_dq import attention_bwd_dq_sm90
 from tylopy_kernels.attention.sm90.backward_dq import smem_bytes as dq_smem_bytes
-from tylopy_kernels.attention.common import mask_and_lse_args, placeholder, rejecter
+from tylopy_kernels.attention.common import BackwardTensors, mask_and_lse_args, placeholder, rejecter
 
 HEAD_DIMS = (64, 128)
 MAX_SMEM = 232448             # dynamic shared memory a block may opt into on an H100/H200
@@ -140,7 +141,31 @@ def _map(t, shape, strides, box, dtype, swizzle, encode):
     return TensorMap.cached(t, tuple(shape), tuple(strides), tuple(box), dtype, swizzle)
 
 
-def _check(q, k, v, out, dout, lse, dq, dk, dv):
+@dataclass(frozen=True)
+class HopperBackwardOptions:
+    """What one Hopper backward computes and how: ``scale``, SDPA's top-left ``is_causal``,
+    ``deterministic`` (the separate dQ kernel, see the module docstring) and ``schedule``
+    (overrides of SCHEDULE's constexprs; None: none)."""
+
+    scale: float
+    is_causal: bool = False
+    deterministic: bool = False
+    schedule: Optional[dict] = None
+
+
+class MaskShape(NamedTuple):
+    """The sizes a packed mask is laid out for: batch, query heads, queries, keys, and the
+    queries padded to the statistics' row length."""
+
+    batch: int
+    heads: int
+    n_q: int
+    n_k: int
+    n_pad: int
+
+
+def _check(tensors: BackwardTensors):
+    q, k, v, out, dout, lse, dq, dk, dv = tensors[:9]
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             _fail(ValueError, name, "a 4-D (batch, heads, seq, head_dim) tensor", getattr(t, "shape", type(t)))
@@ -164,8 +189,13 @@ def _check(q, k, v, out, dout, lse, dq, dk, dv):
     return B, H, H_kv, n_q, n_k, D
 
 
-def _packed_mask(steps, mask_t, ms, B, H, n_q, n_k, n_pad, keys_on_rows, dev):
-    """A ``Step`` that bit-packs the mask (keys or queries on the rows), its buffer and strides in words."""
+def _packed_mask(steps, mask_view, shape: MaskShape, keys_on_rows):
+    """A ``Step`` (appended to ``steps``) that bit-packs the mask (keys or queries on the rows);
+    returns its buffer and strides in words. ``mask_view``: (mask, its 4 strides) as
+    ``mask_and_lse_args`` gives them."""
+    mask_t, ms = mask_view
+    B, H, n_q, n_k, n_pad = shape
+    dev = mask_t.device
     k_pad = -(-n_k // PAD) * PAD
     rows, words = (k_pad, n_pad // 32) if keys_on_rows else (n_pad, k_pad // 32)
     planes_b = B if ms[0] != 0 else 1
@@ -183,10 +213,15 @@ def schedule_for(head_dim, masked, schedule=None):
     return dict(SCHEDULE[head_dim], **(MASKED_SCHEDULE if masked else {}), **(schedule or {}))
 
 
-def plan_backward_hopper(q, k, v, out, dout, lse, dq, dk, dv, *, is_causal, scale, attn_mask=None,
-                         deterministic=False, schedule=None, encode=True) -> list[Step]:
-    """The launches that fill dq, dk, dv (see the module docstring); [] when nothing is left to do."""
-    B, H, H_kv, n_q, n_k, D = _check(q, k, v, out, dout, lse, dq, dk, dv)
+def plan_backward_hopper(tensors: BackwardTensors, options: HopperBackwardOptions, encode=True) -> list[Step]:
+    """The launches that fill dq, dk, dv (see the module docstring); [] when nothing is left to do.
+    ``tensors.dlse`` must be None (the Hopper kernels take no LSE gradient)."""
+    if tensors.dlse is not None:
+        _fail(ValueError, "dlse", "None (the Hopper backward takes no gradient of the LSE)", "a tensor")
+    B, H, H_kv, n_q, n_k, D = _check(tensors)
+    q, k, v, out, dout, lse, dq, dk, dv, attn_mask, _ = tensors
+    is_causal, scale, deterministic = options.is_causal, options.scale, options.deterministic
+    schedule = options.schedule
     if B * H == 0:
         return []
     if n_q == 0 or n_k == 0:  # no scores: every gradient is zero
@@ -218,9 +253,10 @@ def plan_backward_hopper(q, k, v, out, dout, lse, dq, dk, dv, *, is_causal, scal
                    *dout.stride()[:3], *lse.stride()), dict(DTYPE=dtype, HEAD_DIM=D))]
     no_bits = (placeholder(dev, torch.int32).view(_U32), (0, 0, 0))
     if masked:
-        mask_t, ms, _ = mask_and_lse_args(attn_mask, None, B, H, n_q, n_k, dev)
-        kv_bits = _packed_mask(steps, mask_t, ms, B, H, n_q, n_k, n_pad, True, dev)
-        q_bits = _packed_mask(steps, mask_t, ms, B, H, n_q, n_k, n_pad, False, dev) if deterministic else no_bits
+        mask_view = mask_and_lse_args(attn_mask, None, B, H, n_q, n_k, dev)[:2]
+        shape = MaskShape(B, H, n_q, n_k, n_pad)
+        kv_bits = _packed_mask(steps, mask_view, shape, True)
+        q_bits = _packed_mask(steps, mask_view, shape, False) if deterministic else no_bits
     else:
         kv_bits = q_bits = no_bits
     tm_q, tm_do = (_tile_map(t, block_m, q_order, encode) for t in (q, dout))
@@ -264,11 +300,9 @@ def supports(q, k, v) -> bool:
             k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0 and k.shape[1] == v.shape[1])
 
 
-def launch_backward_hopper(q, k, v, out, dout, lse, dq, dk, dv, *, is_causal, scale, attn_mask=None,
-                           deterministic=False, schedule=None) -> None:
+def launch_backward_hopper(tensors: BackwardTensors, options: HopperBackwardOptions) -> None:
     """Fill dq, dk, dv on the current stream (no host synchronization; capturable in a CUDA graph)."""
-    if not math.isfinite(float(scale)):
-        _fail(ValueError, "scale", "a finite number", scale)
-    for step in plan_backward_hopper(q, k, v, out, dout, lse, dq, dk, dv, is_causal=is_causal, scale=scale,
-                                     attn_mask=attn_mask, deterministic=deterministic, schedule=schedule):
+    if not math.isfinite(float(options.scale)):
+        _fail(ValueError, "scale", "a finite number", options.scale)
+    for step in plan_backward_hopper(tensors, options):
         step.launch()

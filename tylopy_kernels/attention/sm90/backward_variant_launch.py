@@ -23,7 +23,8 @@ from __future__ import annotations
 import torch
 
 from tylopy_kernels.attention.sm90.backward import attention_bwd_sm90
-from tylopy_kernels.attention.sm90.backward_launch import BLOCK_N, plan_backward_hopper, supports as dense_supports
+from tylopy_kernels.attention.sm90.backward_launch import (BLOCK_N, BackwardTensors, HopperBackwardOptions,
+                                                           plan_backward_hopper, supports as dense_supports)
 from tylopy_kernels.attention.sm90.backward_variant import HQ_SHIFT, attention_bwd_variant_sm90
 from tylopy_kernels.attention.common import placeholder
 
@@ -94,8 +95,8 @@ def plan_backward_variant(dout, q, k, v, out, lse, dq, dk, dv, variant, tensors,
     sched = dict(schedule or {})
     if bool_mask is None:  # (with a mask the dense plan's MASKED_SCHEDULE already says "serial")
         sched.setdefault("DQ_ORDER", dq_order(variant, q.shape[-1], score_mod_bwd))
-    steps = plan_backward_hopper(q, k, v, out, dout, lse, dq, dk, dv, is_causal=False, scale=scale,
-                                 attn_mask=bool_mask, schedule=sched, encode=encode)
+    steps = plan_backward_hopper(BackwardTensors(q, k, v, out, dout, lse, dq, dk, dv, bool_mask),
+                                 HopperBackwardOptions(scale, schedule=sched), encode=encode)
     for n, step in enumerate(steps):
         if step.kernel is attention_bwd_sm90:
             steps[n] = _variant_step(step, q, variant, tensors, score_mod_bwd)
