@@ -13,9 +13,11 @@ import pytest
 import torch
 
 from tylopy.runtime.tensormap import TensorMapSpec
-from tylopy_kernels.attention.sm90.backward_varlen_launch import plan_varlen_backward
+from tylopy_kernels.attention.sm90.backward_varlen_launch import (BackwardTensors, HopperBackwardOptions,
+                                                                  plan_varlen_backward)
 from tylopy_kernels.attention.sm90.varlen_forward import attention_varlen_fwd_sm90
-from tylopy_kernels.attention.sm90.varlen_launch import plan_varlen_launch
+from tylopy_kernels.attention.sm90.varlen_launch import (ForwardTensors, HopperOptions, MapTarget, PackedDocs,
+                                                         plan_varlen_launch)
 from tylopy_kernels.attention.testing import grad_check
 from tylopy_kernels.attention.testing.packed import packed, prefix_sums
 
@@ -33,11 +35,12 @@ def emulate_training_step(lens_q, lens_k, H, H_kv, D, causal, dtype=torch.bfloat
     scale = 1 / math.sqrt(D)
     out = torch.zeros(q.shape, dtype=dtype)
     lse = torch.full((H, q.shape[0]), float("-inf"))
-    fwd = plan_varlen_launch(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal, scale, out, lse, make_map=_spec)
+    docs = PackedDocs(cu_q, cu_k, max(lens_q), max(lens_k))
+    fwd = plan_varlen_launch(ForwardTensors(q, k, v, out, lse), docs, HopperOptions(scale, causal), MapTarget(_spec))
     attention_varlen_fwd_sm90.emulate(*fwd.args, grid=fwd.grid, **fwd.constexprs)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    for step in plan_varlen_backward(q, k, v, out, dout, lse, dq, dk, dv, cu_q, cu_k, max(lens_q), max(lens_k),
-                                     is_causal=causal, scale=scale, schedule=schedule, encode=False):
+    for step in plan_varlen_backward(BackwardTensors(q, k, v, out, dout, lse, dq, dk, dv), docs,
+                                     HopperBackwardOptions(scale, causal, schedule=schedule), encode=False):
         step.emulate()
     return dict(out=out, lse=lse, dq=dq, dk=dk, dv=dv), (q, k, v, dout, cu_q, cu_k, scale)
 

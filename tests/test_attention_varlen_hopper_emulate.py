@@ -18,7 +18,8 @@ import torch
 from tylopy.runtime.tensormap import TensorMapSpec
 from tylopy_kernels.attention.sm90 import tiles
 from tylopy_kernels.attention.sm90.varlen_forward import attention_varlen_fwd_sm90
-from tylopy_kernels.attention.sm90.varlen_launch import plan_varlen_launch
+from tylopy_kernels.attention.sm90.varlen_launch import (ForwardTensors, HopperOptions, MapTarget, PackedDocs,
+                                                         plan_varlen_launch)
 from tylopy_kernels.attention.testing.packed import Documents, packed, prefix_sums, reference
 
 
@@ -39,8 +40,9 @@ def emulate_varlen(lens_q, lens_k, H, H_kv, D, causal, used_q=None, used_k=None,
     lse = torch.full((H, q.shape[0]), float("-inf"))
     seqused = (None if used_q == lens_q else torch.tensor(used_q, dtype=torch.int32),
                None if used_k == lens_k else torch.tensor(used_k, dtype=torch.int32))
-    plan = plan_varlen_launch(q, k, v, prefix_sums(lens_q), prefix_sums(lens_k), max(lens_q), max(lens_k), causal,
-                              1 / math.sqrt(D), out, lse, seqused, schedule, make_map=_spec, sm_count=3)
+    docs = PackedDocs(prefix_sums(lens_q), prefix_sums(lens_k), max(lens_q), max(lens_k), *seqused)
+    plan = plan_varlen_launch(ForwardTensors(q, k, v, out, lse), docs, HopperOptions(1 / math.sqrt(D), causal, schedule),
+                              MapTarget(_spec, sm_count=3))
     attention_varlen_fwd_sm90.emulate(*plan.args, grid=plan.grid, **plan.constexprs)
     return out, lse, q, k, v, plan
 
@@ -95,7 +97,8 @@ def test_malformed_lengths_are_clamped_on_the_device():
     out = torch.zeros(q.shape, dtype=q.dtype)
     lse = torch.full((1, 160), float("-inf"))
     cu = torch.tensor([0, 100, 60], dtype=torch.int32)  # the second document runs backwards
-    plan = plan_varlen_launch(q, k, v, cu, cu, 64, 64, False, 0.125, out, lse, make_map=_spec)
+    plan = plan_varlen_launch(ForwardTensors(q, k, v, out, lse), PackedDocs(cu, cu, 64, 64), HopperOptions(0.125),
+                              MapTarget(_spec))
     attention_varlen_fwd_sm90.emulate(*plan.args, grid=plan.grid, **plan.constexprs)
     whole = Documents((64,), (64,))
     want, want_lse, _ = reference(q[:64], k[:64], v[:64], whole, whole, False, 0.125)

@@ -351,6 +351,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     tokens of each sequence count. Differentiable as ``attention`` (without seqused_q/seqused_k).
     The keywords after ``*`` are ``attention``'s variants per document (``varlen_variants.py``,
     docs/attention-varlen.md): positions relative to each document, b the document's index."""
+    from tylopy_kernels.attention.common import PackedDocs
     from tylopy_kernels.attention.varlen import check_seqused, check_varlen, device_cu_seqlens, forward_varlen
     if getattr(q, "dtype", None) is torch.float32:  # fp32 under autocast runs in its dtype, as SDPA
         q, k, v = autocast_inputs(q, k, v)
@@ -360,7 +361,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         options.update(is_causal=is_causal, causal_align=causal_align)
         return _varlen_variant(q, k, v, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
                                (scale, enable_gqa, return_lse, seqused_q, seqused_k), options)
-    scale = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
+    scale = check_varlen(q, k, v, PackedDocs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), is_causal, scale,
                          enable_gqa)
     cu_seqlens_q, cu_seqlens_k = device_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0])
     seqused = (seqused_q, seqused_k)
@@ -370,15 +371,15 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
             raise NotImplementedError("attention_varlen: seqused_q/seqused_k expects inputs without gradients and "
                                       "outside torch.compile (the operator does not take them), but got inputs that "
                                       "need the operator")
-        out, lse = forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
-                                  return_lse, seqused)
+        docs = PackedDocs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *seqused)
+        out, lse = forward_varlen(q, k, v, docs, is_causal, scale, return_lse)
         return (out, lse) if return_lse else out
     if _through_op(q, k, v):
         from tylopy_kernels.attention.autograd import varlen_op
         return varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
                          return_lse)
-    out, lse = forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
-                              return_lse)
+    out, lse = forward_varlen(q, k, v, PackedDocs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), is_causal,
+                              scale, return_lse)
     return (out, lse) if return_lse else out
 
 
@@ -386,6 +387,7 @@ def _varlen_variant(q, k, v, lengths, call, options):
     """``attention_varlen`` with variant keywords: the packed tokens as one batch entry through the
     ``tylopy::attention_variant_fwd`` operator, a document mask and table (``varlen_variants.py``)."""
     from tylopy_kernels.attention.autograd_variants import variant_op
+    from tylopy_kernels.attention.common import PackedDocs
     from tylopy_kernels.attention.varlen import check_varlen, device_cu_seqlens
     from tylopy_kernels.attention.varlen_variants import varlen_variant
     cu_q, cu_k, max_q, max_k = lengths
@@ -400,7 +402,7 @@ def _varlen_variant(q, k, v, lengths, call, options):
         # CPU (the torch reference path, with one warning) and float64 (the tests' oracle): checked as
         # 16-bit meta tensors of the same shapes
         shown = tuple(torch.empty_strided(t.shape, t.stride(), dtype=torch.bfloat16, device="meta") for t in shown)
-    scale = check_varlen(*shown, cu_q, cu_k, max_q, max_k, options["is_causal"], scale, enable_gqa)
+    scale = check_varlen(*shown, PackedDocs(cu_q, cu_k, max_q, max_k), options["is_causal"], scale, enable_gqa)
     on_device = device_cu_seqlens(q, cu_q, cu_k, q.shape[0], k.shape[0])
     q1, k1, v1, vid, tensors = varlen_variant(q, k, v, (cu_q, cu_k, *on_device), options)
     out, lse = variant_op(q1, k1, v1, vid, tensors, scale, True) if return_lse else (

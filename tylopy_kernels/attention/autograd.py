@@ -32,6 +32,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from tylopy_kernels.attention.common import ForwardTensors, PackedDocs
+
 NEG_INF = float("-inf")
 
 
@@ -167,7 +169,7 @@ def attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Te
                          is_causal: bool, scale: float, return_lse: bool) -> tuple[Tensor, Tensor]:
     if q.device.type == "cuda":
         from tylopy_kernels.attention.varlen import forward_varlen
-        return forward_varlen(*_rows_contiguous(q, k, v), cu_q, cu_k, max_q, max_k, is_causal, scale, True)
+        return forward_varlen(*_rows_contiguous(q, k, v), PackedDocs(cu_q, cu_k, max_q, max_k), is_causal, scale, True)
     return reference_varlen_forward(q, k, v, cu_q, cu_k, is_causal, scale)
 
 
@@ -182,8 +184,8 @@ def attention_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Ten
                          scale: float) -> tuple[Tensor, Tensor, Tensor]:
     if q.device.type == "cuda":
         from tylopy_kernels.attention.varlen import backward_varlen
-        return backward_varlen(dout, *_rows_contiguous(q, k, v), out, lse, cu_q, cu_k, max_q, max_k, dlse, is_causal,
-                               scale)
+        return backward_varlen(ForwardTensors(*_rows_contiguous(q, k, v), out, lse), dout, dlse,
+                               PackedDocs(cu_q, cu_k, max_q, max_k), is_causal, scale)
     return reference_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, dlse, is_causal, scale)
 
 

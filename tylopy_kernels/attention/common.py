@@ -42,6 +42,19 @@ class BackwardTensors(NamedTuple):
     dlse: Optional[Any] = None
 
 
+class PackedDocs(NamedTuple):
+    """Where the documents of a packed batch lie: ``cu_q``/``cu_k`` int32 prefix sums of B + 1
+    entries on the device, ``max_q``/``max_k`` the longest document's queries and keys (host ints),
+    and ``seqused_q``/``seqused_k`` (B,) int32 rows of each document that count (None: all)."""
+
+    cu_q: Any
+    cu_k: Any
+    max_q: int
+    max_k: int
+    seqused_q: Optional[Any] = None
+    seqused_k: Optional[Any] = None
+
+
 def reject(entry: str, exc, arg, expected, got):
     """Raise ``exc`` naming the entry point, the argument, what it expects and what came."""
     raise exc(f"{entry}: {arg} expects {expected}, but got {got}")

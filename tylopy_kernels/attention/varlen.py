@@ -42,13 +42,14 @@ import math
 import torch
 
 from tylopy_kernels.attention import _fail, _nonpositive_scale
-from tylopy_kernels.attention.common import check_token_tensor
+from tylopy_kernels.attention.common import ForwardTensors, PackedDocs, check_token_tensor
 
 HEAD_DIMS = (16, 32, 64, 128)
 
 
-def check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, enable_gqa):
-    """Validate; returns the resolved scale."""
+def check_varlen(q, k, v, docs: PackedDocs, is_causal, scale, enable_gqa):
+    """Validate (``docs`` as the caller passed them: cu_seqlens may be lists); returns the resolved scale."""
+    cu_q, cu_k, max_q, max_k = docs[:4]
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_token_tensor(_fail, name, t, 3, "(total_tokens, heads, head_dim)")
         if t.device != q.device:
@@ -203,25 +204,30 @@ def hopper_applies(q) -> bool:
     return q.device.type == "cuda" and q.shape[2] in (64, 128) and _capability(q.device.index)[0] == 9
 
 
-def forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, return_lse, seqused=(None, None)):
-    """(out, lse or None) on CUDA: Hopper's warp-specialized kernel where it applies, else the portable one."""
+def forward_varlen(q, k, v, docs: PackedDocs, is_causal, scale, return_lse):
+    """(out, lse or None) on CUDA: Hopper's warp-specialized kernel where it applies, else the portable
+    one (which takes no ``docs.seqused_*``)."""
+    cu_q, cu_k, max_q, max_k = docs[:4]
     out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), device=q.device) if return_lse else None
     if q.shape[0] * q.shape[1] == 0 or max_q == 0 or max_k == 0:
         return out, lse
     q, scale = _nonpositive_scale(q, scale)
     if hopper_applies(q):
-        from tylopy_kernels.attention.sm90.varlen_launch import launch_varlen_hopper
-        launch_varlen_hopper(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, out, lse, seqused)
+        from tylopy_kernels.attention.sm90.varlen_launch import HopperOptions, launch_varlen_hopper
+        launch_varlen_hopper(ForwardTensors(q, k, v, out, lse), docs, HopperOptions(scale, is_causal))
         return out, lse
     from tylopy_kernels.attention.portable.launch import launch_forward
     launch_forward(q, k, v, out, lse, scale=scale, is_causal=is_causal, varlen=(cu_q, cu_k, max_q))
     return out, lse
 
 
-def backward_varlen(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dlse, is_causal, scale):
-    """(dq, dk, dv) on CUDA by the portable kernels; zeros for rows outside every sequence."""
+def backward_varlen(forward: ForwardTensors, dout, dlse, docs: PackedDocs, is_causal, scale):
+    """(dq, dk, dv) on CUDA by the portable kernels; zeros for rows outside every sequence.
+    ``forward``: the forward's q, k, v, out and lse; ``dlse`` the LSE's gradient or None."""
     from tylopy_kernels.attention.portable.backward_launch import launch_backward_portable
+    q, k, v, out, lse, _ = forward
+    cu_q, cu_k, max_q, max_k = docs[:4]
     dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     if q.shape[0] * q.shape[1] == 0 or max_q == 0 or max_k == 0:
         return dq, dk, dv

@@ -1,7 +1,7 @@
 """Host side of the Hopper attention backward over packed batches (``backward_varlen.py``).
 
-``plan_varlen_backward(q, k, v, out, dout, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, ...)``
-takes the packed (total, H, D) tensors, lse as (H, total_q) fp32 (natural log) and device prefix
+``plan_varlen_backward(BackwardTensors(q, k, v, out, dout, lse, dq, dk, dv), PackedDocs(cu_q, cu_k,
+max_q, max_k), HopperBackwardOptions(scale, is_causal))`` takes the packed (total, H, D) tensors, lse as (H, total_q) fp32 (natural log) and device prefix
 sums, and returns the three launches (statistics, dK/dV with dQ partials by TMA reduce-add, dQ
 conversion) as ``Step``s; with ``encode=False`` the tensor maps are specs and the steps run in the
 emulator. dq, dk, dv are written only in the documents' rows (the caller zeroes them). The
@@ -15,7 +15,9 @@ import torch
 import tylopy as ty
 
 from tylopy_kernels.attention.sm90.backward import BLOCK_N, SUPPORTED
-from tylopy_kernels.attention.sm90.backward_launch import SCHEDULE, Step, _map, _same_order, _stat_map, _tile_map
+from tylopy_kernels.attention.common import BackwardTensors, PackedDocs
+from tylopy_kernels.attention.sm90.backward_launch import (SCHEDULE, HopperBackwardOptions, Step, _map, _same_order,
+                                                           _stat_map, _tile_map)
 from tylopy_kernels.attention.sm90.backward_varlen import (attention_bwd_varlen_dq_convert,
                                                            attention_bwd_varlen_preprocess, attention_bwd_varlen_sm90,
                                                            padded_rows)
@@ -27,8 +29,17 @@ def _as_batch(t):
     return t.unsqueeze(0).transpose(1, 2)  # (total, H, D) -> (1, H, total, D)
 
 
-def plan_varlen_backward(q, k, v, out, dout, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, *, is_causal, scale,
-                         schedule=None, encode=True) -> list[Step]:
+def plan_varlen_backward(tensors: BackwardTensors, docs: PackedDocs, options: HopperBackwardOptions,
+                         encode=True) -> list[Step]:
+    """The launches (see the module docstring). ``tensors.attn_mask``/``dlse``, ``docs.seqused_*``
+    and ``options.deterministic`` are not supported and must be None/False."""
+    if tensors.attn_mask is not None or tensors.dlse is not None or docs.seqused_q is not None \
+            or docs.seqused_k is not None or options.deterministic:
+        raise ValueError("attention_varlen backward: the Hopper kernels expect no mask, LSE gradient, seqused or "
+                         "deterministic mode, but got one")
+    q, k, v, out, dout, lse, dq, dk, dv = tensors[:9]
+    cu_q, cu_k, max_q, max_k = docs[:4]
+    is_causal, scale, schedule = options.is_causal, options.scale, options.schedule
     total_q, H, D = q.shape
     total_k, H_kv = k.shape[0], k.shape[1]
     n_docs = cu_q.shape[0] - 1

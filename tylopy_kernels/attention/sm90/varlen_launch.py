@@ -1,6 +1,7 @@
 """Host side of the Hopper attention forward over packed batches (``varlen_forward.py``).
 
-``launch_varlen_hopper(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, out, lse)`` takes
+``launch_varlen_hopper(ForwardTensors(q, k, v, out, lse), PackedDocs(cu_q, cu_k, max_q, max_k),
+HopperOptions(scale, is_causal))`` takes
 q (total_q, H, D), k/v (total_k, H_kv, D) with H_kv dividing H, D in {64, 128}, int32 prefix
 sums cu_q/cu_k of B + 1 entries on the device, and writes the documents' rows of out (which the
 caller zeroes) and of lse (H, total_q) float32 or None (which the caller fills with -inf). The
@@ -14,7 +15,9 @@ import torch
 
 import tylopy as ty
 
+from tylopy_kernels.attention.common import ForwardTensors, PackedDocs
 from tylopy_kernels.attention.sm90 import launch as dense
+from tylopy_kernels.attention.sm90.launch import HopperOptions, MapTarget
 from tylopy_kernels.attention.sm90.tiles import Plan
 from tylopy_kernels.attention.sm90.varlen_forward import attention_varlen_fwd_sm90
 
@@ -44,9 +47,14 @@ def resolve_schedule(D, is_causal, schedule=None) -> dict:
     return sched
 
 
-def plan_varlen_launch(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, out, lse, seqused=(None, None),
-                       schedule=None, make_map=None, sm_count=None) -> dense.Launch:
-    """The grid, arguments and constexprs of one launch (``make_map(t, dims, strides, box)``)."""
+def plan_varlen_launch(tensors: ForwardTensors, docs: PackedDocs, options: HopperOptions,
+                       target: MapTarget = MapTarget()) -> dense.Launch:
+    """The grid, arguments and constexprs of one launch (``target.make_map(t, dims, strides, box)``;
+    ``tensors.attn_mask`` must be None)."""
+    q, k, v, out, lse, _ = tensors
+    cu_q, cu_k, max_q, max_k, used_q, used_k = docs
+    is_causal, scale, schedule = options.is_causal, options.scale, options.schedule
+    make_map, sm_count, _ = target
     total_q, H, D = q.shape
     if H % k.shape[1] or k.shape[1] != v.shape[1]:
         raise ValueError(f"launch_varlen_hopper: key/value heads expects a divisor of the {H} query heads (the same "
@@ -64,7 +72,6 @@ def plan_varlen_launch(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, out,
                                                                               (vb, sched["BLOCK_N"]))]
     n_docs = cu_q.shape[0] - 1
     num_m = (max_q + block_m - 1) // block_m
-    used_q, used_k = seqused
     lse_t = lse if lse is not None else torch.empty(1, dtype=torch.float32, device=q.device)
     if sched["PERSISTENT"]:
         grid = (max(1, min(num_m * H * n_docs, sm_count or 132)),)
@@ -79,11 +86,10 @@ def plan_varlen_launch(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, out,
     return dense.Launch(grid, args, cx)
 
 
-def launch_varlen_hopper(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, out, lse, seqused=(None, None),
-                         schedule=None):
+def launch_varlen_hopper(tensors: ForwardTensors, docs: PackedDocs, options: HopperOptions):
     """Run the kernel (see the module's docstring); returns nothing, never synchronizes."""
-    if max_q == 0 or max_k == 0 or cu_q.shape[0] < 2 or q.shape[0] * q.shape[1] == 0:
+    q = tensors.q
+    if docs.max_q == 0 or docs.max_k == 0 or docs.cu_q.shape[0] < 2 or q.shape[0] * q.shape[1] == 0:
         return
-    launch = plan_varlen_launch(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, out, lse, seqused, schedule,
-                                sm_count=dense.sm_count(q.device))
+    launch = plan_varlen_launch(tensors, docs, options, MapTarget(sm_count=dense.sm_count(q.device)))
     attention_varlen_fwd_sm90[launch.grid](*launch.args, **launch.constexprs)
