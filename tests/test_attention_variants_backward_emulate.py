@@ -15,7 +15,8 @@ import torch
 
 import tylopy as ty
 from tylopy_kernels.attention import variants as V
-from tylopy_kernels.attention.sm90.backward_variant_launch import (float_mask_grad, plan_backward_variant, sink_grad,
+from tylopy_kernels.attention.sm90.backward_variant_launch import (BackwardTensors, ForwardTensors, VariantCall,
+                                                                   float_mask_grad, plan_backward_variant, sink_grad,
                                                                    supports)
 from tylopy_kernels.attention.testing.variant_backward import check, variant_cases
 
@@ -52,8 +53,8 @@ def inputs(B, H, H_kv, n_q, n_k, D, seed=0, dtype=torch.bfloat16):
 def emulate_backward(q, k, v, dout, variant, tensors, scale, score_mod_bwd=None):
     out, lse = V.reference_forward(q, k, v, variant, tensors, scale)
     dq, dk, dv = (torch.full_like(t, math.nan) for t in (q, k, v))
-    for step in plan_backward_variant(dout, q, k, v, out, lse.float(), dq, dk, dv, variant, tensors, scale,
-                                      score_mod_bwd=score_mod_bwd, encode=False):
+    for step in plan_backward_variant(BackwardTensors(q, k, v, out, dout, lse.float(), dq, dk, dv),
+                                      VariantCall(variant, tensors, scale), score_mod_bwd=score_mod_bwd, encode=False):
         step.emulate()
     got = dict(dq=dq, dk=dk, dv=dv)
     if variant.sinks:
@@ -151,7 +152,7 @@ def test_sink_and_float_mask_gradients_are_exact():
     tensors = [t.double() for t in tensors]
     out, lse = V.reference_forward(q, k, v, variant, tensors, 0.125)
     ds = sink_grad(dout, out, lse, tensors[variant.index("sinks")])
-    dm = float_mask_grad(dout, q, k, v, out, lse, variant, tensors, 0.125)
+    dm = float_mask_grad(ForwardTensors(q, k, v, out, lse), dout, VariantCall(variant, tensors, 0.125))
     leaves = [tensors[variant.index("sinks")].clone().requires_grad_(), mask]
     ts = list(tensors)
     ts[variant.index("sinks")] = leaves[0]

@@ -28,7 +28,8 @@ def _cases(g, B, H, n_q, n_k):
 @pytest.mark.parametrize("name", ["softcap", "alibi-bh", "causal-bottom-right-window", "window-both-sides", "sinks",
                                   "float-mask", "bool-mask", "score_mod", "mask_mod", "softcap-alibi-sinks-causal"])
 def test_variant_backward_on_the_gpu(name, D):
-    from tylopy_kernels.attention.sm90.backward_variant_launch import launch_backward_variant
+    from tylopy_kernels.attention.sm90.backward_variant_launch import (BackwardTensors, VariantCall,
+                                                                       launch_backward_variant)
     B, H, H_kv, n_q, n_k = 2, 4, 2, 300, 430
     g = torch.Generator().manual_seed(D)
     q, k, v, dout = (torch.randn(B, h, n, D, generator=g).to(torch.bfloat16).cuda()
@@ -38,7 +39,8 @@ def test_variant_backward_on_the_gpu(name, D):
     out, lse = V.reference_forward(q, k, v, variant, tensors, scale)
     dq, dk, dv = (torch.full_like(t, math.nan) for t in (q, k, v))
     dsinks = torch.zeros(H if variant.sinks else 0, device="cuda")
-    launch_backward_variant(dout, q, k, v, out, lse.float(), dq, dk, dv, dsinks, variant, tensors, scale)
+    launch_backward_variant(BackwardTensors(q, k, v, out, dout, lse.float(), dq, dk, dv), dsinks,
+                            VariantCall(variant, tensors, scale))
     got = dict(dq=dq, dk=dk, dv=dv)
     if variant.sinks:
         got["dsinks"] = dsinks

@@ -14,7 +14,7 @@ import tylopy as ty
 from tylopy.runtime.tensormap import TensorMapSpec
 from tylopy_kernels.attention import variants as V
 from tylopy_kernels.attention.sm90.forward_variant import attention_variant_fwd_sm90
-from tylopy_kernels.attention.sm90.variant_launch import plan_variant_launch
+from tylopy_kernels.attention.sm90.variant_launch import ForwardTensors, VariantCall, plan_variant_launch
 
 N, NK = 300, 430
 
@@ -40,7 +40,7 @@ def emulate(q, k, v, scale=None, **kw):
     variant, tensors = V.make_variant(B, H, n, k.shape[2], q.device, **kw)
     out = torch.full((B, H, n, D), float("nan"), dtype=q.dtype)
     lse = torch.full((B, H, n), float("nan"))
-    plan = plan_variant_launch(q, k, v, variant, tensors, scale, out, lse, make_map=_spec)
+    plan = plan_variant_launch(ForwardTensors(q, k, v, out, lse), VariantCall(variant, tensors, scale), make_map=_spec)
     attention_variant_fwd_sm90.emulate(*plan.args, grid=plan.grid, **plan.constexprs)
     return out, lse, variant, tensors
 
@@ -286,7 +286,7 @@ def test_builtin_variants_compile_without_spills(name, D):
     k = torch.zeros(B, H, NK, D, dtype=torch.bfloat16)
     variant, tensors = V.make_variant(B, H, N, NK, q.device, **SPILL_CASES[name]())
     out, lse = torch.zeros(B, H, N, D, dtype=torch.bfloat16), torch.zeros(B, H, N)
-    plan = plan_variant_launch(q, k, k, variant, tensors, 0.125, out, lse, make_map=_spec)
+    plan = plan_variant_launch(ForwardTensors(q, k, k, out, lse), VariantCall(variant, tensors, 0.125), make_map=_spec)
     from tylopy_kernels.attention.sm90.variant_launch import open_dtypes
     report = attention_variant_fwd_sm90.compile(**plan.constexprs, **open_dtypes(plan)).report
     if not report.available:

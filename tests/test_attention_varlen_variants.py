@@ -87,7 +87,7 @@ def test_variant_kernel_on_packed_documents_emulated(backward):
     per-document references."""
     from tylopy_kernels.attention.sm90.backward_variant_launch import plan_backward_variant
     from tylopy_kernels.attention.sm90.forward_variant import attention_variant_fwd_sm90
-    from tylopy_kernels.attention.sm90.variant_launch import plan_variant_launch
+    from tylopy_kernels.attention.sm90.variant_launch import ForwardTensors, VariantCall, plan_variant_launch
     q, k, v, g = inputs(seed=1, D=64, H=2, H_kv=1, dtype=torch.bfloat16)
     kw = dict(window_size=(40, 8), softcap=8.0, mask_mod=stripes, score_mod=doc_bias)
     opts = dict(dict.fromkeys(VV.KEYWORDS), **kw, is_causal=True, causal_align="bottom_right")
@@ -98,7 +98,8 @@ def test_variant_kernel_on_packed_documents_emulated(backward):
     scale = 1 / math.sqrt(64)
     out = torch.full(q1.shape, float("nan"), dtype=q.dtype)
     lse = torch.full(q1.shape[:3], float("nan"))
-    plan = plan_variant_launch(q1, k1, v1, variant, tensors, scale, out, lse, make_map=_spec)
+    plan = plan_variant_launch(ForwardTensors(q1, k1, v1, out, lse), VariantCall(variant, tensors, scale),
+                               make_map=_spec)
     attention_variant_fwd_sm90.emulate(*plan.args, grid=plan.grid, **plan.constexprs)
     qq, kk, vv = (t.double().requires_grad_() for t in (q, k, v))
     want, want_lse = per_document(qq, kk, vv, CU_Q, CU_K, scale, kw, True)
@@ -113,8 +114,9 @@ def test_variant_kernel_on_packed_documents_emulated(backward):
     dout = packed(q.shape[0], 2, 64, g, torch.bfloat16)
     dq, dk, dv = (torch.full(t.shape, math.nan, dtype=t.dtype) for t in (q1, k1, v1))
     o_ref, l_ref = V.reference_forward(q1, k1, v1, variant, tensors, scale)
-    for step in plan_backward_variant(dout.unsqueeze(0).transpose(1, 2), q1, k1, v1, o_ref, l_ref.float(), dq, dk, dv,
-                                      variant, tensors, scale, encode=False):
+    from tylopy_kernels.attention.sm90.backward_variant_launch import BackwardTensors
+    io = BackwardTensors(q1, k1, v1, o_ref, dout.unsqueeze(0).transpose(1, 2), l_ref.float(), dq, dk, dv)
+    for step in plan_backward_variant(io, VariantCall(variant, tensors, scale), encode=False):
         step.emulate()
     ref = torch.autograd.grad((want * dout.double()).sum(), (qq, kk, vv))
     for name, mine, exact in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
@@ -223,7 +225,7 @@ def test_bad_mods_name_the_argument_and_the_line():
 
 def test_untraceable_mod_on_packed_documents_names_the_argument_and_the_line():
     from tylopy_kernels.attention.sm90.forward_variant import attention_variant_fwd_sm90
-    from tylopy_kernels.attention.sm90.variant_launch import plan_variant_launch
+    from tylopy_kernels.attention.sm90.variant_launch import ForwardTensors, VariantCall, plan_variant_launch
 
     def branchy(b, h, q_idx, kv_idx):
         if q_idx > kv_idx:  # a Python if on run-time values
@@ -235,7 +237,8 @@ def test_untraceable_mod_on_packed_documents_names_the_argument_and_the_line():
     q1, k1, v1, vid, tensors = VV.varlen_variant(q, k, v, cu, opts)
     variant = V.lookup_variant(vid)
     out, lse = torch.empty(q1.shape, dtype=q.dtype), torch.empty(q1.shape[:3])
-    plan = plan_variant_launch(q1, k1, v1, variant, tensors, 0.125, out, lse, make_map=_spec)
+    plan = plan_variant_launch(ForwardTensors(q1, k1, v1, out, lse), VariantCall(variant, tensors, 0.125),
+                               make_map=_spec)
     with pytest.raises(Exception) as info:
         attention_variant_fwd_sm90.emulate(*plan.args, grid=plan.grid, **plan.constexprs)
     text = str(info.value)

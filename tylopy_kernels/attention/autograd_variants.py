@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from tylopy_kernels.attention import variants as V
+from tylopy_kernels.attention.common import BackwardTensors, ForwardTensors, VariantCall
 
 NEG_INF = float("-inf")
 _warned: set = set()
@@ -74,7 +75,7 @@ def forward_variant(q, k, v, variant, tensors, scale, return_lse=True):
         from tylopy_kernels.attention.sm90.variant_launch import launch_variant
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         lse = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
-        launch_variant(q, k, v, variant, tensors, scale, out, lse)
+        launch_variant(ForwardTensors(q, k, v, out, lse), VariantCall(variant, tensors, scale))
         return out, lse
     if q.dtype != torch.float64:
         warn_fallback(why)
@@ -82,7 +83,11 @@ def forward_variant(q, k, v, variant, tensors, scale, return_lse=True):
     return out, lse.float() if q.dtype != torch.float64 else lse
 
 
-def backward_variant(dout, q, k, v, out, lse, variant, tensors, scale, dlse):
+def backward_variant(forward: ForwardTensors, dout, call: VariantCall, dlse):
+    """(dq, dk, dv, dsinks): the Hopper kernels where they apply, else the reference.
+    ``forward``: the forward's q, k, v, out and lse."""
+    q, k, v, out, lse, _ = forward
+    variant, tensors, scale = call
     bwd = variant.score_mod_bwd.function() if variant.score_mod_bwd is not None else None
     if bwd is not None and q.device.type == "cuda":
         from tylopy_kernels.attention.user_grad import handles_grad
@@ -90,7 +95,7 @@ def backward_variant(dout, q, k, v, out, lse, variant, tensors, scale, dlse):
             # the kernel calls score_mod_bwd on packed positions without the document table
             warn_fallback("score_mod_bwd on packed sequences: the backward kernel does not pass it the "
                           "document-relative indices")
-            return V.reference_backward(dout, q, k, v, out, lse, variant, tensors, scale, dlse)
+            return V.reference_backward(forward, dout, call, dlse)
     if q.device.type == "cuda" and dlse is None:
         try:
             from tylopy_kernels.attention.sm90 import backward_variant_launch as bvl
@@ -100,10 +105,10 @@ def backward_variant(dout, q, k, v, out, lse, variant, tensors, scale, dlse):
             dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
             dsinks = (torch.zeros(q.shape[1], dtype=torch.float32, device=q.device) if variant.sinks
                       else torch.empty(0, dtype=torch.float32, device=q.device))
-            bvl.launch_backward_variant(dout, q, k, v, out, lse, dq, dk, dv, dsinks, variant, tensors, scale,
+            bvl.launch_backward_variant(BackwardTensors(q, k, v, out, dout, lse, dq, dk, dv), dsinks, call,
                                         score_mod_bwd=bwd)
             return dq, dk, dv, dsinks
-    return V.reference_backward(dout, q, k, v, out, lse, variant, tensors, scale, dlse)
+    return V.reference_backward(forward, dout, call, dlse)
 
 
 @torch.library.custom_op("tylopy::attention_variant_fwd", mutates_args=())
@@ -127,7 +132,8 @@ def attention_variant_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Te
                           tensors: list[Tensor], variant_id: str, scale: float,
                           dlse: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     variant = V.lookup_variant(variant_id)
-    return backward_variant(dout, q, k, v, out, lse, variant, V.with_captured(variant, tensors), scale, dlse)
+    return backward_variant(ForwardTensors(q, k, v, out, lse), dout,
+                            VariantCall(variant, V.with_captured(variant, tensors), scale), dlse)
 
 
 @attention_variant_bwd.register_fake
@@ -163,8 +169,8 @@ def _backward(ctx, dout, dlse):
         # ALiBi slopes get none: as FlashAttention's, they are constants.
         from tylopy_kernels.attention.sm90.backward_variant_launch import float_mask_grad
         d = dlse if ctx.return_lse else None
-        grads[variant.index("attn_mask")] = float_mask_grad(dout, q, k, v, out, lse, variant,
-                                                            V.with_captured(variant, tensors), ctx.scale,
+        call = VariantCall(variant, V.with_captured(variant, tensors), ctx.scale)
+        grads[variant.index("attn_mask")] = float_mask_grad(ForwardTensors(q, k, v, out, lse), dout, call,
                                                             d).to(tensors[variant.index("attn_mask")].dtype)
     return dq, dk, dv, grads, None, None, None
 

@@ -55,6 +55,15 @@ class PackedDocs(NamedTuple):
     seqused_k: Optional[Any] = None
 
 
+class VariantCall(NamedTuple):
+    """The scores of a programmable-attention call: the ``Variant``, its tensors (in
+    ``variant.tensor_names`` order, captured ones included) and the scale."""
+
+    variant: Any
+    tensors: Any
+    scale: float
+
+
 def reject(entry: str, exc, arg, expected, got):
     """Raise ``exc`` naming the entry point, the argument, what it expects and what came."""
     raise exc(f"{entry}: {arg} expects {expected}, but got {got}")

@@ -79,8 +79,9 @@ Operators (``autograd_variants.py``; mods are not tensors, so they travel as reg
 
 ``variant_id`` comes from ``register_variant`` (``lookup_variant`` gives the Variant back);
 ``dsinks`` is fp32 (H,) with sinks, an empty (0,) tensor without. On CUDA the backward operator
-calls ``tylopy_kernels.attention.sm90.backward_variant_launch.launch_backward_variant(dout, q, k,
-v, out, lse, dq, dk, dv, dsinks, variant, tensors, scale)`` when that module exists and its
+calls ``tylopy_kernels.attention.sm90.backward_variant_launch.launch_backward_variant(
+BackwardTensors(q, k, v, out, dout, lse, dq, dk, dv), dsinks, VariantCall(variant, tensors, scale))``
+when that module exists and its
 ``supports(q, k, v, variant)`` says yes, else the torch reference (``reference_backward``).
 """
 from __future__ import annotations
@@ -527,12 +528,15 @@ def reference_forward(q, k, v, variant: Variant, tensors, scale):
     return out.to(q.dtype), lse.to(torch.float64 if work == torch.float64 else torch.float32)
 
 
-def reference_backward(dout, q, k, v, out, lse, variant: Variant, tensors, scale, dlse=None):
+def reference_backward(forward, dout, call, dlse=None):
     """(dq, dk, dv, dsinks) of ``reference_forward`` (a vector-Jacobian product through it, so it
     also runs inside an operator, where autograd is off), in fp32 (fp64 for fp64 inputs); dsinks
-    is fp32 (H,) with sinks, else an empty (0,) tensor. ``out``/``lse`` are not read (the forward
-    is recomputed): this is the definition the kernels are tested against."""
+    is fp32 (H,) with sinks, else an empty (0,) tensor. ``forward``: a ``ForwardTensors`` whose
+    q, k, v are read (its out and lse are not: the forward is recomputed); ``call``: a
+    ``VariantCall``. This is the definition the kernels are tested against."""
     import torch
+    q, k, v = forward[:3]
+    variant, tensors, scale = call
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     si = variant.index("sinks") if variant.sinks else None
 

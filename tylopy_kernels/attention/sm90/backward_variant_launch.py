@@ -1,6 +1,7 @@
 """Host side of the Hopper backward of programmable attention (``backward_variant.py``).
 
-    launch_backward_variant(dout, q, k, v, out, lse, dq, dk, dv, dsinks, variant, tensors, scale)
+    launch_backward_variant(BackwardTensors(q, k, v, out, dout, lse, dq, dk, dv), dsinks,
+                            VariantCall(variant, tensors, scale))
 
 fills dq, dk, dv (and dsinks, fp32 (H,), when the variant has sinks) from the forward's inputs,
 output and LSE. The launches are the dense backward's (``plan_backward_hopper``: statistics, the
@@ -20,13 +21,15 @@ no value row: its dP is 0).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from tylopy_kernels.attention.sm90.backward import attention_bwd_sm90
 from tylopy_kernels.attention.sm90.backward_launch import (BLOCK_N, BackwardTensors, HopperBackwardOptions,
                                                            plan_backward_hopper, supports as dense_supports)
 from tylopy_kernels.attention.sm90.backward_variant import HQ_SHIFT, attention_bwd_variant_sm90
-from tylopy_kernels.attention.common import placeholder
+from tylopy_kernels.attention.common import ForwardTensors, VariantCall, placeholder
 
 BLOCK_SIZE = 128              # the block mask's tile: one key tile of the dK/dV kernel
 
@@ -42,12 +45,24 @@ def supports(q, k, v, variant) -> bool:
     return variant.block_mask is None or variant.block_mask[0] == BLOCK_SIZE
 
 
-def work_list(variant, tensors, B, H, H_kv, n_q, n_k, block_m, device):
+class WorkShape(NamedTuple):
+    """The sizes a block mask's work list covers: batch, query heads, key/value heads, queries, keys."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    n_q: int
+    n_k: int
+
+
+def work_list(variant, tensors, shape: WorkShape, block_m):
     """(work int32 (B, H_kv, key tiles, entries), count int32 (B, H_kv, key tiles)): per key tile, the
     (query head, query tile of ``block_m`` rows, full) triples the block mask lists, query heads of
     the group one after another and tiles ascending, as ``(h << 16) | (tile << 1) | full``."""
     from tylopy_kernels.attention.block_mask import BlockMask, _tile_flags
+    B, H, H_kv, n_q, n_k = shape
     names = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
+    device = tensors[variant.index(names[0])].device
     bm = BlockMask(None, 0, 0, n_q, n_k, BLOCK_SIZE, *(tensors[variant.index(n)] for n in names))
     full, partial = _tile_flags(bm)                     # (B|1, H|1, Q tiles, K tiles)
     full = full.expand(B, H, *full.shape[2:])
@@ -88,9 +103,11 @@ def dq_order(variant, head_dim, score_mod_bwd=None) -> str:
     return "early"
 
 
-def plan_backward_variant(dout, q, k, v, out, lse, dq, dk, dv, variant, tensors, scale, *, schedule=None,
-                          score_mod_bwd=None, encode=True):
-    """The launches (``backward_launch.Step``) that fill dq, dk, dv."""
+def plan_backward_variant(io: BackwardTensors, call: VariantCall, *, schedule=None, score_mod_bwd=None, encode=True):
+    """The launches (``backward_launch.Step``) that fill ``io``'s dq, dk, dv (its attn_mask and dlse
+    stay None: the mask travels in ``call``)."""
+    q, k, v, out, dout, lse, dq, dk, dv = io[:9]
+    variant, tensors, scale = call
     bool_mask = tensors[variant.index("attn_mask")] if variant.attn_mask == "bool" else None
     sched = dict(schedule or {})
     if bool_mask is None:  # (with a mask the dense plan's MASKED_SCHEDULE already says "serial")
@@ -118,7 +135,7 @@ def _variant_step(step, q, variant, tensors, score_mod_bwd):
     work, count, work_stride = i32, i32, 0
     n_kv_tiles = -(-n_k // BLOCK_N)
     if variant.block_mask is not None:
-        work, count = work_list(variant, tensors, B, H, H_kv, n_q, n_k, step.constexprs["BLOCK_M"], dev)
+        work, count = work_list(variant, tensors, WorkShape(B, H, H_kv, n_q, n_k), step.constexprs["BLOCK_M"])
         work_stride = work.shape[-1]
     tensor_args, meta = variant_args(variant, tensors, B, H, n_q, n_k, dev)
     left, right = variant.window
@@ -138,10 +155,13 @@ def sink_grad(dout, out, lse, sinks, dlse=None):
     return -(share * delta).sum(dim=(0, 2))
 
 
-def float_mask_grad(dout, q, k, v, out, lse, variant, tensors, scale, dlse=None):
+def float_mask_grad(forward: ForwardTensors, dout, call: VariantCall, dlse=None):
     """fp32 (B, H, N, N_k): d loss / d attn_mask = P (dP - delta), the logits' gradient (the mask is
-    added after the score transform, with derivative 1), recomputed in torch from the LSE."""
+    added after the score transform, with derivative 1), recomputed in torch from the LSE.
+    ``forward``: the forward's q, k, v, out and lse."""
     from tylopy_kernels.attention import variants as V
+    q, k, v, out, lse, _ = forward
+    variant, tensors, scale = call
     H, n_q, n_k = q.shape[1], q.shape[2], k.shape[2]
     kf = k.float().repeat_interleave(H // k.shape[1], dim=1)
     vf = v.float().repeat_interleave(H // v.shape[1], dim=1)
@@ -155,11 +175,10 @@ def float_mask_grad(dout, q, k, v, out, lse, variant, tensors, scale, dlse=None)
     return p * (dp - delta)
 
 
-def launch_backward_variant(dout, q, k, v, out, lse, dq, dk, dv, dsinks, variant, tensors, scale, *,
-                            schedule=None, score_mod_bwd=None):
-    """Fill dq, dk, dv and (sinks) dsinks on the current stream."""
-    for step in plan_backward_variant(dout, q, k, v, out, lse, dq, dk, dv, variant, tensors, scale,
-                                      schedule=schedule, score_mod_bwd=score_mod_bwd):
+def launch_backward_variant(io: BackwardTensors, dsinks, call: VariantCall, *, schedule=None, score_mod_bwd=None):
+    """Fill ``io``'s dq, dk, dv and (sinks) ``dsinks`` on the current stream."""
+    for step in plan_backward_variant(io, call, schedule=schedule, score_mod_bwd=score_mod_bwd):
         step.launch()
+    variant, tensors, _ = call
     if variant.sinks:
-        dsinks.copy_(sink_grad(dout, out, lse, tensors[variant.index("sinks")]))
+        dsinks.copy_(sink_grad(io.dout, io.out, io.lse, tensors[variant.index("sinks")]))

@@ -10,6 +10,7 @@ import torch
 
 import tylopy as ty
 
+from tylopy_kernels.attention.common import ForwardTensors, VariantCall
 from tylopy_kernels.attention.sm90.forward_variant import attention_variant_fwd_sm90
 from tylopy_kernels.attention.sm90.launch import (Launch, _coord_order, _fits, _kv_view, _map_geometry, device_map)
 from tylopy_kernels.attention.sm90.mods import AUX_NDIM, AUX_SLOTS
@@ -77,9 +78,11 @@ def variant_args(variant, tensors, B, H, n_q, n_k, device):
     return [slopes, sinks, mask, *bm, *aux], meta
 
 
-def plan_variant_launch(q, k, v, variant, tensors, scale, out, lse, make_map=None) -> Launch:
-    """The grid, arguments and constexprs of one launch (``make_map(t, dims, strides, box)`` builds
-    a tensor map)."""
+def plan_variant_launch(io: ForwardTensors, call: VariantCall, make_map=None) -> Launch:
+    """The grid, arguments and constexprs of one launch of ``io`` (q, k, v, out and lse, which is
+    required; the mask travels in ``call``) (``make_map(t, dims, strides, box)`` builds a tensor map)."""
+    q, k, v, out, lse, _ = io
+    variant, tensors, scale = call
     B, H, n_q, D = q.shape
     n_k = k.shape[2]
     make_map = make_map or device_map
@@ -137,7 +140,7 @@ def open_dtypes(launch: Launch) -> dict:
     return {name: getattr(ty, _TY_DTYPES[launch.args[i].dtype]) for name, i in OPEN_SLOTS.items()}
 
 
-def launch_variant(q, k, v, variant, tensors, scale, out, lse):
+def launch_variant(io: ForwardTensors, call: VariantCall):
     """Run the kernel: q (B, H, N, D), k/v (B, H_kv, N_k, D), D in {64, 128}; out and lse (fp32) written."""
-    launch = plan_variant_launch(q, k, v, variant, tensors, scale, out, lse)
+    launch = plan_variant_launch(io, call)
     attention_variant_fwd_sm90[launch.grid](*launch.args, **launch.constexprs)

@@ -7,6 +7,7 @@ gradient, a few bf16 units (the kernels' products take bf16 operands).
 import torch
 
 from tylopy_kernels.attention import variants as V
+from tylopy_kernels.attention.common import ForwardTensors, VariantCall
 
 TOL = 1.5e-2
 
@@ -18,8 +19,8 @@ def gated_bias(score, b, h, q_idx, kv_idx):
 
 def check(got, q, k, v, dout, variant, tensors, scale):
     """Raise AssertionError naming the first gradient in ``got`` past the rule; else a summary line."""
-    ref = V.reference_backward(dout.double(), q.double(), k.double(), v.double(), None, None, variant,
-                               [t.double() if t.is_floating_point() else t for t in tensors], scale)
+    ref = V.reference_backward(ForwardTensors(q.double(), k.double(), v.double(), None), dout.double(),
+                               VariantCall(variant, [t.double() if t.is_floating_point() else t for t in tensors], scale))
     report = []
     for name, want in zip(("dq", "dk", "dv", "dsinks"), ref):
         if name not in got:
