@@ -68,7 +68,7 @@ def test_reference_formulas_match_torch_autograd(gqa, causal):
     want.backward(dout)
     with torch.no_grad():
         out, lse = A.reference_forward(q, k, v, None, causal, 0.3)
-        grads = A.reference_backward(dout, q, k, v, out, lse, None, None, causal, 0.3)
+        grads = A.reference_backward(A.ForwardTensors(q, k, v, out, lse), dout, None, causal, 0.3)
     torch.testing.assert_close(out, want)
     for mine, t in zip(grads, (q, k, v)):
         torch.testing.assert_close(mine, t.grad)

@@ -90,7 +90,7 @@ def test_gradcheck_through_the_varlen_operator(causal, gqa):
     v = torch.randn(sum(lk), H // gqa, 4, generator=gen, dtype=torch.float64, requires_grad=True)
 
     def fn(q, k, v):
-        out, lse = A.varlen_op(q, k, v, cu(lq), cu(lk), max(lq), max(lk), causal, 0.7, return_lse=True)
+        out, lse = A.varlen_op(q, k, v, A.PackedDocs(cu(lq), cu(lk), max(lq), max(lk)), causal, 0.7, return_lse=True)
         return out, lse.masked_fill(torch.isinf(lse), 0.0)  # rows without keys: -inf, no gradient
 
     assert torch.autograd.gradcheck(fn, (q, k, v))

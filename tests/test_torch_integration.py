@@ -276,7 +276,7 @@ def test_nested_jagged_tensors_run_as_varlen(monkeypatch, causal):
 
     def varlen(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False, scale=None, enable_gqa=False, return_lse=False):
         calls.append((cu_q.dtype, max_q, q.shape))
-        return A.varlen_op(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, return_lse)
+        return A.varlen_op(q, k, v, A.PackedDocs(cu_q, cu_k, max_q, max_k), is_causal, scale, return_lse)
 
     monkeypatch.setattr(attention_pkg, "attention_varlen", varlen)
     lengths = (3, 7, 1)
@@ -299,7 +299,7 @@ def test_nested_jagged_tensors_run_as_varlen(monkeypatch, causal):
 def test_nested_attention_traces_into_one_graph(monkeypatch):
     import tylopy_kernels.attention as attention_pkg
     monkeypatch.setattr(attention_pkg, "attention_varlen", lambda q, k, v, cu_q, cu_k, max_q, max_k, **kw: A.varlen_op(
-        q, k, v, cu_q, cu_k, max_q, max_k, kw["is_causal"], 0.125, kw["return_lse"]))
+        q, k, v, A.PackedDocs(cu_q, cu_k, max_q, max_k), kw["is_causal"], 0.125, kw["return_lse"]))
     offsets = torch.tensor([0, 100, 256])
     nested = lambda x: torch.nested.nested_tensor_from_jagged(x, offsets).transpose(1, 2)  # noqa: E731
     packed = torch.randn(256, 8, 64)

@@ -170,8 +170,7 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     if _through_op(query, key, value):
         from tylopy_kernels.attention.autograd import attention_op
         return attention_op(query, key, value, attn_mask, is_causal, scale, return_lse)
-    out, lse, again = forward(query, key, value, attn_mask, is_causal, scale, return_lse,
-                              None if known is None else known.strides_ok, keep_plan=known is not None)
+    out, lse, again = forward(query, key, value, attn_mask, is_causal, scale, return_lse, known)
     if known is not None:
         known.repeats[return_lse] = again
     return (out, lse) if return_lse else out
@@ -265,10 +264,12 @@ def _nonpositive_scale(query, scale):
     return (torch.zeros_like(query), 1.0) if scale == 0 else (-query, -scale)
 
 
-def forward(query, key, value, attn_mask, is_causal, scale, return_lse, strides_ok=None, keep_plan=False):
+def forward(query, key, value, attn_mask, is_causal, scale, return_lse, known=None):
     """(out, lse or None, kept) on CUDA by the kernels: Hopper's where it applies, else the portable
-    one. ``strides_ok``: ``_tma_strides_ok(query, key, value)`` when the caller knows it. With
-    ``keep_plan``, ``kept`` is the Hopper launch a call of the same signature can repeat (or None)."""
+    one. ``known``: the ``_Known`` of this call's signature, when it has one: its ``strides_ok``
+    is used, and ``kept`` is the Hopper launch a call of the same signature can repeat (or None)."""
+    strides_ok = None if known is None else known.strides_ok
+    keep_plan = known is not None
     B, H, n_q, D = query.shape
     n_k = key.shape[2]
     dev = query.device
@@ -299,10 +300,13 @@ def forward(query, key, value, attn_mask, is_causal, scale, return_lse, strides_
     return out, lse, None
 
 
-def backward(dout, query, key, value, out, lse, attn_mask, dlse, is_causal, scale):
+def backward(forward_tensors, dout, dlse, is_causal, scale):
     """(dq, dk, dv) on CUDA: Hopper's backward kernels for D = 64 and 128 on sm_90 (without a
     gradient of the LSE), the portable ones elsewhere. Deterministic throughout when
-    ``torch.use_deterministic_algorithms(True)`` is on (the portable kernels always are)."""
+    ``torch.use_deterministic_algorithms(True)`` is on (the portable kernels always are).
+    ``forward_tensors``: a ``ForwardTensors`` of the forward's query, key, value, out, lse and
+    attn_mask; ``dlse``: the LSE's gradient or None."""
+    query, key, value, out, lse, attn_mask = forward_tensors
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (query, key, value))
     B, H, n_q, D = query.shape
     if B * H * n_q == 0 or key.shape[2] == 0:
@@ -376,7 +380,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         return (out, lse) if return_lse else out
     if _through_op(q, k, v):
         from tylopy_kernels.attention.autograd import varlen_op
-        return varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
+        return varlen_op(q, k, v, PackedDocs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), is_causal, scale,
                          return_lse)
     out, lse = forward_varlen(q, k, v, PackedDocs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), is_causal,
                               scale, return_lse)

@@ -79,8 +79,10 @@ def _group_sum(t, heads_kv):
     return t.reshape(B, heads_kv, H // heads_kv, N, D).sum(dim=2)
 
 
-def reference_backward(dout, q, k, v, out, lse, mask, dlse, is_causal, scale):
-    """(dq, dk, dv) from the saved lse, by the formulas the kernels use."""
+def reference_backward(forward: ForwardTensors, dout, dlse, is_causal, scale):
+    """(dq, dk, dv) from the saved lse, by the formulas the kernels use. ``forward``: the forward's
+    q, k, v, out, lse and attn_mask; ``dlse`` the LSE's gradient or None."""
+    q, k, v, out, lse, mask = forward
     if k.shape[2] == 0 or q.shape[2] == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     H, H_kv = q.shape[1], k.shape[1]
@@ -116,11 +118,16 @@ def reference_varlen_forward(q, k, v, cu_q, cu_k, is_causal, scale):
     return out, lse
 
 
-def reference_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, dlse, is_causal, scale):
+def reference_varlen_backward(forward: ForwardTensors, dout, dlse, cu_seqlens, is_causal, scale):
+    """(dq, dk, dv) of packed sequences, one ``reference_backward`` per sequence. ``forward``: the
+    packed q, k, v, out and lse (H, total_q); ``cu_seqlens``: (cu_q, cu_k)."""
+    q, k, v, out, lse, _ = forward
+    cu_q, cu_k = cu_seqlens
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     for q0, q1, k0, k1 in _sequences(cu_q, cu_k):
-        grads = reference_backward(_as_batch(dout, q0, q1), _as_batch(q, q0, q1), _as_batch(k, k0, k1),
-                                   _as_batch(v, k0, k1), _as_batch(out, q0, q1), lse[:, q0:q1].unsqueeze(0), None,
+        doc = ForwardTensors(_as_batch(q, q0, q1), _as_batch(k, k0, k1), _as_batch(v, k0, k1), _as_batch(out, q0, q1),
+                             lse[:, q0:q1].unsqueeze(0))
+        grads = reference_backward(doc, _as_batch(dout, q0, q1),
                                    None if dlse is None else dlse[:, q0:q1].unsqueeze(0), is_causal, scale)
         for dst, g, a, b in ((dq, grads[0], q0, q1), (dk, grads[1], k0, k1), (dv, grads[2], k0, k1)):
             dst[a:b] = g[0].transpose(0, 1)
@@ -155,8 +162,8 @@ def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
                   scale: float) -> tuple[Tensor, Tensor, Tensor]:
     if q.device.type == "cuda":
         from tylopy_kernels.attention import backward
-        return backward(dout, *_rows_contiguous(q, k, v), out, lse, attn_mask, dlse, is_causal, scale)
-    return reference_backward(dout, q, k, v, out, lse, attn_mask, dlse, is_causal, scale)
+        return backward(ForwardTensors(*_rows_contiguous(q, k, v), out, lse, attn_mask), dout, dlse, is_causal, scale)
+    return reference_backward(ForwardTensors(q, k, v, out, lse, attn_mask), dout, dlse, is_causal, scale)
 
 
 @attention_bwd.register_fake
@@ -186,7 +193,7 @@ def attention_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Ten
         from tylopy_kernels.attention.varlen import backward_varlen
         return backward_varlen(ForwardTensors(*_rows_contiguous(q, k, v), out, lse), dout, dlse,
                                PackedDocs(cu_q, cu_k, max_q, max_k), is_causal, scale)
-    return reference_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, dlse, is_causal, scale)
+    return reference_varlen_backward(ForwardTensors(q, k, v, out, lse), dout, dlse, (cu_q, cu_k), is_causal, scale)
 
 
 @attention_varlen_bwd.register_fake
@@ -254,7 +261,9 @@ def attention_op(q, k, v, attn_mask=None, is_causal=False, scale=1.0, return_lse
     return (out, lse) if return_lse else out
 
 
-def varlen_op(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False, scale=1.0, return_lse=False):
-    """Packed variable-length attention through the operator; no argument checks."""
+def varlen_op(q, k, v, docs: PackedDocs, is_causal=False, scale=1.0, return_lse=False):
+    """Packed variable-length attention through the operator (``docs.seqused_*`` must be None); no
+    argument checks."""
+    cu_q, cu_k, max_q, max_k = docs[:4]
     out, lse = attention_varlen_fwd(q, k, v, cu_q, cu_k, int(max_q), int(max_k), is_causal, float(scale), return_lse)
     return (out, lse) if return_lse else out

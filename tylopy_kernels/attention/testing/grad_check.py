@@ -23,6 +23,7 @@ from typing import NamedTuple
 import torch
 
 from tylopy_kernels.attention import autograd as A
+from tylopy_kernels.attention.common import ForwardTensors
 
 UNIT_ROUNDOFF = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 LSE_RTOL = 1e-5
@@ -59,11 +60,11 @@ def references(inputs: BackwardInputs):
         d = None if dlse is None else dlse.to(torch.float64 if dtype == torch.float64 else torch.float32)
         if varlen is None:
             out, lse = A.reference_forward(*t[:3], mask, causal, scale)
-            grads = A.reference_backward(t[3], *t[:3], out, lse, mask, d, causal, scale)
+            grads = A.reference_backward(ForwardTensors(*t[:3], out, lse, mask), t[3], d, causal, scale)
         else:
             cu_q, cu_k = varlen[:2]
             out, lse = A.reference_varlen_forward(*t[:3], cu_q, cu_k, causal, scale)
-            grads = A.reference_varlen_backward(t[3], *t[:3], out, lse, cu_q, cu_k, d, causal, scale)
+            grads = A.reference_varlen_backward(ForwardTensors(*t[:3], out, lse), t[3], d, (cu_q, cu_k), causal, scale)
         result.append(dict(zip(("out", "lse", "dq", "dk", "dv"), (out, lse, *grads))))
     return result
 
