@@ -31,7 +31,7 @@ import math
 import torch
 
 from tylopy_kernels.attention.common import check_token_tensor, rejecter
-from tylopy_kernels.attention.conventions import autocast_inputs, is_nested, nested_attention
+from tylopy_kernels.attention.conventions import SdpaOptions, autocast_inputs, is_nested, nested_attention
 from tylopy_kernels.attention.fp8 import fp8_attention, is_fp8_call, reject_variant
 
 HOPPER_HEAD_DIMS = (64, 128)
@@ -133,13 +133,17 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
             or score_mod is not None or mask_mod is not None or block_mask is not None or aux is not None
             or causal_align != "top_left" or score_mod_bwd is not None or (not is_nested(query, key, value) and (
                 _float_mask(attn_mask) or _rectangular_causal(query, key, is_causal)))):
-        return _variant_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
-                                  window_size, softcap, alibi_slopes, sinks, score_mod, mask_mod, block_mask, aux,
-                                  causal_align, score_mod_bwd)
+        from tylopy_kernels.attention.variants import VariantKeywords
+        keywords = VariantKeywords(is_causal, causal_align, attn_mask, window_size=window_size, softcap=softcap,
+                                   alibi_slopes=alibi_slopes, sinks=sinks, score_mod=score_mod, mask_mod=mask_mod,
+                                   block_mask=block_mask, aux=aux, score_mod_bwd=score_mod_bwd)
+        return _variant_attention(query, key, value,
+                                  SdpaOptions(attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse), keywords)
     T = torch.Tensor
     if (type(query) is not T or type(key) is not T or type(value) is not T) and is_nested(query, key, value):
         # SDPA's nested jagged tensors: attention_varlen on the packed values
-        return nested_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse)
+        return nested_attention(query, key, value,
+                                SdpaOptions(attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse))
     if getattr(query, "dtype", None) is torch.float32:  # fp32 under autocast runs in its dtype, as SDPA
         query, key, value = autocast_inputs(query, key, value)
     if type(return_lse) is not bool:
@@ -186,12 +190,12 @@ def _rectangular_causal(query, key, is_causal) -> bool:
             and query.dim() == 4 and key.dim() == 4 and query.shape[2] != key.shape[2])
 
 
-def _variant_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, window_size,
-                       softcap, alibi_slopes, sinks, score_mod, mask_mod, block_mask, aux, causal_align,
-                       score_mod_bwd=None):
-    """``attention`` with variant keywords: checked, described (``variants.make_variant``) and run
-    through the ``tylopy::attention_variant_fwd`` operator (kernel or torch path)."""
+def _variant_attention(query, key, value, options: SdpaOptions, keywords):
+    """``attention`` with variant keywords (``variants.VariantKeywords``, is_causal and attn_mask as in
+    ``options``): checked, described (``variants.make_variant_id``) and run through the
+    ``tylopy::attention_variant_fwd`` operator (kernel or torch path)."""
     from tylopy_kernels.attention import variants
+    attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse = options
     from tylopy_kernels.attention.autograd_variants import variant_op
     if getattr(query, "dtype", None) is torch.float32:
         query, key, value = autocast_inputs(query, key, value)
@@ -206,11 +210,8 @@ def _variant_attention(query, key, value, attn_mask, dropout_p, is_causal, scale
         # float64 runs the reference (the tests' oracle path): checked as 16-bit tensors of the same shapes
         shown = tuple(torch.empty_strided(t.shape, t.stride(), dtype=torch.bfloat16, device="meta") for t in shown)
     B, H, n_q, n_k, D, scale = check_inputs(*shown, None, False, scale, enable_gqa)
-    vid, tensors = variants.make_variant_id(B, H, n_q, n_k, query.device, is_causal=is_causal,
-                                            causal_align=causal_align, attn_mask=attn_mask, window_size=window_size,
-                                            softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
-                                            score_mod=score_mod, mask_mod=mask_mod, block_mask=block_mask, aux=aux,
-                                            score_mod_bwd=score_mod_bwd)
+    vid, tensors = variants.make_variant_id(B, H, n_q, n_k, query.device,
+                                            keywords)
     return variant_op(query, key, value, vid, tensors, scale, return_lse)
 
 

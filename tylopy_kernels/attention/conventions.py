@@ -16,6 +16,8 @@ the query's offsets.
 """
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import torch
 
 from tylopy_kernels.attention.common import rejecter
@@ -57,9 +59,22 @@ def _renest(packed, offsets, max_seqlen):
     return torch.nested.nested_tensor_from_jagged(packed, offsets, max_seqlen=max_seqlen).transpose(1, 2)
 
 
-def nested_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse):
+class SdpaOptions(NamedTuple):
+    """``attention``'s arguments after query, key and value that SDPA has too, plus ``return_lse``,
+    as the caller passed them (unchecked)."""
+
+    attn_mask: Any = None
+    dropout_p: Any = 0.0
+    is_causal: Any = False
+    scale: Any = None
+    enable_gqa: Any = False
+    return_lse: Any = False
+
+
+def nested_attention(query, key, value, options: SdpaOptions):
     """``attention`` of nested jagged (B, H, j, D) tensors through ``attention_varlen``."""
     from tylopy_kernels.attention import attention_varlen
+    attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse = options
     q, off_q, max_q = _packed("query", query)
     k, off_k, max_k = _packed("key", key)
     v, off_v, _ = _packed("value", value)
@@ -88,4 +103,4 @@ def nested_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, 
     return _renest(out, off_q, max_q), _renest(lse.transpose(0, 1), off_q, max_q)
 
 
-__all__ = ["autocast_inputs", "is_nested", "nested_attention"]
+__all__ = ["SdpaOptions", "autocast_inputs", "is_nested", "nested_attention"]

@@ -88,6 +88,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
 
 from tylopy_kernels.attention.mod_registry import (ModError, ModRef, _is_tensor, captured_tensors, lookup_mod,  # noqa: F401,E501
                                                    lookup_variant, mod_ref, register_mod, register_variant)
@@ -163,20 +164,53 @@ def _fail(exc, arg, expected, got):
     raise exc(f"attention: {arg} expects {expected}, but got {got}")
 
 
+class VariantKeywords(NamedTuple):
+    """``attention``'s variant keywords as the caller passed them, with SDPA's ``is_causal`` and
+    ``attn_mask`` (docs/attention-variants.md); ``make_variant_id`` checks them."""
+
+    is_causal: bool = False
+    causal_align: str = "top_left"
+    attn_mask: Any = None
+    window_size: Any = None
+    softcap: Any = None
+    alibi_slopes: Any = None
+    sinks: Any = None
+    score_mod: Any = None
+    mask_mod: Any = None
+    block_mask: Any = None
+    aux: Any = None
+    score_mod_bwd: Any = None
+
+
+class VariantChoices(NamedTuple):
+    """The non-tensor choices of a Variant, as ``make_variant_id`` resolved them: causal and its
+    alignment, the window (left, right), softcap (0: none), the ALiBi kind ("", "h", "bh"), sinks,
+    the mask kind ("", "bool", "float") and the block mask's (BLOCK_SIZE, B, H, n_q, n_k) or None."""
+
+    causal: bool
+    causal_align: str
+    window: tuple
+    softcap: float
+    alibi: str
+    sinks: bool
+    mask_kind: str
+    block_mask: Any
+
+
 def make_variant(B, H, n_q, n_k, device, **keywords):
     """(Variant, all its tensors, captured ones included) for one call (not under torch.compile: the
-    entry point uses ``make_variant_id``)."""
-    vid, tensors = make_variant_id(B, H, n_q, n_k, device, **keywords)
+    entry point uses ``make_variant_id``); ``keywords``: ``VariantKeywords``' fields."""
+    vid, tensors = make_variant_id(B, H, n_q, n_k, device, VariantKeywords(**keywords))
     variant = lookup_variant(vid)
     return variant, with_captured(variant, tensors)
 
 
-def make_variant_id(B, H, n_q, n_k, device, *, is_causal=False, causal_align="top_left", attn_mask=None,
-                    window_size=None, softcap=None, alibi_slopes=None, sinks=None, score_mod=None, mask_mod=None,
-                    block_mask=None, aux=None, score_mod_bwd=None):
+def make_variant_id(B, H, n_q, n_k, device, keywords: VariantKeywords = VariantKeywords()):
     """(variant id, the explicit tensors the operators take) for one call, every keyword checked (errors
     name the keyword); traceable by torch.compile (``describe`` is a constant there)."""
     import torch
+    (is_causal, causal_align, attn_mask, window_size, softcap, alibi_slopes, sinks, score_mod, mask_mod, block_mask,
+     aux, score_mod_bwd) = keywords
     tensors, names = [], []
     if causal_align not in ALIGNS:
         _fail(ValueError, "causal_align", "'top_left' or 'bottom_right'", repr(causal_align))
@@ -261,8 +295,8 @@ def make_variant_id(B, H, n_q, n_k, device, *, is_causal=False, causal_align="to
             _same_device("aux", t, device)
             tensors.append(t)
             names.append(f"aux{k}")
-    vid = describe(bool(is_causal), causal_align, window, cap, alibi, sinks is not None, mask_kind, score_mod, mask_mod,
-                   bm, tuple(names), aux is not None, str(device))
+    choices = VariantChoices(bool(is_causal), causal_align, window, cap, alibi, sinks is not None, mask_kind, bm)
+    vid = describe(tuple(choices), score_mod, mask_mod, tuple(names), aux is not None, str(device))
     if score_mod_bwd is not None:
         vid = with_score_mod_bwd(vid, score_mod, score_mod_bwd)
     return vid, tensors
@@ -310,11 +344,12 @@ def with_score_mod_bwd(variant_id, score_mod, score_mod_bwd):
 
 
 @_constant_result
-def describe(causal, causal_align, window, softcap, alibi, sinks, mask_kind, score_mod, mask_mod, block_mask, names,
-             takes_aux, device):
+def describe(choices: tuple, score_mod, mask_mod, names, takes_aux, device):
     """The registry id of the Variant of these (non-tensor) choices and mods: the mods' captured tensors
     take the slots after the explicit tensors ``names``. A constant under torch.compile (it reads the
-    mods' closures and globals, which dynamo need not trace)."""
+    mods' closures and globals, which dynamo need not trace). ``choices``: a ``VariantChoices`` as a
+    plain tuple (dynamo passes a NamedTuple to a constant-result function without its fields)."""
+    causal, causal_align, window, softcap, alibi, sinks, mask_kind, block_mask = choices
     names = list(names)
     refs = {}
     for arg, fn in (("score_mod", score_mod), ("mask_mod", mask_mod)):

@@ -315,7 +315,8 @@ def describe_varlen(choices, score_mod, mask_mod, score_mod_bwd, names, device):
     mask = varlen_mod("mask_mod", mask_mod, None, takes_aux, alibi)  # (alibi: where the user's aux start)
     score = (varlen_mod("score_mod", score_mod, score_mod_bwd, takes_aux, alibi)
              if score_mod is not None or alibi else None)
-    vid = V.describe(False, "top_left", (-1, -1), cap, "", sinks, "", score, mask, bm, names, True, device)
+    vid = V.describe(tuple(V.VariantChoices(False, "top_left", (-1, -1), cap, "", sinks, "", bm)), score, mask, names,
+                     True, device)
     read = [n for n in V.lookup_variant(vid).tensor_names if n.startswith("aux")]
     if len(read) > AUX_SLOTS:
         mine = 2 if alibi else 1
@@ -349,8 +350,9 @@ def varlen_variant(q, k, v, cu, options):
     align = options["causal_align"]
     if align not in V.ALIGNS:
         V._fail(ValueError, "causal_align", "'bottom_right' (FlashAttention's varlen) or 'top_left'", repr(align))
-    _, sink_tensors = V.make_variant_id(1, H, total_q, total_k, q.device, window_size=options["window_size"],
-                                        softcap=options["softcap"], sinks=options["sinks"])
+    _, sink_tensors = V.make_variant_id(1, H, total_q, total_k, q.device,
+                                        V.VariantKeywords(window_size=options["window_size"], softcap=options["softcap"],
+                                                          sinks=options["sinks"]))
     window = tuple(options["window_size"]) if options["window_size"] is not None else (-1, -1)
     cap = float(options["softcap"] or 0.0)
     alibi = _alibi(options["alibi_slopes"], H, n_docs, q.device)
