@@ -20,7 +20,7 @@ def check(m, n, k, form, fast=False, block_n=128, a_dt=E4, b_dt=E4, out=torch.bf
     a, b = operands(m, n, k, a_dt, b_dt, seed=seed)
     sa, sb = scales(form, m, n, k, seed=seed, transposed=transposed)
     bias = None if bias_dt is None else (torch.randn(n, generator=torch.Generator().manual_seed(seed)) * 8).to(bias_dt)
-    c = L.emulate(a, b, sa, sb, bias, out, use_fast_accum=fast, schedule=dict(BLOCK_N=block_n), grid=grid)
+    c = L.emulate(L.Fp8Operands(a, b, sa, sb, bias), out, use_fast_accum=fast, schedule=dict(BLOCK_N=block_n), grid=grid)
     assert c.dtype == out and c.shape == (m, n)
     padded = c.as_strided((m, c.stride(0)), (c.stride(0), 1))  # the output's rows are padded to 16 bytes
     assert bool(padded[:, n:].isnan().all()), "the kernel wrote past N"
@@ -61,7 +61,7 @@ def test_operands_inside_wider_buffers_are_read_through_their_strides():
     a, b = big_a[:, 16:16 + k], big_b[32:32 + k]
     assert a.stride(0) == k + 48 and b.stride(1) == k + 48
     sa, sb = scales("row", m, n, k, seed=9)
-    c = L.emulate(a, b, sa, sb, None, torch.float32, schedule=dict(BLOCK_N=64), grid=1)
+    c = L.emulate(L.Fp8Operands(a, b, sa, sb), torch.float32, schedule=dict(BLOCK_N=64), grid=1)
     np.testing.assert_array_equal(c.numpy(), model(a, b, sa, sb, None, torch.float32))
 
 
@@ -82,7 +82,7 @@ def test_promotion_every_128_codes_restores_f32_accumulation():
     sa, sb = torch.tensor([1.0]), torch.tensor([1.0])
     got = {}
     for fast in (False, True):
-        c = L.emulate(a, b, sa, sb, None, torch.float32, use_fast_accum=fast, schedule=dict(BLOCK_N=64), grid=1)
+        c = L.emulate(L.Fp8Operands(a, b, sa, sb), torch.float32, use_fast_accum=fast, schedule=dict(BLOCK_N=64), grid=1)
         np.testing.assert_array_equal(c.numpy(), model(a, b, sa, sb, None, torch.float32, promote=not fast))
         got[fast] = c
     assert not np.array_equal(got[False].numpy(), model(a, b, sa, sb, None, torch.float32, interval=256))

@@ -15,6 +15,7 @@ or ``w.t()`` of a contiguous weight (``b.t().contiguous().t()``, one pass over B
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -196,11 +197,23 @@ def _by_strides(s):
     return s
 
 
+class Fp8Operands(NamedTuple):
+    """The operands of one scaled product: a (M, K) and b (K, N) in FP8, their float32 scales in
+    one of torch._scaled_mm's forms (``scale_form``) and an optional bias (N,)."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    scale_a: torch.Tensor
+    scale_b: torch.Tensor
+    bias: Optional[torch.Tensor] = None
+
+
 class LaunchPlan:
     """Everything about a launch that depends only on shapes, strides, dtypes and the schedule;
     a call then looks up tensor maps for the tensors' addresses and launches."""
 
-    def __init__(self, a, b, out_dtype, form, scale_a, scale_b, bias, cfg, sms):
+    def __init__(self, operands: Fp8Operands, out_dtype, form, cfg, sms):
+        a, b, scale_a, scale_b, bias = operands
         m, k = a.shape
         n = b.shape[1]
         self.m, self.n, self.k, self.out_dtype = m, n, k, out_dtype
@@ -231,25 +244,27 @@ class LaunchPlan:
         self._launcher.launch(self.grid, self.args(a, b, out, scale_a, scale_b, bias))
 
 
-def emulate(a, b, scale_a, scale_b, bias=None, out_dtype=torch.bfloat16, use_fast_accum=False, schedule=None,
-            grid=2):
+def emulate(operands: Fp8Operands, out_dtype=torch.bfloat16, use_fast_accum=False, schedule=None, grid=2):
     """The kernel in the emulator on CPU tensors (the tests' way in): returns C."""
+    a, b, scale_a, scale_b, bias = operands
     m, n, k, form, out_dtype = check_inputs(a, b, scale_a, scale_b, bias, out_dtype, use_fast_accum, schedule)
     promote = form == "block" or not use_fast_accum
     cfg = full_schedule(schedule or {}, promote)
     out = output_buffer(m, n, out_dtype, a.device)
     out.as_strided((m, out.stride(0)), (out.stride(0), 1)).fill_(float("nan"))  # the row padding too
-    p = LaunchPlan(a, b, out_dtype, form, scale_a, scale_b, bias, cfg, sms=grid)
+    p = LaunchPlan(operands, out_dtype, form, cfg, sms=grid)
     gemm_fp8_sm90.emulate(*p.args(a, b, out, scale_a, scale_b, bias, spec=True), grid=p.grid, **p.cx)
     return out
 
 
 @ty.autotune(configs=CONFIGS, key=["a", "b", "out", "scale_a", "scale_b", "bias", "promote"], prune=prune,
              timer=functools.partial(median_ms, warmup_ms=25, rep_ms=100), name="tylopy_kernels.gemm.fp8")
-def run(a, b, out, scale_a, scale_b, bias, form, promote, **cfg):
-    """C = scale(A B) + bias into ``out`` with the autotuned schedule (or ``cfg`` when given)."""
+def run(a, b, out, scale_a, scale_b, bias, promote, **cfg):
+    """C = scale(A B) + bias into ``out`` with the autotuned schedule (or ``cfg`` when given); the
+    scales' shapes give their form (``scale_form``)."""
+    form = scale_form(a.shape[0], b.shape[1], a.shape[1], scale_a, scale_b)
     make_plan(a, b, out, scale_a, scale_b, bias, form, cfg)(a, b, out, scale_a, scale_b, bias)
 
 
 def make_plan(a, b, out, scale_a, scale_b, bias, form, cfg) -> LaunchPlan:
-    return LaunchPlan(a, b, out.dtype, form, scale_a, scale_b, bias, cfg, sm_count(a.device.index))
+    return LaunchPlan(Fp8Operands(a, b, scale_a, scale_b, bias), out.dtype, form, cfg, sm_count(a.device.index))

@@ -140,7 +140,7 @@ def launch_scaled_matmul(a, b, scale_a, scale_b, bias=None, out_dtype=torch.bflo
     promote = form == "block" or not use_fast_accum
     with torch.cuda.device(a.device):
         cfg = full_schedule(schedule, promote) if schedule is not None else \
-            run.best_config(a, b, out, scale_a, scale_b, bias, form, promote).kwargs
+            run.best_config(a, b, out, scale_a, scale_b, bias, promote).kwargs
         plan = make_plan(a, b, out, scale_a, scale_b, bias, form, cfg)
         plan(a, b, out, scale_a, scale_b, bias)
     if sig is not None and (bias is None or sig[4][1] == (1,)):
