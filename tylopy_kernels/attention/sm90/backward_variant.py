@@ -27,7 +27,7 @@ from tylopy import hopper
 from tylopy_kernels.attention.sm90.backward import (KEYS_PER_CONSUMER, Config, Problem, Smem, check_config, column_stats,
                                                     consumer, init_barriers, producer)
 from tylopy_kernels.attention.sm90.backward_common import BIG, LOG2E, NEG_INF, mask_bit
-from tylopy_kernels.attention.sm90.mod_grad import (ForwardView, float_mask_at, mask_mod_keep,
+from tylopy_kernels.attention.sm90.mod_grad import (ElementAt, ForwardView, float_mask_at, mask_mod_keep,
                                                     score_and_grad, transform_has_slope)
 from tylopy_kernels.attention.sm90.variant_tiles import VariantProblem, forget_loads
 
@@ -280,7 +280,8 @@ def fused_words(s, dp, ta):
             mval = None
             if key.attn_mask == "float":
                 mval = float_mask_at(vb, ta.b, ta.hq, qi, ki)
-            t, grad = score_and_grad(vb, ta.b, ta.hq, qi, ki, vals[i] * ta.prob.scale, with_grad, ta.slope, mval)
+            t, grad = score_and_grad(vb, ElementAt(ta.b, ta.hq, qi, ki), vals[i] * ta.prob.scale, with_grad, ta.slope,
+                                     mval)
             arg = ty.fma(t, LOG2E, -lse[e & 1])
             keep = element_keep(ta, i, True, True, bounds, keys, queries)
             p = ty.exp2(arg if keep is None else ty.select(keep, arg, NEG_INF))

@@ -3,8 +3,9 @@ derivative, for the backward kernel.
 
 The transform itself is the forward kernel's (``variant_tiles._transform``: softcap, the user's
 score_mod traced by ``mods.call_traced``, ALiBi, the float mask), so both passes compute the same
-scores bit for bit. ``score_and_grad(vb, b, h, q_idx, kv_idx, x, with_grad, slope, mval)`` gives ``(T(x),
-dT/dx)`` at the scaled score x of one element (``dT/dx`` None when ``with_grad`` is False):
+scores bit for bit. ``score_and_grad(vb, ElementAt(b, h, q_idx, kv_idx), x, with_grad, slope, mval)``
+gives ``(T(x), dT/dx)`` at the scaled score x of one element (``dT/dx`` None when ``with_grad`` is
+False):
 
 * by default ``dT/dx`` is ``ty.value_and_derivative`` of that very DSL function: the chain rule
   over the ops T traced (softcap's tanh, a user score_mod, ALiBi's and the float mask's
@@ -16,6 +17,8 @@ dT/dx)`` at the scaled score x of one element (``dT/dx`` None when ``with_grad``
   ``score_mod_bwd(s, ds)`` with ``s, ds`` softcap's value and derivative; ALiBi and the float mask
   add constants.
 """
+from typing import Any, NamedTuple
+
 import tylopy as ty
 
 from tylopy_kernels.attention.sm90 import mods
@@ -42,8 +45,18 @@ def float_mask_at(vb, b, h, q_idx, kv_idx):
     return ty.load(fv.variant.mask.address((b, h, q_idx, kv_idx)), mask=inside)
 
 
-def score_and_grad(vb, b, h, q_idx, kv_idx, x, with_grad, slope, mval):
+class ElementAt(NamedTuple):
+    """Where one score element is: batch entry, query head, query and key positions (traced values)."""
+
+    b: Any
+    h: Any
+    q_idx: Any
+    kv_idx: Any
+
+
+def score_and_grad(vb, at: ElementAt, x, with_grad, slope, mval):
     """(T(x), dT/dx or None): see the module text (``mval``: the float mask's value, or None)."""
+    b, h, q_idx, kv_idx = at
     fv = vb.fwd
     vp = fv.variant
     key = vp.v
