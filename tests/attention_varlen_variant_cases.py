@@ -39,6 +39,19 @@ def doc_bias_bwd(score, grad, b, h, q_idx, kv_idx):
     return grad * (1.0 + 0.125 * h)
 
 
+def gain_mods(device=None, heads=8):
+    """(score_mod, score_mod_bwd) reading a per-head gain captured on ``device``: score * gain[h] minus a
+    distance bias plus a per-document offset, and its derivative, which reads the same tensor."""
+    gain = (0.625 + 0.25 * (torch.arange(heads) % 4)).to(torch.float32).to(device)
+
+    def gain_bias(score, b, h, q_idx, kv_idx):
+        return score * gain[h] - 0.02 * (q_idx - kv_idx).abs() + 0.25 * b
+
+    def gain_bias_bwd(score, grad, b, h, q_idx, kv_idx):
+        return grad * gain[h]
+    return gain_bias, gain_bias_bwd
+
+
 def stripes(b, h, q_idx, kv_idx):
     return (q_idx + 2 * kv_idx + h + b) % 5 != 1
 
@@ -86,5 +99,5 @@ def _shifted(fn, d, arg):
     if arg == "mask_mod":
         return lambda b, h, i, j, *rest: fn(b + d, h, i, j, *rest)
     if arg == "score_mod_bwd":
-        return lambda s, g, b, h, i, j: fn(s, g, b + d, h, i, j)
+        return lambda s, g, b, h, i, j, *rest: fn(s, g, b + d, h, i, j, *rest)
     return lambda s, b, h, i, j, *rest: fn(s, b + d, h, i, j, *rest)

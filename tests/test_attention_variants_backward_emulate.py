@@ -4,8 +4,9 @@ Every variant's dq, dk, dv (and dsinks) from the emulated launches against float
 the torch reference (``variants.reference_backward``), at sizes where every tile is ragged
 (N = 300, N_k = 430), head dims 64 and 128, grouped-query heads, NaN-filled gradient buffers; a
 user-written score_mod whose derivative the kernel derives itself (print it with ``-s``); the
-explicit ``score_mod_bwd``; the errors for mods that cannot be differentiated; the sink and float
-mask gradients; and the dense backward's PTX, unchanged by the variant hooks.
+explicit ``score_mod_bwd`` (reading captured tensors and ``aux`` as the mod does); the errors for
+mods that cannot be differentiated; the sink and float mask gradients; and the dense backward's
+PTX, unchanged by the variant hooks.
 """
 import inspect
 import math
@@ -241,6 +242,51 @@ def test_score_mod_reading_a_captured_table():
                                       causal_align="bottom_right")
     got = emulate_backward(q, k, v, dout, variant, tensors, 1 / math.sqrt(D))
     print(check(got, q, k, v, dout, variant, tensors, 1 / math.sqrt(D)))
+
+
+GAIN = torch.rand(2, generator=torch.Generator().manual_seed(7)) + 0.5   # per head: read by a mod and its derivative
+GAIN_COPY = GAIN.clone()   # another tensor of the same values (its own slot)
+
+
+def gain_mod(score, b, h, q_idx, kv_idx):
+    return score * GAIN[h] - 0.01 * (q_idx - kv_idx)
+
+
+def gain_bwd(score, grad, b, h, q_idx, kv_idx):
+    """The derivative reads the mod's global tensor: it shares the mod's slot (and load)."""
+    return grad * GAIN[h]
+
+
+def gain_copy_bwd(score, grad, b, h, q_idx, kv_idx):
+    return grad * GAIN_COPY[h]
+
+
+def gain_mod_aux(score, b, h, q_idx, kv_idx, aux):
+    return score * aux[0][h] - 0.01 * (q_idx - kv_idx)
+
+
+def gain_bwd_aux(score, grad, b, h, q_idx, kv_idx, aux):
+    return grad * aux[0][h]
+
+
+@pytest.mark.parametrize("via", ["captured", "own-slot", "aux"])
+def test_score_mod_bwd_reads_captured_tensors_and_aux(via):
+    """The user's score_mod_bwd traced like the mod: a per-head gain read from the tensor the mod
+    captures (the mod's slot), from another captured tensor (a slot of its own after the mod's) or
+    from ``aux`` (the seventh argument); float64 gradients of the mod."""
+    B, H, H_kv, n_q, n_k, D = 1, 2, 1, 150, 200, 64
+    q, k, v, dout, _ = inputs(B, H, H_kv, n_q, n_k, D, seed=6)
+    mods = {"captured": dict(score_mod=gain_mod, score_mod_bwd=gain_bwd),
+            "own-slot": dict(score_mod=gain_mod, score_mod_bwd=gain_copy_bwd),
+            "aux": dict(score_mod=gain_mod_aux, score_mod_bwd=gain_bwd_aux, aux=(GAIN,))}[via]
+    variant, tensors = V.make_variant(B, H, n_q, n_k, q.device, **mods)
+    assert variant.tensor_names == (("aux0", "aux1") if via == "own-slot" else ("aux0",))
+    assert len(V.with_captured(variant, tensors)) == len(variant.tensor_names)
+    scale = 1 / math.sqrt(D)
+    got = emulate_backward(q, k, v, dout, variant, tensors, scale, score_mod_bwd=variant.score_mod_bwd.function())
+    plain, plain_tensors = V.make_variant(B, H, n_q, n_k, q.device, **{a: t for a, t in mods.items()
+                                                                          if a != "score_mod_bwd"})
+    print(via, check(got, q, k, v, dout, plain, plain_tensors, scale))
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])

@@ -13,8 +13,8 @@ from tylopy.runtime.tensormap import TensorMapSpec
 from tylopy_kernels.attention import variants as V
 from tylopy_kernels.attention import varlen_variants as VV
 
-from attention_varlen_variant_cases import (LENS_K, LENS_Q, doc_bias, doc_bias_bwd, packed, per_document, prefix,
-                                            stripes)
+from attention_varlen_variant_cases import (LENS_K, LENS_Q, doc_bias, doc_bias_bwd, gain_mods, packed, per_document,
+                                            prefix, stripes)
 
 CU_Q, CU_K = prefix(LENS_Q), prefix(LENS_K)
 
@@ -182,17 +182,68 @@ def test_score_mod_bwd_replaces_the_derived_gradient():
         assert (flat[2] - auto[2]).abs().max().item() < 1e-12, use
 
 
-def _no_table(score, grad, b, h, q_idx, kv_idx):
-    return grad * LOOKUP[q_idx]
+def test_packed_score_mod_bwd_reads_aux_at_document_positions():
+    """A score_mod_bwd taking ``aux`` (a per-document, per-head gain) on packed documents: the float64
+    torch path gives autograd's gradients of the mod (it sees b = the document, as the mod)."""
+    q, k, v, g = inputs(seed=8, D=16, H=2, H_kv=1)
+    gain = (torch.rand(len(LENS_Q), 2, generator=g, dtype=torch.float64) + 0.5,)
+    kw = dict(score_mod=lambda s, b, h, i, j, aux: s * aux[0][b, h] - 0.02 * (i - j).abs(), aux=gain)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = run(*leaves, score_mod_bwd=lambda s, grad, b, h, i, j, aux: grad * aux[0][b, h], **kw)[0]
+    dout = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad((out * dout).sum(), leaves)
+    want = per_document(*leaves, CU_Q, CU_K, 1 / math.sqrt(16), kw, True)[0]
+    for a, b in zip(got, torch.autograd.grad((want * dout).sum(), leaves)):
+        assert (a - b).abs().max().item() < 1e-12
 
 
-LOOKUP = torch.ones(4)
+# small ragged documents for the emulated backward: a length-1 one, one with keys but no queries
+SMALL_Q, SMALL_K = (60, 1, 0, 45, 23), (70, 1, 5, 40, 23)
+
+
+def test_packed_score_mod_bwd_in_the_backward_kernel_emulated():
+    """score_mod + score_mod_bwd on packed documents stay on the Hopper backward kernel: the generated
+    document-relative wrapper of the user's derivative (which reads the per-head gain the mod captures,
+    beside the document table) in the emulator, GQA, D = 64, bottom-right causal, NaN past
+    every end, against float64 autograd of the mod per document."""
+    from tylopy_kernels.attention.sm90.backward_variant_launch import BackwardTensors, VariantCall, plan_backward_variant
+    from tylopy_kernels.attention.user_grad import VARLEN_RUN
+    cu_q, cu_k = prefix(SMALL_Q), prefix(SMALL_K)
+    g = torch.Generator().manual_seed(2)
+    D, H = 64, 2
+    q = packed(cu_q[-1] + 3, H, D, g, torch.bfloat16)   # (3 rows past the last document)
+    k, v, dout = packed(cu_k[-1], 1, D, g, torch.bfloat16), packed(cu_k[-1], 1, D, g, torch.bfloat16), \
+        packed(q.shape[0], H, D, g, torch.bfloat16)
+    mod, bwd = gain_mods()
+    opts = dict(dict.fromkeys(VV.KEYWORDS), score_mod=mod, score_mod_bwd=bwd, is_causal=True,
+                causal_align="bottom_right")
+    cu = (cu_q, cu_k, torch.tensor(cu_q, dtype=torch.int32), torch.tensor(cu_k, dtype=torch.int32))
+    q1, k1, v1, vid, tensors = VV.varlen_variant(q, k, v, cu, opts)
+    variant = V.lookup_variant(vid)
+    generated = variant.score_mod_bwd.function()
+    # aux0 the document table, aux1 the gain (the derivative shares the mod's slot)
+    assert hasattr(generated, VARLEN_RUN) and variant.tensor_names[-2:] == ("aux0", "aux1")
+    tensors = V.with_captured(variant, tensors)
+    scale = 1 / math.sqrt(D)
+    dq, dk, dv = (torch.full(t.shape, math.nan, dtype=t.dtype) for t in (q1, k1, v1))
+    o_ref, l_ref = V.reference_forward(q1, k1, v1, variant, tensors, scale)
+    io = BackwardTensors(q1, k1, v1, o_ref, dout.unsqueeze(0).transpose(1, 2), l_ref.float(), dq, dk, dv)
+    for step in plan_backward_variant(io, VariantCall(variant, tensors, scale), score_mod_bwd=generated, encode=False):
+        step.emulate()
+    exact = [t.double().requires_grad_() for t in (q, k, v)]
+    want, _ = per_document(*exact, cu_q, cu_k, scale, dict(score_mod=mod), True)
+    ref = torch.autograd.grad((want * dout.double()).sum(), exact)
+    for name, mine, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
+        mine = mine[0].transpose(0, 1).double()
+        assert torch.isfinite(mine).all(), name
+        assert (mine - r).abs().max().item() <= 1.5e-2 * r.abs().max().item(), name
 
 
 @pytest.mark.parametrize("kw, text", [
     (dict(score_mod_bwd=doc_bias_bwd), "score_mod_bwd expects a score_mod beside it"),
     (dict(score_mod=doc_bias, score_mod_bwd=lambda s, g: g), "score_mod_bwd expects a function (score, grad, b, h"),
-    (dict(score_mod=doc_bias, score_mod_bwd=_no_table), "score_mod_bwd expects a function reading no tensors"),
+    (dict(score_mod=lambda s, b, h, i, j, aux: s, aux=(torch.ones(2),), score_mod_bwd=doc_bias_bwd),
+     "score_mod_bwd expects a function (score, grad, b, h, q_idx, kv_idx, aux)"),
 ])
 def test_score_mod_bwd_errors_name_the_keyword_and_the_line(kw, text):
     q, k, v, _ = inputs(seed=6)

@@ -89,13 +89,6 @@ def backward_variant(forward: ForwardTensors, dout, call: VariantCall, dlse):
     q, k, v, out, lse, _ = forward
     variant, tensors, scale = call
     bwd = variant.score_mod_bwd.function() if variant.score_mod_bwd is not None else None
-    if bwd is not None and q.device.type == "cuda":
-        from tylopy_kernels.attention.user_grad import handles_grad
-        if handles_grad(variant.score_mod):
-            # the kernel calls score_mod_bwd on packed positions without the document table
-            warn_fallback("score_mod_bwd on packed sequences: the backward kernel does not pass it the "
-                          "document-relative indices")
-            return V.reference_backward(forward, dout, call, dlse)
     if q.device.type == "cuda" and dlse is None:
         try:
             from tylopy_kernels.attention.sm90 import backward_variant_launch as bvl

@@ -26,6 +26,13 @@ class ModRef:
         return lookup_mod(self.mod_id)
 
 
+def slot_mods(variant) -> list:
+    """The ModRefs of a Variant whose captured tensors take aux slots, in slot order: score_mod,
+    mask_mod (their slots follow the explicit tensors), then score_mod_bwd (its slots come last)."""
+    return [m for m in (variant.score_mod, variant.mask_mod, getattr(variant, "score_mod_bwd", None))
+            if m is not None]
+
+
 
 
 # -- the registry of user functions (mods are not tensors: operators get an id string) ---------------
@@ -139,6 +146,42 @@ def mod_ref(fn, arg: str, first_slot: int, takes_aux: bool) -> tuple[ModRef, lis
     captured = (_hashable(inner.__defaults__), closure, glob)
     ref = ModRef(register_mod(fn), inner.__code__, captured, slots, takes_aux, getattr(inner, "__qualname__", ""))
     return ref, [t for _, _, t in tensors]
+
+
+def with_bwd_slots(variant, score_mod_bwd):
+    """``variant`` with the user's ``score_mod_bwd`` (its ModRef), which takes ``aux`` when the score_mod does.
+    A tensor it captures that a mod captures too (the same object) reads that mod's slot (one load in
+    the kernel serves both); any other takes a new aux slot after the variant's."""
+    from dataclasses import replace
+    known = {}
+    for m in (variant.score_mod, variant.mask_mod):
+        if m is not None and m.tensor_slots:
+            found = {f"{where}:{name}": t for where, name, t in captured_tensors(m.function())}
+            for where, slot in m.tensor_slots:
+                known.setdefault(id(found[where]), slot)
+    first = sum(1 for n in variant.tensor_names if n.startswith("aux"))
+    ref, _ = mod_ref(score_mod_bwd, "score_mod_bwd", first, variant.score_mod.takes_aux)
+    slots, new = [], []
+    for where, name, t in captured_tensors(score_mod_bwd):
+        slot = known.get(id(t))
+        if slot is None:
+            slot = known[id(t)] = f"aux{first + len(new)}"
+            new.append(slot)
+        slots.append((f"{where}:{name}", slot))
+    return replace(variant, score_mod_bwd=replace(ref, tensor_slots=tuple(slots)),
+                   tensor_names=variant.tensor_names + tuple(new))
+
+
+def captured_slots(variant) -> list:
+    """[(ModRef, "where:name", "aux<k>")] of the tensors the variant's mods (and score_mod_bwd) capture, one
+    per slot, in slot order (a score_mod_bwd's tensor that shares a mod's slot is not listed again)."""
+    out, seen = [], set()
+    for ref in slot_mods(variant):
+        for where, slot in ref.tensor_slots:
+            if slot not in seen:
+                seen.add(slot)
+                out.append((ref, where, slot))
+    return out
 
 
 def _cell_filled(cell) -> bool:

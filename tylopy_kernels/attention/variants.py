@@ -87,11 +87,12 @@ when that module exists and its
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from tylopy_kernels.attention.mod_registry import (ModError, ModRef, _is_tensor, captured_tensors, lookup_mod,  # noqa: F401,E501
-                                                   lookup_variant, mod_ref, register_mod, register_variant)
+                                                   lookup_variant, mod_ref, register_mod, register_variant,
+                                                   captured_slots, with_bwd_slots)
 
 NEG_INF = float("-inf")
 
@@ -308,10 +309,10 @@ def _where(fn) -> str:
     return f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
 
 
-def check_score_mod_bwd(score_mod, score_mod_bwd):
-    """``score_mod_bwd(score, grad, b, h, q_idx, kv_idx) -> grad``: with a score_mod, six positional
-    parameters, no captured tensors (the backward kernel passes it none); errors name the keyword and
-    the user's line."""
+def check_score_mod_bwd(score_mod, score_mod_bwd, takes_aux=False):
+    """``score_mod_bwd(score, grad, b, h, q_idx, kv_idx[, aux]) -> grad``: with a score_mod, six positional
+    parameters (seven, ``aux`` last, when the call has ``aux``: as the score_mod); it may read captured
+    tensors as the score_mod does. Errors name the keyword and the user's line."""
     if score_mod_bwd is None:
         return
     import inspect
@@ -324,23 +325,20 @@ def check_score_mod_bwd(score_mod, score_mod_bwd):
         _fail(TypeError, "score_mod_bwd", "a Python function (score, grad, b, h, q_idx, kv_idx) -> grad",
               type(score_mod_bwd).__name__)
     try:
-        inspect.signature(inner).bind(*range(6))
+        inspect.signature(inner).bind(*range(7 if takes_aux else 6))
     except TypeError:
-        raise TypeError(f"attention: score_mod_bwd expects a function (score, grad, b, h, q_idx, kv_idx) -> grad"
+        params = "score, grad, b, h, q_idx, kv_idx, aux" if takes_aux else "score, grad, b, h, q_idx, kv_idx"
+        raise TypeError(f"attention: score_mod_bwd expects a function ({params}) -> grad"
                         f"{where}, but got one taking {inspect.signature(inner)}") from None
-    found = captured_tensors(inner)
-    if found:
-        raise ValueError(f"attention: score_mod_bwd expects a function reading no tensors (the backward kernel passes "
-                         f"it none){where}, but got one reading the tensor {found[0][1]!r}")
 
 
 @_constant_result
 def with_score_mod_bwd(variant_id, score_mod, score_mod_bwd):
     """The id of ``variant_id``'s Variant with the user's ``score_mod_bwd`` (checked against ``score_mod``,
     the user's; a constant under compile)."""
-    check_score_mod_bwd(score_mod, score_mod_bwd)
-    ref, _ = mod_ref(score_mod_bwd, "score_mod_bwd", 0, False)
-    return register_variant(replace(lookup_variant(variant_id), score_mod_bwd=ref))
+    variant = lookup_variant(variant_id)
+    check_score_mod_bwd(score_mod, score_mod_bwd, variant.score_mod is not None and variant.score_mod.takes_aux)
+    return register_variant(with_bwd_slots(variant, score_mod_bwd))
 
 
 @_constant_result
@@ -377,17 +375,18 @@ def torch_device_index(device: str):
 def explicit_count(variant: Variant) -> int:
     """How many of ``tensor_names`` the operators carry: the captured tensors (last) are read from the
     mods when the operator runs (they are not graph inputs under torch.compile, nor differentiated)."""
-    captured = sum(len(m.tensor_slots) for m in (variant.score_mod, variant.mask_mod) if m is not None)
+    captured = len(captured_slots(variant))
     return len(variant.tensor_names) - captured
 
 
 def with_captured(variant: Variant, tensors) -> list:
     """The operator's explicit tensors followed by the mods' captured ones, as ``tensor_names`` lists them."""
     tensors = list(tensors)[:explicit_count(variant)]
-    for ref in (variant.score_mod, variant.mask_mod):
-        if ref is not None and ref.tensor_slots:
-            found = {f"{where}:{name}": t for where, name, t in captured_tensors(ref.function())}
-            tensors += [found[where] for where, _ in ref.tensor_slots]
+    found = {}
+    for ref, where, _ in captured_slots(variant):
+        if ref.mod_id not in found:
+            found[ref.mod_id] = {f"{w}:{name}": t for w, name, t in captured_tensors(ref.function())}
+        tensors.append(found[ref.mod_id][where])
     return tensors
 
 
@@ -405,8 +404,7 @@ def aux_of(variant: Variant, tensors) -> tuple:
     for name in variant.tensor_names:
         if name.startswith("aux"):
             n_aux = n_aux + 1
-    mods = [m for m in (variant.score_mod, variant.mask_mod) if m is not None]
-    n_user = n_aux - sum(len(m.tensor_slots) for m in mods)
+    n_user = n_aux - len(captured_slots(variant))
     return tuple(tensors[variant.index(f"aux{k}")] for k in range(n_user))
 
 
@@ -500,8 +498,7 @@ def score_transform(variant: Variant, s, tensors, n_q, n_k, grids=None):
             from tylopy_kernels.attention.user_grad import UserGrad
             got = UserGrad.apply(s, lambda x: call_mod(variant.score_mod, (x, b, h, i, j), variant, tensors,
                                                         "score_mod"),
-                                  lambda x, g: call_mod(bwd, (x, g, b, h, i, j), replace(variant, score_mod_bwd=None,
-                                                        score_mod=None, mask_mod=None), (), "score_mod_bwd"))
+                                  lambda x, g: call_mod(bwd, (x, g, b, h, i, j), variant, tensors, "score_mod_bwd"))
         else:
             got = call_mod(variant.score_mod, (s, b, h, i, j), variant, tensors, "score_mod")
         if not _is_tensor(got) or not got.is_floating_point():

@@ -14,6 +14,8 @@ one batch entry, q (1, H, total_q, D), k/v (1, H_kv, total_k, D), with
   user's mask_mod at (d, h, i - q start, j - k start) says so;
 * a generated ``score_mod`` (only with a user score_mod or ALiBi) that calls the user's at the
   same document-relative indices, then subtracts ALiBi's ``slope[d, h] * |i' + n_k - n_q - j'|``;
+* with a user ``score_mod_bwd``, a generated one that calls it at those indices (ALiBi's derivative
+  is 1): the backward kernel traces it as the mod, so it reads the document table too;
 * a block mask (``doc_block_mask``) from the per-row key intervals: key tiles no query of a tile
   can see are skipped, tiles every query sees whole (without a user mask_mod) are full (no mask
   evaluation). Table and block mask are cached per cu_seqlens (values for host lists/tensors, the
@@ -168,7 +170,7 @@ class _DocRun:
     """What a generated mod does (hashable by value: its repr enters the kernel's fingerprint)."""
 
     def __init__(self, kind, user, user_bwd, takes_user_aux, alibi):
-        self.kind, self.user, self.user_bwd = kind, user, user_bwd   # "score_mod"/"mask_mod", functions
+        self.kind, self.user, self.user_bwd = kind, user, user_bwd   # "score_mod"/"mask_mod"/"score_mod_bwd"
         self.takes_user_aux, self.alibi = takes_user_aux, alibi
         ident = []
         for fn in (user, user_bwd):
@@ -188,12 +190,15 @@ class _DocRun:
     def __repr__(self):
         return f"DocRun{self.ident!r}"
 
+    def __tylopy_fingerprint__(self):  # (a kernel constexpr reaches it through a generated score_mod_bwd)
+        return repr(self)
+
     def __call__(self, env, args):
         from tylopy_kernels.attention.sm90 import mods
         traced = any(isinstance(a, mods.Val) for a in args[:-1])
         T = mods.TORCH if traced else torch
         *front, aux = args
-        score = front[0] if self.kind == "score_mod" else None
+        values = front[:{"score_mod": 1, "mask_mod": 0, "score_mod_bwd": 2}[self.kind]]   # score (, grad)
         h, q_idx, kv_idx = front[-3:]
         info = aux[0]
         user_aux = tuple(aux[1 + (self.alibi != ""):])
@@ -208,9 +213,11 @@ class _DocRun:
         lk_user = T.where((lk >= 0) & (lk < nk), lk, 0)     # the user's mod sees in-range indices everywhere
         if self.kind == "mask_mod":
             return keep & self._user(env, traced, (d, h, lq, lk_user), user_aux)
-        s = score
+        if self.kind == "score_mod_bwd":  # (ALiBi's derivative is 1)
+            return self._user(env, traced, (*values, d, h, lq, lk_user), user_aux)
+        s = values[0]
         if self.user is not None:
-            s = self._user(env, traced, (score, d, h, lq, lk_user), user_aux)
+            s = self._user(env, traced, (s, d, h, lq, lk_user), user_aux)
         if self.alibi:
             slopes = aux[1]
             slope = slopes[h] if self.alibi == "h" else slopes[d, h]
@@ -230,7 +237,7 @@ class _DocRun:
                 return mods.Val(mods._checked_result(self.kind, fn, got))
             if self.user_bwd is not None:
                 got = UserGrad.apply(args[0], lambda s: fn(s, *call_args[1:]),
-                                      lambda s, g: self.user_bwd(s, g, *args[1:]))
+                                      lambda s, g: self.user_bwd(s, g, *call_args[1:]))
             else:
                 got = fn(*call_args)
         except ModError:
@@ -241,7 +248,7 @@ class _DocRun:
                                f"of a Python if on values; the torch functions listed in docs/attention-variants.md) "
                                f"({mods._user_line(fn, e)}), but got {type(e).__name__}: {e}") from None
             raise ModError.from_exception(self.kind, fn, e) from e
-        want_bool = self.kind == "mask_mod"
+        want_bool = self.kind == "mask_mod"   # (score_mod_bwd: a float gradient, as a score)
         if not isinstance(got, torch.Tensor) or (got.dtype == torch.bool) != want_bool or not (
                 want_bool or got.is_floating_point()):
             inner = getattr(fn, "fn", fn)
@@ -311,19 +318,21 @@ def describe_varlen(choices, score_mod, mask_mod, score_mod_bwd, names, device):
     """The variant id of a packed call (a constant under torch.compile): ``choices`` = (softcap,
     sinks, alibi kind, takes user aux, (BLOCK, 1, 1, -1, -1): the block mask's lengths are each call's)."""
     cap, sinks, alibi, takes_aux, bm = choices
-    V.check_score_mod_bwd(score_mod, score_mod_bwd)
+    V.check_score_mod_bwd(score_mod, score_mod_bwd, takes_aux)
     mask = varlen_mod("mask_mod", mask_mod, None, takes_aux, alibi)  # (alibi: where the user's aux start)
     score = (varlen_mod("score_mod", score_mod, score_mod_bwd, takes_aux, alibi)
              if score_mod is not None or alibi else None)
     vid = V.describe(tuple(V.VariantChoices(False, "top_left", (-1, -1), cap, "", sinks, "", bm)), score, mask, names,
                      True, device)
+    if score_mod_bwd is not None:  # the user's derivative at the document-relative indices, in the kernel too
+        vid = V.with_score_mod_bwd(vid, score, varlen_mod("score_mod_bwd", score_mod_bwd, None, takes_aux, alibi))
     read = [n for n in V.lookup_variant(vid).tensor_names if n.startswith("aux")]
     if len(read) > AUX_SLOTS:
         mine = 2 if alibi else 1
         V._fail(ValueError, "aux", f"at most {AUX_SLOTS - mine} tensors read by the mods on packed sequences (aux and "
                 f"captured together: the document table takes one of the kernel's {AUX_SLOTS} slots"
                 f"{', ALiBi another' if alibi else ''})", len(read) - mine)
-    return V.with_score_mod_bwd(vid, score_mod, score_mod_bwd) if score_mod_bwd is not None else vid
+    return vid
 
 
 def _alibi(slopes, H, n_docs, device):

@@ -15,12 +15,16 @@ False):
   convention: the gradient with respect to the mod's input ``score`` given ``grad``, the gradient of
   its output; linear in ``grad``; written against torch like the mod), ``dT/dx`` is
   ``score_mod_bwd(s, ds)`` with ``s, ds`` softcap's value and derivative; ALiBi and the float mask
-  add constants.
+  add constants. It is traced as the mod is (``mods.call_traced``): the tensors it captures are the
+  views of their aux slots (``mod_registry.with_bwd_slots``: a mod's slot for a tensor the mod
+  captures too, else one after the mods'), and it takes the user's ``aux`` when the score_mod does. On packed sequences it is the generated
+  document-relative wrapper of the user's (``varlen_variants``), which reads the document table.
 """
 from typing import Any, NamedTuple
 
 import tylopy as ty
 
+from tylopy_kernels.attention.mod_registry import ModError, mod_ref
 from tylopy_kernels.attention.sm90 import mods
 from tylopy_kernels.attention.sm90.variant_tiles import _after_softcap, _transform, softcap_tanh
 
@@ -79,9 +83,24 @@ def score_and_grad(vb, at: ElementAt, x, with_grad, slope, mval):
         s, ds = vp.softcap * t, ty.fma(-t, t, 1.0)
     grad = ds
     if key.score_mod is not None:
-        bwd = mods.substituted(vb.score_mod_bwd, {})  # torch -> the DSL, as for the mod
-        grad = mods.raw(bwd(*(mods.Val(a) for a in (s, ds, b, h, q_idx, kv_idx))))
+        live = vp.kv.live
+        grad = mods.call_traced("score_mod_bwd", user_bwd_ref(vb, live), live, vp.aux, (s, ds, b, h, q_idx, kv_idx))
     return transform(x), grad
+
+
+def user_bwd_ref(vb, live):
+    """The ModRef of the kernel's ``score_mod_bwd``: the call's Variant's (its tensors have slots there);
+    a derivative given to the launcher alone gets one without slots, so it may read no tensors."""
+    ref = live.score_mod_bwd
+    if ref is not None and ref.function() is vb.score_mod_bwd:
+        return ref
+    ref, captured = mod_ref(vb.score_mod_bwd, "score_mod_bwd", 0, False)
+    if captured:
+        inner = getattr(vb.score_mod_bwd, "fn", vb.score_mod_bwd)
+        raise ModError(f"attention: score_mod_bwd expects a function reading no tensors when it is not part of the "
+                       f"variant ({inner.__code__.co_filename}:{inner.__code__.co_firstlineno}): pass it as the "
+                       f"score_mod_bwd keyword, but got one reading the tensor {ref.tensor_slots[0][0]!r}")
+    return ref
 
 
 def mask_mod_keep(vb, b, h, q_idx, kv_idx, full):

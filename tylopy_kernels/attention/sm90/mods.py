@@ -21,6 +21,7 @@ import types
 
 import tylopy as ty
 
+from tylopy_kernels.attention.mod_registry import captured_slots
 from tylopy_kernels.attention.variants import ModError
 
 AUX_SLOTS = 4   # tensors the mods of one call may read (aux tuple and captured ones together)
@@ -243,7 +244,8 @@ def _user_line(fn, e) -> str:
 
 
 def call_traced(arg, ref, variant, aux_args, args):
-    """Trace one call of the user's mod (``arg`` is "score_mod" or "mask_mod") on run-time values."""
+    """Trace one call of the user's function (``arg`` is "score_mod", "mask_mod" or "score_mod_bwd") on
+    run-time values: its captured tensors are the views of their slots, ``aux`` the user's aux views."""
     fn = ref.function()
     names = variant.tensor_names
     views = {}
@@ -254,8 +256,7 @@ def call_traced(arg, ref, variant, aux_args, args):
     replace = {tuple(where.split(":", 1)): views[slot] for where, slot in ref.tensor_slots}
     copy = substituted(fn, replace)
     if ref.takes_aux:
-        n_user = sum(1 for n in names if n.startswith("aux")) - sum(
-            len(m.tensor_slots) for m in (variant.score_mod, variant.mask_mod) if m is not None)
+        n_user = sum(1 for n in names if n.startswith("aux")) - len(captured_slots(variant))
         args = (*args, tuple(views[f"aux{k}"] for k in range(n_user)))
     args = tuple(a if isinstance(a, tuple) else Val(a) for a in args)
     try:
@@ -284,6 +285,7 @@ def _checked_result(arg, fn, got):
         return ty.cast(float(got), ty.f32)
     t = getattr(got, "type", None)
     if t is None or not str(t).startswith(("f", "bf")):
-        raise ModError(f"attention: score_mod expects a function returning a float score ({where}), but got "
+        what = "gradient" if arg == "score_mod_bwd" else "score"
+        raise ModError(f"attention: {arg} expects a function returning a float {what} ({where}), but got "
                        f"{t if t is not None else type(got).__name__}")
     return ty.cast(got, ty.f32) if str(t) != "f32" else got

@@ -56,6 +56,9 @@ class KernelVariant:
                 digest = hashlib.sha256(code.co_code + repr((code.co_consts, code.co_names, code.co_varnames,
                                                              code.co_filename, ref.captured)).encode())
                 parts.append(f"{ref.qualname}:{digest.hexdigest()[:24]}")
+        bwd = self.live.score_mod_bwd if self.live is not None else None
+        if bwd is not None and bwd.tensor_slots:  # which slots the derivative's tensors read (by identity)
+            parts.append(f"score_mod_bwd slots {bwd.tensor_slots!r}")
         return "|".join(parts)
 
     @property
