@@ -61,7 +61,7 @@ def _through_op(q) -> bool:
     return type(q) is not torch.Tensor or q.is_meta or torch.compiler.is_compiling()
 
 
-_launch_decode = None
+_launch = None  # decode/launch.py, imported on the first call: loading this module compiles nothing
 
 
 def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, block_table=None, is_causal=False,
@@ -90,14 +90,14 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, block_ta
         out, lse = attention_decode_op(q, k_cache, v_cache, cache_seqlens, block_table, scale, is_causal, num_splits,
                                        return_lse, layout, merge)
         return (out, lse) if return_lse else out
-    global _launch_decode
-    if _launch_decode is None:  # imported on the first call: loading this module compiles nothing
-        from tylopy_kernels.attention.decode.launch import attention_decode as launch
-        _launch_decode = launch
-    from tylopy_kernels.attention.decode.launch import DecodeOptions, DecodeTensors
-    return _launch_decode(DecodeTensors(q, k_cache, v_cache, cache_seqlens, block_table),
-                          DecodeOptions(scale, is_causal, num_splits, return_lse, layout, merge, schedule),
-                          check_inputs=check_inputs)
+    global _launch
+    if _launch is None:
+        from tylopy_kernels.attention.decode import launch
+        _launch = launch
+    return _launch.attention_decode(_launch.DecodeTensors(q, k_cache, v_cache, cache_seqlens, block_table),
+                                    _launch.DecodeOptions(scale, is_causal, num_splits, return_lse, layout, merge,
+                                                          schedule),
+                                    check_inputs=check_inputs)
 
 
 # what the device found in block_table since the last read (docs/serving.md); these import only torch

@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tylopy.benchmarking import parse_schedule
+
 PAIRS = [(n, k) for n in (4096, 11008, 14336) for k in (4096, 11008, 14336)]
 SHAPES = {
     "square": [(4096, 4096, 4096, "nn"), (8192, 8192, 8192, "nn")],
@@ -205,14 +207,6 @@ def once(m, n, k, layout, dtype_name, schedule):
     torch.cuda.synchronize()
 
 
-def _parse_schedule(text):
-    out = {}
-    for kv in filter(None, text.split(",")):
-        key, value = kv.split("=")
-        out[key] = int(value) if value.lstrip("-").isdigit() else value
-    return out or None
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="tylopy bench gemm", description=__doc__.split("\n\n")[0])
     ap.add_argument("--output", help="JSON path (default results/gemm-<device>-<date>.json)")
@@ -228,7 +222,7 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("bench gemm needs a CUDA GPU", file=sys.stderr)
         return 2
-    schedule = _parse_schedule(args.schedule)
+    schedule = parse_schedule(args.schedule) or None
     if args.once:
         once(*args.once, args.layout, args.dtype, schedule)
         return 0
