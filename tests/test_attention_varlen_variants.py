@@ -341,3 +341,25 @@ def test_torch_compile_takes_new_document_lengths_without_recompiling():
         q, k = (packed(sum(lens), 2, 16, g, torch.float64) for _ in range(2))
         assert (compiled(q, k, cu) - f(q, k, cu)).abs().max().item() < 1e-12
     assert counter.frame_count <= 2
+
+
+def test_variant_operators_keep_the_packed_strides_their_fakes_promise():
+    """Packed documents reach the operators as (1, H, N, D) views of (N, H, D): the gradients keep
+    those strides in the real and the fake operator alike (torch.compile's generated code checks the
+    real strides against the fake's)."""
+    from tylopy_kernels.attention import autograd_variants as AV
+    g = torch.Generator().manual_seed(13)
+    q, k, v = (packed(40, h, 16, g, torch.float64).unsqueeze(0).transpose(1, 2) for h in (4, 4, 4))
+    vid, tensors = V.make_variant_id(1, 4, 40, 40, "cpu", V.VariantKeywords(is_causal=True, window_size=(5, 0),
+                                                                           softcap=6.0))
+    out, lse = AV.attention_variant_fwd(q, k, v, tensors, vid, 0.25, True)
+    dout = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    args = (dout, q, k, v, out, lse, tensors, vid, 0.25, None)
+    grads = AV.attention_variant_bwd(*args)
+    assert [t.stride() for t in grads[:3]] == [t.stride() for t in (q, k, v)]
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        fake[6] = [mode.from_tensor(t) for t in tensors]
+        promised = AV.attention_variant_bwd(*fake)
+    assert [t.stride() for t in promised[:3]] == [t.stride() for t in grads[:3]]

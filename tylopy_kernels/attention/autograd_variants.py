@@ -125,15 +125,26 @@ def attention_variant_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Te
                           tensors: list[Tensor], variant_id: str, scale: float,
                           dlse: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     variant = V.lookup_variant(variant_id)
-    return backward_variant(ForwardTensors(q, k, v, out, lse), dout,
-                            VariantCall(variant, V.with_captured(variant, tensors), scale), dlse)
+    dq, dk, dv, dsinks = backward_variant(ForwardTensors(q, k, v, out, lse), dout,
+                                          VariantCall(variant, V.with_captured(variant, tensors), scale), dlse)
+    return _strided_like(q, dq), _strided_like(k, dk), _strided_like(v, dv), dsinks
+
+
+def _strided_like(like, grad):
+    """``grad`` with ``like``'s strides, as the fake promises (torch.compile's generated code checks
+    them): the kernel path already allocates with ``empty_like``, the reference path may not."""
+    if grad.stride() == like.stride():
+        return grad
+    return torch.empty_like(like, dtype=grad.dtype).copy_(grad)
 
 
 @attention_variant_bwd.register_fake
 def _(dout, q, k, v, out, lse, tensors, variant_id, scale, dlse):
     variant = V.lookup_variant(variant_id)
     n = q.shape[1] if variant.sinks else 0
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), q.new_empty((n,), dtype=torch.float32)
+    # the gradients keep the inputs' strides (packed sequences pass (B, H, N, D) views of (N, H, D))
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            q.new_empty((n,), dtype=torch.float32))
 
 
 def _setup(ctx, inputs, output):
