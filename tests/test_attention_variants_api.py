@@ -86,6 +86,26 @@ def test_block_mask_tiles_against_brute_force():
     assert (ty.attention(q, k, v, scale=0.25, block_mask=bm) - want).abs().max() < 1e-12
 
 
+def test_block_mask_cache_never_serves_a_freed_tensor_s_mask():
+    """Closures of one mask_mod over new tensors (the old ones freed, so their ids may be reused) each get
+    the block mask of their own tensor."""
+    def closure(doc):
+        def document(b, h, q_idx, kv_idx):
+            return doc[q_idx] == doc[kv_idx]
+        return document
+    for n in range(12):
+        doc = (torch.arange(256) // (16 + 16 * (n % 3))).to(torch.int32)
+        bm = ty.create_block_mask(closure(doc), 1, 1, 256, 256, BLOCK_SIZE=64)
+        del doc
+        want = (torch.arange(256) // (16 + 16 * (n % 3)))
+        tiles = (want.view(4, 64)[:, None, :, None] == want.view(4, 64)[None, :, None, :]).any(-1).any(-1)
+        got = torch.zeros(4, 4, dtype=torch.bool)
+        for a in range(4):
+            for lst, num in ((bm.kv_indices, bm.kv_num_blocks), (bm.full_kv_indices, bm.full_kv_num_blocks)):
+                got[a, lst[0, 0, a, :num[0, 0, a]].long()] = True
+        assert torch.equal(got, tiles), n
+
+
 def test_block_mask_for_other_shapes_names_block_mask():
     bm = ty.create_block_mask(lambda b, h, i, j: i >= j, 1, 2, 40, 40)
     q, k, v = _qkv()

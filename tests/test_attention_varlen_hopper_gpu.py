@@ -64,8 +64,14 @@ def test_hopper_varlen_forward_against_the_reference(case, monkeypatch):
 
 
 @pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("D,causal", [(64, True), (128, False)])
-def test_hopper_varlen_gradients_pass_the_rule(D, causal):
+@pytest.mark.parametrize("D,causal", [(64, True), (128, False), (128, True)])
+def test_hopper_varlen_gradients_pass_the_rule(D, causal, monkeypatch):
+    """The Hopper varlen backward (``sm90/backward_varlen.py``) is the one that runs."""
+    from tylopy_kernels.attention.sm90 import backward_varlen_launch
+    launched = []
+    real = backward_varlen_launch.launch_varlen_backward
+    monkeypatch.setattr(backward_varlen_launch, "launch_varlen_backward",
+                        lambda *a, **kw: launched.append(1) or real(*a, **kw))
     lq, lk, H, H_kv = (0, 1, 300, 1000, 17), (3, 1, 200, 1000, 640), 4, 2
     gen = torch.Generator().manual_seed(D)
     q, k, v = (packed(n, n, h, D, torch.bfloat16, gen, pad=7).cuda().requires_grad_()
@@ -75,9 +81,32 @@ def test_hopper_varlen_gradients_pass_the_rule(D, causal):
     out, lse = attention_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk), is_causal=causal, enable_gqa=True,
                                 return_lse=True)
     out.backward(dout)
+    assert launched, "the Hopper varlen backward did not run"
     got = dict(out=out.detach(), lse=lse.detach(), dq=q.grad, dk=k.grad, dv=v.grad)
     grad_check.check(got, grad_check.BackwardInputs(q.detach(), k.detach(), v.detach(), dout, None, causal,
                                                     1 / math.sqrt(D), varlen=(cu_q, cu_k)))
+
+
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+def test_lse_gradient_and_deterministic_mode_take_the_portable_varlen_backward(monkeypatch):
+    """An LSE gradient (the Hopper kernels take none) and deterministic mode (their dQ sums are atomic)
+    run the portable backward, with the same gradients by the rule."""
+    from tylopy_kernels.attention.sm90 import backward_varlen_launch
+    launched = []
+    monkeypatch.setattr(backward_varlen_launch, "launch_varlen_backward", lambda *a, **kw: launched.append(1))
+    lq, lk, D = (1, 300, 129), (2, 300, 200), 64
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (packed(n, n, 4, D, torch.bfloat16, gen, pad=7).cuda().requires_grad_() for n in (lq, lk, lk))
+    cu_q, cu_k = prefix_sums(lq, "cuda"), prefix_sums(lk, "cuda")
+    out, lse = attention_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk), is_causal=True, return_lse=True)
+    (out.float().sum() + lse.sum()).backward()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        out = attention_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk), is_causal=True)
+        torch.autograd.grad(out.float().sum(), (q, k, v))
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert not launched
 
 
 @pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")

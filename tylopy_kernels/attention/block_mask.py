@@ -21,17 +21,14 @@ naming ``block_mask``.
 """
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-
 import torch
+
+from tylopy.runtime.plancache import PlanCache
 
 from tylopy_kernels.attention import variants as _variants
 
 CHUNK_ELEMENTS = 1 << 26   # mask_mod evaluations per chunk of query rows (bounds the memory)
-_cache: OrderedDict = OrderedDict()
-_CACHE_SIZE = 32
-_lock = threading.Lock()
+_cache = PlanCache("block masks", capacity=32)   # (mask_mod, sizes, captured ids) -> (BlockMask, captured)
 
 
 class BlockMask:
@@ -83,9 +80,13 @@ def _tile_flags(bm):
 
 
 def _key(mask_mod, B, H, Q_LEN, KV_LEN, device, BLOCK_SIZE):
+    """(key, the captured tensors): a captured tensor counts by identity and version. The cache entry
+    keeps the tensors themselves, and a hit must find the same objects: an id is only unique while its
+    object lives, and a new tensor at a freed one's id must not get that tensor's block mask."""
     ref, tensors = _variants.mod_ref(mask_mod, "mask_mod", 0, False)
-    return (ref.code, ref.captured, tuple((id(t), t._version) for t in tensors), B, H, Q_LEN, KV_LEN, str(device),
-            BLOCK_SIZE)
+    key = (ref.code, ref.captured, tuple((id(t), t._version) for t in tensors), B, H, Q_LEN, KV_LEN, str(device),
+           BLOCK_SIZE)
+    return key, tuple(tensors)
 
 
 def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None, BLOCK_SIZE=128, _compile=False):
@@ -100,17 +101,12 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None, BLOCK_SIZE=128
     device = torch.device("cpu" if device is None else device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    key = _key(mask_mod, B, H, Q_LEN, KV_LEN, device, BLOCK_SIZE)
-    with _lock:
-        hit = _cache.get(key)
-        if hit is not None:
-            _cache.move_to_end(key)
-            return hit
+    key, captured = _key(mask_mod, B, H, Q_LEN, KV_LEN, device, BLOCK_SIZE)
+    hit = _cache.get(key)
+    if hit is not None and len(hit[1]) == len(captured) and all(a is b for a, b in zip(hit[1], captured)):
+        return hit[0]
     bm = _build(mask_mod, B, H, Q_LEN, KV_LEN, device, BLOCK_SIZE)
-    with _lock:
-        _cache[key] = bm
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
+    _cache.put(key, (bm, captured))
     return bm
 
 

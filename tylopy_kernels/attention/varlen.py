@@ -223,9 +223,10 @@ def forward_varlen(q, k, v, docs: PackedDocs, is_causal, scale, return_lse):
 
 
 def backward_varlen(forward: ForwardTensors, dout, dlse, docs: PackedDocs, is_causal, scale):
-    """(dq, dk, dv) on CUDA by the portable kernels; zeros for rows outside every sequence.
+    """(dq, dk, dv) on CUDA; zeros for rows outside every sequence. Hopper's warp-specialized kernels
+    (``sm90/backward_varlen.py``) where the forward ran on them, without an LSE gradient and outside
+    ``torch.use_deterministic_algorithms`` (their dQ sums are atomic); the portable ones otherwise.
     ``forward``: the forward's q, k, v, out and lse; ``dlse`` the LSE's gradient or None."""
-    from tylopy_kernels.attention.portable.backward_launch import launch_backward_portable
     q, k, v, out, lse, _ = forward
     cu_q, cu_k, max_q, max_k = docs[:4]
     dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
@@ -234,8 +235,16 @@ def backward_varlen(forward: ForwardTensors, dout, dlse, docs: PackedDocs, is_ca
     if dout.stride(-1) != 1:  # e.g. the zero-stride gradient of out.sum()
         dout = dout.contiguous()
     q_used, s = _nonpositive_scale(q, scale)
-    launch_backward_portable(q_used, k, v, out, dout, lse, dq, dk, dv, is_causal=is_causal, scale=s, dlse=dlse,
-                             varlen=(cu_q, cu_k, max_q, max_k))
+    if hopper_applies(q) and dlse is None and not torch.are_deterministic_algorithms_enabled():
+        from tylopy_kernels.attention.common import BackwardTensors
+        from tylopy_kernels.attention.sm90.backward_launch import HopperBackwardOptions
+        from tylopy_kernels.attention.sm90.backward_varlen_launch import launch_varlen_backward
+        launch_varlen_backward(BackwardTensors(q_used, k, v, out, dout, lse, dq, dk, dv), PackedDocs(cu_q, cu_k, max_q,
+                               max_k), HopperBackwardOptions(s, is_causal))
+    else:
+        from tylopy_kernels.attention.portable.backward_launch import launch_backward_portable
+        launch_backward_portable(q_used, k, v, out, dout, lse, dq, dk, dv, is_causal=is_causal, scale=s, dlse=dlse,
+                                 varlen=(cu_q, cu_k, max_q, max_k))
     if scale < 0:
         dq.neg_()
     elif scale == 0:

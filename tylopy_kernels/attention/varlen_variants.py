@@ -34,6 +34,7 @@ from collections import OrderedDict
 
 import torch
 
+from tylopy.runtime.plancache import PlanCache
 from tylopy_kernels.attention import variants as V
 from tylopy_kernels.attention.block_mask import _lists
 from tylopy_kernels.attention.mod_registry import ModError, captured_tensors, mod_ref
@@ -43,7 +44,7 @@ BLOCK = 128
 AUX_SLOTS = 4      # the variant kernel's tensor slots for the mods (``sm90/mods.py``)
 INFO_COLUMNS = 7   # doc, index in doc, n_q of doc, n_k of doc, first key row of doc, visible keys [lo, hi)
 _lock = threading.Lock()
-_tables: OrderedDict = OrderedDict()   # cu_seqlens key -> (info, block mask tensors)
+_tables = PlanCache("packed-sequence document tables", capacity=64)  # cu_seqlens key -> ((info, block mask), held)
 _wrappers: OrderedDict = OrderedDict()  # (kind, user fn id, captured, ...) -> (wrapper, user fn)
 _CACHE = 64
 
@@ -108,11 +109,17 @@ def doc_block_mask(info, total_q: int, total_k: int, user_mask: bool):
 
 
 def _cu_key(cu):
+    """Host sums by value; device sums by address, layout and version (no sync). The cache entry keeps
+    the device tensors alive (``_held``), so no other tensor takes their addresses while it is cached."""
     if isinstance(cu, (list, tuple)):
         return ("host", tuple(cu))
     if cu.device.type == "cpu":
         return ("host", tuple(cu.tolist()))
-    return ("dev", cu.data_ptr(), cu._version, tuple(cu.shape), str(cu.device))
+    return ("dev", cu.data_ptr(), cu._version, tuple(cu.shape), tuple(cu.stride()), str(cu.device))
+
+
+def _held(*cus):
+    return tuple(c for c in cus if isinstance(c, torch.Tensor) and c.device.type != "cpu")
 
 
 def packed_tables(cu_q_arg, cu_k_arg, cu_q, cu_k, total_q, total_k, flags, user_mask):
@@ -124,11 +131,9 @@ def packed_tables(cu_q_arg, cu_k_arg, cu_q, cu_k, total_q, total_k, flags, user_
     key = None
     if cacheable:
         key = (_cu_key(cu_q_arg), _cu_key(cu_k_arg), total_q, total_k, flags, user_mask, str(cu_q.device))
-        with _lock:
-            hit = _tables.get(key)
-            if hit is not None:
-                _tables.move_to_end(key)
-                return hit
+        hit = _tables.get(key)
+        if hit is not None:
+            return hit[0]
     if torch.compiler.is_compiling():  # one opaque operator in the graph (the compiler does not fuse it)
         causal, align, left, right = flags
         info, *bm = varlen_doc_tables(cu_q, cu_k, [total_q, total_k],
@@ -137,10 +142,7 @@ def packed_tables(cu_q_arg, cu_k_arg, cu_q, cu_k, total_q, total_k, flags, user_
     info = doc_table(cu_q, cu_k, total_q, flags)
     made = (info, doc_block_mask(info, total_q, total_k, user_mask))
     if key is not None:
-        with _lock:
-            _tables[key] = made
-            while len(_tables) > _CACHE:
-                _tables.popitem(last=False)
+        _tables.put(key, (made, _held(cu_q_arg, cu_k_arg)))
     return made
 
 
