@@ -91,6 +91,28 @@ def test_alibi_per_batch_and_head_with_sinks_d64():
 
 
 @pytest.mark.slow
+def test_alibi_distances_convert_without_cvt_below_2_to_the_22():
+    """ALiBi's |row + N_k - N - col| reaches the f32 score by the exponent trick (no cvt per score);
+    sequences of 2^22 tokens or more take a specialization that converts with cvt."""
+    from tylopy_kernels.attention.sm90.variant_launch import open_dtypes
+    from tylopy_kernels.attention.sm90.variant_tiles import WIDE_POSITIONS, KernelVariant
+    q = torch.zeros(1, 2, 256, 64, dtype=torch.bfloat16)
+    variant, tensors = V.make_variant(1, 2, 256, 256, q.device, is_causal=True, alibi_slopes=torch.ones(2))
+    plan = plan_variant_launch(ForwardTensors(q, q, q, q.clone(), torch.zeros(1, 2, 256)),
+                               VariantCall(variant, tensors, 0.125), make_map=_spec)
+    cx = dict(plan.constexprs)
+    assert not cx["VARIANT"].wide_positions
+    wide = KernelVariant.of(variant, [], n_q=256, n_k=WIDE_POSITIONS)
+    assert wide.wide_positions and wide != cx["VARIANT"]
+    assert wide.__tylopy_fingerprint__() != cx["VARIANT"].__tylopy_fingerprint__()
+    counts = []
+    for kv in (cx["VARIANT"], wide):
+        cx["VARIANT"] = kv
+        counts.append(attention_variant_fwd_sm90.compile(**cx, **open_dtypes(plan)).ptx.count("cvt.rn.f32.s32"))
+    assert counts[0] == 0 and counts[1] >= 64
+
+
+@pytest.mark.slow
 def test_float_mask_broadcast_d64():
     g = torch.Generator().manual_seed(9)
     check(*qkv(D=64, seed=9), attn_mask=torch.randn(N, NK, generator=g))

@@ -114,7 +114,7 @@ def plan_variant_launch(io: ForwardTensors, call: VariantCall, make_map=None) ->
     tensor_args, meta = variant_args(variant, tensors, B, H, n_q, n_k, q.device)
     if kvar is None:
         # the folded form keeps maxima of raw scores, which needs scale > 0: else scale first
-        kvar = KernelVariant.of(variant, meta, scaled_first=scale <= 0)
+        kvar = KernelVariant.of(variant, meta, scaled_first=scale <= 0, n_q=n_q, n_k=n_k)
         if aligned:
             _signatures.put(key, (variant, order, geoms, copy, kvar))
     num_m = (n_q + BLOCK_M - 1) // BLOCK_M
