@@ -17,7 +17,7 @@ import torch
 import tylopy as ty
 from tylopy_kernels.attention import variants as V
 from tylopy_kernels.attention.sm90.backward_variant_launch import (BackwardTensors, ForwardTensors, VariantCall,
-                                                                   float_mask_grad, plan_backward_variant, sink_grad,
+                                                                   float_mask_grad, launch_backward_variant, sink_grad,
                                                                    supports)
 from tylopy_kernels.attention.testing.variant_backward import check, variant_cases
 
@@ -52,14 +52,17 @@ def inputs(B, H, H_kv, n_q, n_k, D, seed=0, dtype=torch.bfloat16):
 
 
 def emulate_backward(q, k, v, dout, variant, tensors, scale, score_mod_bwd=None):
+    """The launcher's steps (and its sink gradient from the statistics kernel's delta) in the emulator."""
     out, lse = V.reference_forward(q, k, v, variant, tensors, scale)
     dq, dk, dv = (torch.full_like(t, math.nan) for t in (q, k, v))
-    for step in plan_backward_variant(BackwardTensors(q, k, v, out, dout, lse.float(), dq, dk, dv),
-                                      VariantCall(variant, tensors, scale), score_mod_bwd=score_mod_bwd, encode=False):
-        step.emulate()
+    dsinks = torch.full((q.shape[1],), math.nan)
+    launch_backward_variant(BackwardTensors(q, k, v, out, dout, lse.float(), dq, dk, dv), dsinks,
+                            VariantCall(variant, tensors, scale), score_mod_bwd=score_mod_bwd, emulate=True)
     got = dict(dq=dq, dk=dk, dv=dv)
     if variant.sinks:
-        got["dsinks"] = sink_grad(dout, out, lse, tensors[variant.index("sinks")])
+        got["dsinks"] = dsinks
+        assert torch.allclose(dsinks, sink_grad(dout, out, lse, tensors[variant.index("sinks")]).float(), rtol=1e-4,
+                              atol=1e-5)
     return got
 
 

@@ -26,6 +26,7 @@ from typing import NamedTuple
 import torch
 
 from tylopy_kernels.attention.sm90.backward import attention_bwd_sm90
+from tylopy_kernels.attention.sm90.backward_aux import attention_bwd_preprocess
 from tylopy_kernels.attention.sm90.backward_launch import (BLOCK_N, BackwardTensors, HopperBackwardOptions,
                                                            plan_backward_hopper, supports as dense_supports)
 from tylopy_kernels.attention.sm90.backward_variant import HQ_SHIFT, attention_bwd_variant_sm90
@@ -146,9 +147,11 @@ def _variant_step(step, q, variant, tensors, score_mod_bwd):
     return Step(attention_bwd_variant_sm90, step.grid, args, cx)
 
 
-def sink_grad(dout, out, lse, sinks, dlse=None):
-    """fp32 (H,): d sink_h = sum_(b,i) e^(sink_h - lse) (dlse - delta), delta = dout . out (module text)."""
-    delta = (dout.float() * out.float()).sum(-1)
+def sink_grad(dout, out, lse, sinks, dlse=None, delta=None):
+    """fp32 (H,): d sink_h = sum_(b,i) e^(sink_h - lse) (dlse - delta), delta = dout . out (module text);
+    ``delta``: (B, H, N) fp32 where the backward's statistics kernel already summed it."""
+    if delta is None:
+        delta = (dout.float() * out.float()).sum(-1)
     if dlse is not None:
         delta = delta - dlse.float()
     share = torch.exp(sinks.float().view(1, -1, 1) - lse.float())
@@ -175,10 +178,18 @@ def float_mask_grad(forward: ForwardTensors, dout, call: VariantCall, dlse=None)
     return p * (dp - delta)
 
 
-def launch_backward_variant(io: BackwardTensors, dsinks, call: VariantCall, *, schedule=None, score_mod_bwd=None):
-    """Fill ``io``'s dq, dk, dv and (sinks) ``dsinks`` on the current stream."""
-    for step in plan_backward_variant(io, call, schedule=schedule, score_mod_bwd=score_mod_bwd):
-        step.launch()
+def launch_backward_variant(io: BackwardTensors, dsinks, call: VariantCall, *, schedule=None, score_mod_bwd=None,
+                            emulate=False):
+    """Fill ``io``'s dq, dk, dv and (sinks) ``dsinks`` on the current stream (``emulate``: run the same
+    steps in the emulator, with tensor-map specs, on CPU tensors)."""
+    steps = plan_backward_variant(io, call, schedule=schedule, score_mod_bwd=score_mod_bwd, encode=not emulate)
+    for step in steps:
+        step.emulate() if emulate else step.launch()
     variant, tensors, _ = call
     if variant.sinks:
-        dsinks.copy_(sink_grad(io.dout, io.out, io.lse, tensors[variant.index("sinks")]))
+        delta = None
+        if steps and steps[0].kernel is attention_bwd_preprocess:
+            # the statistics kernel's delta rows (B * H, padded N): no second pass over dO and O in fp32
+            B, H, n_q = io.q.shape[:3]
+            delta = steps[0].args[3].view(B, H, -1)[:, :, :n_q]
+        dsinks.copy_(sink_grad(io.dout, io.out, io.lse, tensors[variant.index("sinks")], delta=delta))
