@@ -86,6 +86,17 @@ def test_block_mask_tiles_against_brute_force():
     assert (ty.attention(q, k, v, scale=0.25, block_mask=bm) - want).abs().max() < 1e-12
 
 
+def test_padded_index_lists_count_only_their_listed_tiles():
+    """Index lists padded past their counts with repeats of listed tiles (as other libraries pad
+    them) flag exactly the listed tiles: scatter's last write among duplicates is unspecified."""
+    num = torch.tensor([[[2, 1]]], dtype=torch.int32)
+    idx = torch.tensor([[[[3, 1, 3, 3], [0, 0, 0, 0]]]], dtype=torch.int32)
+    none, none_idx = torch.zeros(1, 1, 2, dtype=torch.int32), torch.zeros(1, 1, 2, 4, dtype=torch.int32)
+    full, partial = V.tile_flags(num, idx, none, none_idx)
+    assert partial.tolist() == [[[[False, True, False, True], [True, False, False, False]]]]
+    assert not full.any()
+
+
 def test_block_mask_cache_never_serves_a_freed_tensor_s_mask():
     """Closures of one mask_mod over new tensors (the old ones freed, so their ids may be reused) each get
     the block mask of their own tensor."""

@@ -466,9 +466,11 @@ def tile_flags(num, idx, full_num, full_idx):
     out = []
     for cnt, lst in ((full_num, full_idx), (num, idx)):
         live = torch.arange(n_kv, device=lst.device).view(1, 1, 1, n_kv) < cnt.unsqueeze(-1)
-        flags = torch.zeros(lst.shape, dtype=torch.bool, device=lst.device)
-        flags.scatter_(-1, lst.clamp(min=0).long(), live)
-        out.append(flags)
+        # a sum, not scatter_'s last write: entries past the count may repeat a listed index (a
+        # padded list), and which duplicate write lands last is unspecified on CUDA
+        hits = torch.zeros(lst.shape, dtype=torch.int32, device=lst.device)
+        hits.scatter_add_(-1, lst.clamp(0, n_kv - 1).long(), live.expand(lst.shape).to(torch.int32))
+        out.append(hits > 0)
     return out[0], out[1]
 
 
