@@ -192,10 +192,13 @@ def chained(smem, base, atom, it0, k_blocks, lay, row_off, stages):
 class Scales:
     """The scale operands: pointers, their element strides and the form (a holder of IR values)."""
 
-    def __init__(self, form, sa, sb, sa_m, sa_k, sb_k, sb_n, m, n):
-        self.form, self.sa, self.sb = form, sa, sb
-        self.sa_m, self.sa_k, self.sb_k, self.sb_n = sa_m, sa_k, sb_k, sb_n
-        self.m, self.n = m, n
+    def __init__(self, form, a, b, sizes):
+        """``a``: (scale_a's pointer, its row stride, its k-block stride); ``b``: (scale_b's pointer,
+        its k-block stride, its column-block stride); ``sizes``: (M, N)."""
+        self.form = form
+        self.sa, self.sa_m, self.sa_k = a
+        self.sb, self.sb_k, self.sb_n = b
+        self.m, self.n = sizes
 
 
 @ty.func
@@ -247,10 +250,13 @@ def promoted(smem, base, atom, it0, k_blocks, lay, row_off, stages, sc, row0, co
 # -- epilogue ------------------------------------------------------------------------------------------
 
 class Output:
-    def __init__(self, tm_c, bias, n, out_dtype, has_bias, bias_dtype, epi_cols, epi_chunks, epi):
-        self.tm_c, self.bias, self.n, self.out_dtype = tm_c, bias, n, out_dtype
-        self.has_bias, self.bias_dtype = has_bias, bias_dtype
-        self.epi_cols, self.epi_chunks, self.epi = epi_cols, epi_chunks, epi
+    """Where C goes (a holder): its tensor map, the bias pointer, N, ``form`` = (C's dtype, has bias,
+    the bias dtype) and ``epilogue`` = the plan's (columns per store, stores per tile, epilogue)."""
+
+    def __init__(self, tm_c, bias, n, form, epilogue):
+        self.tm_c, self.bias, self.n = tm_c, bias, n
+        self.out_dtype, self.has_bias, self.bias_dtype = form
+        self.epi_cols, self.epi_chunks, self.epi = epilogue
 
 
 @ty.func
@@ -395,6 +401,6 @@ def gemm_fp8_sm90(tm_a: ty.tensormap, tm_b: ty.tensormap, tm_c: ty.tensormap, bi
         producer(smem, tm_a, tm_b, num_m, num_n, k_blocks, lay, BLOCK_M, BLOCK_N, STAGES, GROUP_M, REGISTERS)
     else:
         atom = hopper.WgmmaAtom(BLOCK_N, A_DTYPE, "ss", b_dtype=B_DTYPE)
-        dst = Output(tm_c, bias, n, OUT_DTYPE, HAS_BIAS, BIAS_DTYPE, plan.epi_cols, plan.epi_chunks, plan.epi)
-        sc = Scales(SCALE, scale_a, scale_b, sa_m, sa_k, sb_k, sb_n, m, n)
+        dst = Output(tm_c, bias, n, (OUT_DTYPE, HAS_BIAS, BIAS_DTYPE), (plan.epi_cols, plan.epi_chunks, plan.epi))
+        sc = Scales(SCALE, (scale_a, sa_m, sa_k), (scale_b, sb_k, sb_n), (m, n))
         consumer(smem, dst, sc, num_m, num_n, k_blocks, lay, plan, atom, GROUP_M)

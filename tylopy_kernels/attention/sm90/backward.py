@@ -66,13 +66,17 @@ Under causal masking a CTA starts at the first query block that reaches its keys
 Constraints: head dim 64 (``BLOCK_M`` 128) or 128 (``BLOCK_M`` 64); bf16 or fp16; (B, H, N, D)
 views whose last dim is contiguous and whose other strides are multiples of 16 bytes.
 """
+from dataclasses import dataclass
+from typing import Any
+
 import tylopy as ty
 from tylopy import hopper
 
 from tylopy_kernels.attention.sm90.tiles import batch_coord, shift
-from tylopy_kernels.attention.sm90.backward_common import (LOG2E, PANEL, REGISTER_SPLIT, ROW_BYTES, bar_at, kmajor_desc, load_tile,
-                                     kmajor_step, mask_bounds, masked_exp2, mnmajor_desc, rs_gemm, ss_gemm, stage_of, store_rows,
-                                     user_mask_bits, zeros)
+from tylopy_kernels.attention.sm90.backward_common import (LOG2E, PANEL, REGISTER_SPLIT, ROW_BYTES, Sizes, bar_at,
+                                                           kmajor_desc, kmajor_step, load_tile, mask_bounds,
+                                                           masked_exp2, mnmajor_desc, rs_gemm, ss_gemm, stage_of,
+                                                           store_rows, user_mask_bits, zeros)
 
 BLOCK_N = 128                 # keys per CTA: two consumer warpgroups of 64
 KEYS_PER_CONSUMER = 64
@@ -128,24 +132,35 @@ class Smem:
         self.total = self.do_empty + 8 * stages
 
 
+@dataclass(eq=False)   # compared and hashed by identity, as the trace treats a plain holder
 class Config:
-    """The compile-time choices every role reads (a plain holder)."""
+    """The compile-time choices every role reads (the kernel's constexprs, by name)."""
 
-    def __init__(self, dtype, head_dim, block_m, stages, has_mask, dq, dq_order, dk_smem, q_order, kv_order):
-        self.dtype, self.head_dim, self.block_m, self.stages = dtype, head_dim, block_m, stages
-        self.has_mask, self.dq, self.dq_order = has_mask, dq, dq_order
-        self.dk_smem = dk_smem and dq != "none"
-        self.q_order, self.kv_order = q_order, kv_order
-        self.panels = head_dim // PANEL
+    dtype: Any
+    head_dim: int
+    block_m: int
+    stages: int
+    has_mask: bool
+    dq: str
+    dq_order: str
+    dk_smem: bool
+    q_order: tuple
+    kv_order: tuple
+
+    def __post_init__(self):
+        self.dk_smem = self.dk_smem and self.dq != "none"
+        self.panels = self.head_dim // PANEL
 
 
 class Problem:
     """The run-time sizes, strides and pointers (a plain holder of IR values)."""
 
-    def __init__(self, n_q, n_k, n_heads, group, n_pad, scale, causal, mask, m_strides, block_m):
-        self.n_q, self.n_k, self.n_heads, self.group, self.n_pad = n_q, n_k, n_heads, group, n_pad
-        self.scale, self.causal, self.mask, self.m_strides = scale, causal, mask, m_strides
-        self.num_m = (n_q + (block_m - 1)) // block_m
+    def __init__(self, sizes: Sizes, scale, causal, mask, block_m):
+        """``mask``: the packed mask bits' pointer (or None) and their (batch, head, row) strides."""
+        self.n_q, self.n_k, self.n_heads, self.group, self.n_pad = sizes
+        self.scale, self.causal = scale, causal
+        self.mask, self.m_strides = mask
+        self.num_m = (sizes.n_q + (block_m - 1)) // block_m
         # Packed batches (``backward_varlen.py``): the CTA's document. Dense problems keep these
         # Python zeros and None, which emit nothing.
         self.varlen = None
@@ -533,11 +548,12 @@ def attention_bwd_sm90(
     fp32 dQ accumulator; ``mask_bits`` the user mask packed by ``attention_bwd_pack_mask`` with keys
     on the rows (HAS_MASK)."""
     check_config(HEAD_DIM, BLOCK_M, STAGES, DQ, DQ_ORDER)
-    cfg = Config(DTYPE, HEAD_DIM, BLOCK_M, STAGES, HAS_MASK, DQ, DQ_ORDER, DK_SMEM, Q_ORDER, KV_ORDER)
+    cfg = Config(DTYPE, HEAD_DIM, BLOCK_M, STAGES, has_mask=HAS_MASK, dq=DQ, dq_order=DQ_ORDER, dk_smem=DK_SMEM,
+                 q_order=Q_ORDER, kv_order=KV_ORDER)
     lay = Smem(HEAD_DIM, BLOCK_M, STAGES, DQ)
     smem = ty.dynamic_shared(ty.u8, lay.total, align=1024)
-    prob = Problem(n_q, n_k, n_heads, group, n_pad, scale, causal, mask_bits, (mb_stride_b, mb_stride_h, mb_stride_row),
-                   BLOCK_M)
+    prob = Problem(Sizes(n_q, n_k, n_heads, group, n_pad), scale, causal,
+                   (mask_bits, (mb_stride_b, mb_stride_h, mb_stride_row)), BLOCK_M)
     init_barriers(smem, lay, STAGES)
     wg = ty.warpgroup_idx()
     if wg == 0:

@@ -6,10 +6,23 @@ Every tile sits in shared memory as TMA writes it with 128-byte swizzle: rows of
 An operand is K-major when its reduction dimension runs along the stored rows, MN-major
 (imm-trans = 1) when its M or N dimension does (docs/hopper.md, "descriptors").
 """
+from typing import Any, NamedTuple
+
 import tylopy as ty
 from tylopy import hopper
 
 from tylopy_kernels.attention.sm90.tiles import shift
+
+class Sizes(NamedTuple):
+    """A backward problem's run-time sizes: queries and keys per sequence, query heads, query heads per
+    key/value head, and the padded length of the L/delta rows."""
+
+    n_q: Any
+    n_k: Any
+    n_heads: Any
+    group: Any
+    n_pad: Any
+
 
 PANEL = 64                    # elements in one 128-byte swizzle row
 ROW_BYTES = 128

@@ -19,8 +19,10 @@ are two values per thread, read straight from global memory. Under GQA, query he
 import tylopy as ty
 from tylopy import hopper
 
-from tylopy_kernels.attention.sm90.backward_common import (LOG2E, PANEL, REGISTER_SPLIT, ROW_BYTES, bar_at, kmajor_desc, load_tile, mask_bounds,
-                              masked_exp2, mnmajor_desc, rs_gemm, ss_gemm, stage_of, store_rows, user_mask_bits)
+from tylopy_kernels.attention.sm90.backward_common import (LOG2E, PANEL, REGISTER_SPLIT, ROW_BYTES, Sizes, bar_at,
+                                                           kmajor_desc, load_tile, mask_bounds, masked_exp2,
+                                                           mnmajor_desc, rs_gemm, ss_gemm, stage_of, store_rows,
+                                                           user_mask_bits)
 
 BLOCK_M = 128                 # query rows per CTA: two consumers of 64
 ROWS_PER_CONSUMER = 64
@@ -52,11 +54,15 @@ class Smem:
 
 
 class Problem:
-    def __init__(self, n_q, n_k, n_heads, group, n_pad, scale, causal, mask, m_strides, block_n):
-        self.n_q, self.n_k, self.n_heads, self.group, self.n_pad = n_q, n_k, n_heads, group, n_pad
-        self.scale, self.causal, self.mask, self.m_strides = scale, causal, mask, m_strides
+    """The run-time sizes, scale, causal flag and packed mask bits (pointer, (batch, head, row)
+    strides) of the dQ kernel, and its key tile width (a plain holder of IR values)."""
+
+    def __init__(self, sizes: Sizes, scale, causal, mask, block_n):
+        self.n_q, self.n_k, self.n_heads, self.group, self.n_pad = sizes
+        self.scale, self.causal = scale, causal
+        self.mask, self.m_strides = mask
         self.block_n = block_n
-        self.num_m = (n_q + (BLOCK_M - 1)) // BLOCK_M
+        self.num_m = (sizes.n_q + (BLOCK_M - 1)) // BLOCK_M
 
 
 @ty.func
@@ -127,10 +133,13 @@ def row_stats(values, rows_base, row0):
 class Consumer:
     """What one consumer's key tiles share (a plain holder of compile-time choices and IR values)."""
 
-    def __init__(self, smem, lay, prob, dtype, head_dim, stages, has_mask, pipeline, row0, hq, b, lse, dlt):
-        self.smem, self.lay, self.prob, self.dtype, self.head_dim = smem, lay, prob, dtype, head_dim
-        self.stages, self.has_mask, self.pipeline = stages, has_mask, pipeline
-        self.row0, self.hq, self.b, self.lse, self.dlt = row0, hq, b, lse, dlt
+    def __init__(self, smem, lay, prob, choices, where, stats):
+        """``choices``: (dtype, head dim, stages, has_mask, pipeline); ``where``: (first row, query head,
+        batch); ``stats``: the rows' L log2(e) and delta."""
+        self.smem, self.lay, self.prob = smem, lay, prob
+        self.dtype, self.head_dim, self.stages, self.has_mask, self.pipeline = choices
+        self.row0, self.hq, self.b = where
+        self.lse, self.dlt = stats
 
 
 @ty.func
@@ -184,8 +193,8 @@ def consumer(smem, lay, prob, wg, dtype, head_dim, stages, has_mask, pipeline, l
     leader = (ty.thread_idx() & 127) == 0
     scale_log2 = prob.scale * LOG2E
     stats_base = ty.cast(b * prob.n_heads + hq, ty.i64) * ty.cast(prob.n_pad, ty.i64)
-    c = Consumer(smem, lay, prob, dtype, head_dim, stages, has_mask, pipeline, row0, hq, b,
-                 row_stats(lse_log2, stats_base, row0), row_stats(delta, stats_base, row0))
+    c = Consumer(smem, lay, prob, (dtype, head_dim, stages, has_mask, pipeline), (row0, hq, b),
+                 (row_stats(lse_log2, stats_base, row0), row_stats(delta, stats_base, row0)))
     mine = ROWS_PER_CONSUMER * ROW_BYTES * wi
     q_desc = kmajor_desc(base, lay.q + mine)
     do_desc = kmajor_desc(base, lay.do + mine)
@@ -222,8 +231,8 @@ def attention_bwd_dq_sm90(
     check_config(HEAD_DIM, BLOCK_N, STAGES)
     lay = Smem(HEAD_DIM, BLOCK_N, STAGES)
     smem = ty.dynamic_shared(ty.u8, lay.total, align=1024)
-    prob = Problem(n_q, n_k, n_heads, group, n_pad, scale, causal, mask_bits, (mb_stride_b, mb_stride_h, mb_stride_row),
-                   BLOCK_N)
+    prob = Problem(Sizes(n_q, n_k, n_heads, group, n_pad), scale, causal,
+                   (mask_bits, (mb_stride_b, mb_stride_h, mb_stride_row)), BLOCK_N)
     init_barriers(smem, lay, STAGES)
     wg = ty.warpgroup_idx()
     if wg == 0:

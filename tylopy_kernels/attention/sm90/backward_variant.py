@@ -26,7 +26,7 @@ from tylopy import hopper
 
 from tylopy_kernels.attention.sm90.backward import (KEYS_PER_CONSUMER, Config, Problem, Smem, check_config, column_stats,
                                                     consumer, init_barriers, producer)
-from tylopy_kernels.attention.sm90.backward_common import BIG, LOG2E, NEG_INF, mask_bit
+from tylopy_kernels.attention.sm90.backward_common import BIG, LOG2E, NEG_INF, Sizes, mask_bit
 from tylopy_kernels.attention.sm90.mod_grad import (ElementAt, ForwardView, float_mask_at, mask_mod_keep,
                                                     score_and_grad, transform_has_slope)
 from tylopy_kernels.attention.sm90.variant_tiles import VariantProblem, forget_loads
@@ -40,12 +40,15 @@ class VariantBwd:
     Compile-time structure is read from ``key`` only (``KernelVariant.key``: window sizes and the
     softcap are run-time values)."""
 
-    def __init__(self, vp, n_q, n_k, work, work_count, work_stride, n_kv_tiles, n_kv_heads, score_mod_bwd):
+    def __init__(self, vp, lengths, work, kv_tiles, score_mod_bwd):
+        """``lengths``: (n_q, n_k); ``work``: the block mask's (lists, counts, list stride);
+        ``kv_tiles``: (key tiles, key/value heads), which number the lists."""
+        n_q, n_k = lengths
         self.fwd = ForwardView(vp, n_q, n_k)
         self.key = vp.v
         self.diag = vp.diag
-        self.work, self.work_count, self.work_stride = work, work_count, work_stride
-        self.n_kv_tiles, self.n_kv_heads = n_kv_tiles, n_kv_heads
+        self.work, self.work_count, self.work_stride = work
+        self.n_kv_tiles, self.n_kv_heads = kv_tiles
         self.score_mod_bwd = score_mod_bwd
         self.work_range = work_range
         self.iteration = iteration
@@ -362,15 +365,17 @@ def attention_bwd_variant_sm90(
     ``work``/``work_count``: the block mask's lists (``backward_variant_launch.work_list``); from
     ``diag`` on, the forward's variant arguments (``variant_launch.variant_args``)."""
     check_config(HEAD_DIM, BLOCK_M, STAGES, DQ, DQ_ORDER)
-    cfg = Config(DTYPE, HEAD_DIM, BLOCK_M, STAGES, HAS_MASK, DQ, DQ_ORDER, DK_SMEM, Q_ORDER, KV_ORDER)
+    cfg = Config(DTYPE, HEAD_DIM, BLOCK_M, STAGES, has_mask=HAS_MASK, dq=DQ, dq_order=DQ_ORDER, dk_smem=DK_SMEM,
+                 q_order=Q_ORDER, kv_order=KV_ORDER)
     lay = Smem(HEAD_DIM, BLOCK_M, STAGES, DQ)
     smem = ty.dynamic_shared(ty.u8, lay.total, align=1024)
-    prob = Problem(n_q, n_k, n_heads, group, n_pad, scale, 0, mask_bits, (mb_stride_b, mb_stride_h, mb_stride_row),
-                   BLOCK_M)
+    prob = Problem(Sizes(n_q, n_k, n_heads, group, n_pad), scale, 0,
+                   (mask_bits, (mb_stride_b, mb_stride_h, mb_stride_row)), BLOCK_M)
     prob.diag = diag
-    vp = VariantProblem(VARIANT, diag, win_left, win_right, softcap, slopes, sinks, mask,
+    vp = VariantProblem(VARIANT, (diag, win_left, win_right, softcap), (slopes, sinks, mask),
                         (bm_num, bm_idx, bm_full_num, bm_full_idx), (aux0, aux1, aux2, aux3))
-    prob.variant = VariantBwd(vp, n_q, n_k, work, work_count, work_stride, n_kv_tiles, n_kv_heads, SCORE_MOD_BWD)
+    prob.variant = VariantBwd(vp, (n_q, n_k), (work, work_count, work_stride), (n_kv_tiles, n_kv_heads),
+                              SCORE_MOD_BWD)
     init_barriers(smem, lay, STAGES)
     wg = ty.warpgroup_idx()
     if wg == 0:

@@ -23,7 +23,7 @@ from tylopy import hopper
 from tylopy_kernels.attention.sm90.backward import (BLOCK_N, CONSUMER_THREADS, KEYS_PER_CONSUMER, Config, Problem, Smem,
                                                     check_config, consumer, init_barriers, producer)
 from tylopy_kernels.attention.sm90.backward_aux import row_dot
-from tylopy_kernels.attention.sm90.backward_common import LOG2E, ROW_BYTES, bar_at, store_rows
+from tylopy_kernels.attention.sm90.backward_common import LOG2E, ROW_BYTES, Sizes, bar_at, store_rows
 
 PAD = 128
 KEY_TAIL_BARRIER = 6      # + consumer index: one consumer's 128 threads zeroed its K/V rows
@@ -124,10 +124,11 @@ def attention_bwd_varlen_sm90(
 ):
     """Grid (key blocks of max_k, key/value heads, documents); a CTA past its document's keys exits."""
     check_config(HEAD_DIM, BLOCK_M, STAGES, DQ, DQ_ORDER)
-    cfg = Config(DTYPE, HEAD_DIM, BLOCK_M, STAGES, False, DQ, DQ_ORDER, DK_SMEM, Q_ORDER, KV_ORDER)
+    cfg = Config(DTYPE, HEAD_DIM, BLOCK_M, STAGES, has_mask=False, dq=DQ, dq_order=DQ_ORDER, dk_smem=DK_SMEM,
+                 q_order=Q_ORDER, kv_order=KV_ORDER)
     lay = Smem(HEAD_DIM, BLOCK_M, STAGES, DQ)
     smem = ty.dynamic_shared(ty.u8, lay.total, align=1024)
-    prob = Problem(max_q, max_k, n_heads, group, n_pad, scale, causal, None, (0, 0, 0), BLOCK_M)
+    prob = Problem(Sizes(max_q, max_k, n_heads, group, n_pad), scale, causal, (None, (0, 0, 0)), BLOCK_M)
     prob.varlen = VarlenBwd(cu_q, cu_k, max_q, max_k, total_q, total_k, BLOCK_M)
     doc = doc_problem(prob, ty.block_idx(2))
     init_barriers(smem, lay, STAGES)

@@ -37,8 +37,9 @@ import tylopy as ty
 from tylopy import hopper
 
 from tylopy_kernels.attention.sm90.consumer import consumer
-from tylopy_kernels.attention.sm90.tiles import (REGISTER_SPLIT, Plan, Problem, Schedule, bar_at, batch_coord, key_row,
-                                                next_tile, shift, skip_tile, tile_problem, tiles_of_this_cta, tma_coords)
+from tylopy_kernels.attention.sm90.tiles import (REGISTER_SPLIT, Output, Plan, Problem, Schedule, Sizes, bar_at,
+                                                batch_coord, key_row, next_tile, shift, skip_tile, tile_problem,
+                                                tiles_of_this_cta, tma_coords)
 
 
 @ty.func
@@ -141,14 +142,14 @@ def attention_fwd_sm90(
     persistent order.
     """
     plan = Plan(HEAD_DIM, BLOCK_N, STAGES, CONSUMERS, TMA_STORE)
-    sched = Schedule(DTYPE, HAS_MASK, RETURN_LSE, PERSISTENT, ORDER, COORD_ORDER, O_ORDER, EXPONENT,
-                     RESCALE_THRESHOLD, SPLIT_S, PV_WAIT, POLY_EXP2, TMA_STORE, defer_epilogue(plan, DEFER_EPILOGUE,
-                                                                                           PERSISTENT, RETURN_LSE),
-                     EARLY_SUMS)
+    sched = Schedule(DTYPE, has_mask=HAS_MASK, return_lse=RETURN_LSE, persistent=PERSISTENT, tile_order=ORDER,
+                     coord_order=COORD_ORDER, out_order=O_ORDER, exponent=EXPONENT, threshold=RESCALE_THRESHOLD,
+                     split_s=SPLIT_S, pv_wait=PV_WAIT, poly=POLY_EXP2, tma_store=TMA_STORE,
+                     defer_epilogue=defer_epilogue(plan, DEFER_EPILOGUE, PERSISTENT, RETURN_LSE), early_sums=EARLY_SUMS)
     smem = ty.dynamic_shared(ty.u8, plan.total, align=1024)
-    prob = Problem(n_q, n_k, n_heads, n_batch, kv_group, kv_batch, head_group_log2, scale, causal, out, lse_ptr, mask,
-                   tm_o, (o_stride_b, o_stride_h, o_stride_n), (m_stride_b, m_stride_h, m_stride_q, m_stride_k),
-                   plan.block_m, BLOCK_N)
+    prob = Problem(Sizes(n_q, n_k, n_heads, n_batch, kv_group, kv_batch, head_group_log2), scale, causal,
+                   Output(out, lse_ptr, tm_o, (o_stride_b, o_stride_h, o_stride_n)),
+                   (mask, (m_stride_b, m_stride_h, m_stride_q, m_stride_k)), plan.block_m, BLOCK_N)
     init_barriers(smem, plan)
     wg = ty.warpgroup_idx()
     if wg == 0:

@@ -50,8 +50,8 @@ from tylopy_kernels.attention.sm90.consumer import (ROWS, TURN_THREADS, Turn, fi
                                                    pass_dead_tiles, release, rescale_o, stage_of, store_direct,
                                                    store_lse, wait_pv)
 from tylopy_kernels.attention.sm90.forward import init_barriers
-from tylopy_kernels.attention.sm90.tiles import (REGISTER_SPLIT, Problem, bar_at, next_tile, place_barriers,
-                                                 tma_coords)
+from tylopy_kernels.attention.sm90.tiles import (REGISTER_SPLIT, Output, Problem, Sizes, bar_at, next_tile,
+                                                 place_barriers, tma_coords)
 
 ROW_BYTES = 128         # one 128-byte swizzle row of V^T: 128 keys
 KEY_GROUP = 32          # keys permuted together (one k32 step of the PV product)
@@ -273,9 +273,9 @@ def attention_fwd_fp8_sm90(
     plan = Fp8Plan(HEAD_DIM, BLOCK_N, STAGES, CONSUMERS)
     sched = Fp8Schedule(HAS_MASK, RETURN_LSE, EXPONENT, RESCALE_THRESHOLD, PV_WAIT, POLY_EXP2)
     smem = ty.dynamic_shared(ty.u8, plan.total, align=1024)
-    prob = Problem(n_q, n_k, n_heads, n_batch, kv_group, 1, 0, scale, causal, out, lse_ptr, mask, tm_q,
-                   (o_stride_b, o_stride_h, o_stride_n), (m_stride_b, m_stride_h, m_stride_q, m_stride_k),
-                   plan.block_m, BLOCK_N)
+    prob = Problem(Sizes(n_q, n_k, n_heads, n_batch, kv_group), scale, causal,
+                   Output(out, lse_ptr, tm_q, (o_stride_b, o_stride_h, o_stride_n)),
+                   (mask, (m_stride_b, m_stride_h, m_stride_q, m_stride_k)), plan.block_m, BLOCK_N)
     init_barriers(smem, plan)
     wg = ty.warpgroup_idx()
     if wg == 0:

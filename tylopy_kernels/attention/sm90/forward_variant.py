@@ -19,7 +19,7 @@ from tylopy_kernels.attention.sm90 import softmax
 from tylopy_kernels.attention.sm90.consumer import (ROWS, TURN_THREADS, Turn, descriptors, issue_pv, issue_scores,
                                                    pack_p, release, rescale_o, store_direct, store_lse, wait_pv)
 from tylopy_kernels.attention.sm90.forward import _threads, init_barriers, producer
-from tylopy_kernels.attention.sm90.tiles import REGISTER_SPLIT, Plan, Problem, Schedule, bar_at, next_tile
+from tylopy_kernels.attention.sm90.tiles import REGISTER_SPLIT, Output, Plan, Problem, Schedule, Sizes, bar_at, next_tile
 from tylopy_kernels.attention.sm90.variant_tiles import (NEG_INF, VariantProblem, finish, mask_row_pointers, scores,
                                                         tile_number)
 
@@ -127,13 +127,14 @@ def attention_variant_fwd_sm90(
     ``variant_tiles.KernelVariant``. Tensor parameters a variant does not use get 1-element
     placeholders (``variant_launch``)."""
     plan = Plan(HEAD_DIM, BLOCK_N, STAGES, CONSUMERS, False)
-    sched = Schedule(DTYPE, False, RETURN_LSE, False, "heads", COORD_ORDER, None, EXPONENT, RESCALE_THRESHOLD,
-                     False, PV_WAIT, 0, False, False, True)
+    sched = Schedule(DTYPE, return_lse=RETURN_LSE, coord_order=COORD_ORDER, exponent=EXPONENT,
+                     threshold=RESCALE_THRESHOLD, pv_wait=PV_WAIT)
     smem = ty.dynamic_shared(ty.u8, plan.total, align=1024)
-    prob = Problem(n_q, n_k, n_heads, n_batch, kv_group, kv_batch, 0, scale, 0, out, lse_ptr, out, tm_q,
-                   (o_stride_b, o_stride_h, o_stride_n), (0, 0, 0, 0), plan.block_m, BLOCK_N)
+    prob = Problem(Sizes(n_q, n_k, n_heads, n_batch, kv_group, kv_batch), scale, 0,
+                   Output(out, lse_ptr, tm_q, (o_stride_b, o_stride_h, o_stride_n)), (out, (0, 0, 0, 0)), plan.block_m,
+                   BLOCK_N)
     prob.head_dim = HEAD_DIM
-    prob.variant = VariantProblem(VARIANT, diag, win_left, win_right, softcap, slopes, sinks, mask,
+    prob.variant = VariantProblem(VARIANT, (diag, win_left, win_right, softcap), (slopes, sinks, mask),
                                   (bm_num, bm_idx, bm_full_num, bm_full_idx), (aux0, aux1, aux2, aux3))
     init_barriers(smem, plan)
     wg = ty.warpgroup_idx()

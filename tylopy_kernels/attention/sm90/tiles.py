@@ -1,5 +1,8 @@
 """Shared pieces of the Hopper attention forward: the compile-time plan (schedule and shared-memory
 layout), the run-time problem, and the order in which CTAs take work tiles."""
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Optional
+
 import tylopy as ty
 from tylopy import hopper
 
@@ -52,22 +55,33 @@ def place_barriers(plan, bars, stages, remedy):
                          f"{MAX_SMEM} ({remedy})")
 
 
+@dataclass(eq=False)   # compared and hashed by identity, as the trace treats a plain holder
 class Schedule:
-    """The compile-time options the consumers read (see ``attention_fwd_sm90``'s constexprs)."""
+    """The compile-time options the consumers read (``attention_fwd_sm90``'s constexprs, by name)."""
 
-    def __init__(self, dtype, has_mask, return_lse, persistent, tile_order, coord_order, out_order, exponent,
-                 threshold, split_s, pv_wait, poly, tma_store, defer_epilogue, early_sums=True):
-        if pv_wait not in ("pinned", "free"):
-            raise ValueError(f"PV_WAIT expects 'pinned' or 'free', but got {pv_wait!r}")
-        if tile_order not in ("heads", "lpt"):
-            raise ValueError(f"ORDER expects 'heads' or 'lpt', but got {tile_order!r}")
-        self.dtype, self.has_mask, self.return_lse = dtype, has_mask, return_lse
-        self.persistent, self.tile_order, self.coord_order = persistent, tile_order, coord_order
-        self.out_order = coord_order if out_order is None else out_order
-        self.exponent, self.threshold, self.split_s = exponent, threshold, split_s
-        self.pv_wait, self.poly, self.tma_store = pv_wait, poly, tma_store
-        self.defer_epilogue = defer_epilogue
-        self.early_sums = early_sums
+    dtype: Any
+    has_mask: bool = False
+    return_lse: bool = False
+    persistent: bool = False
+    tile_order: str = "heads"
+    coord_order: tuple = ("n", "h", "b")
+    out_order: Optional[tuple] = None      # None: the coordinate order
+    exponent: str = "ffma"
+    threshold: float = 8.0
+    split_s: bool = False
+    pv_wait: str = "pinned"
+    poly: int = 0
+    tma_store: bool = False
+    defer_epilogue: bool = False
+    early_sums: bool = True
+
+    def __post_init__(self):
+        if self.pv_wait not in ("pinned", "free"):
+            raise ValueError(f"PV_WAIT expects 'pinned' or 'free', but got {self.pv_wait!r}")
+        if self.tile_order not in ("heads", "lpt"):
+            raise ValueError(f"ORDER expects 'heads' or 'lpt', but got {self.tile_order!r}")
+        if self.out_order is None:
+            self.out_order = self.coord_order
 
 
 @ty.func
@@ -82,19 +96,45 @@ def tma_coords(order, n, h, b):
     return tuple(pos[x] for x in order)
 
 
-class Problem:
-    """The run-time sizes, strides and pointers every role needs (a plain holder of IR values)."""
+class Sizes(NamedTuple):
+    """A problem's run-time sizes: queries and keys per sequence, query heads, batch, query heads per
+    key/value head, the K/V batch stride flag (0: one K/V batch shared by all) and log2 of the
+    "lpt" order's head group."""
 
-    def __init__(self, n_q, n_k, n_heads, n_batch, kv_group, kv_batch, head_group_log2, scale, causal, out, lse_ptr,
-                 mask, tm_o, o_strides, m_strides, block_m, block_n):
-        self.n_q, self.n_k, self.n_heads, self.n_batch = n_q, n_k, n_heads, n_batch
-        self.kv_group, self.kv_batch, self.head_group_log2 = kv_group, kv_batch, head_group_log2
+    n_q: Any
+    n_k: Any
+    n_heads: Any
+    n_batch: Any
+    kv_group: Any
+    kv_batch: Any = 1
+    head_group_log2: Any = 0
+
+
+class Output(NamedTuple):
+    """Where a problem's results go: O's pointer, the LSE's (or a placeholder), O's tensor map (for
+    TMA stores; any map otherwise) and O's (batch, head, row) strides."""
+
+    out: Any
+    lse_ptr: Any
+    tm_o: Any
+    strides: tuple
+
+
+class Problem:
+    """The run-time sizes, strides and pointers every role needs (a plain holder of IR values):
+    ``Sizes``, the scale, causal (0/1), an ``Output``, the Boolean mask's pointer and its (batch,
+    head, query, key) strides, and the tile sizes."""
+
+    def __init__(self, sizes: Sizes, scale, causal, output: Output, mask, block_m, block_n):
+        mask_ptr, m_strides = mask
+        self.n_q, self.n_k, self.n_heads, self.n_batch = sizes.n_q, sizes.n_k, sizes.n_heads, sizes.n_batch
+        self.kv_group, self.kv_batch, self.head_group_log2 = sizes.kv_group, sizes.kv_batch, sizes.head_group_log2
         self.scale, self.causal = scale, causal
-        self.out, self.lse_ptr, self.mask, self.tm_o = out, lse_ptr, mask, tm_o
-        self.o_strides, self.m_strides = o_strides, m_strides
+        self.out, self.lse_ptr, self.mask, self.tm_o = output.out, output.lse_ptr, mask_ptr, output.tm_o
+        self.o_strides, self.m_strides = output.strides, m_strides
         self.block_m, self.block_n = block_m, block_n
-        self.num_m = (n_q + (block_m - 1)) // block_m
-        self.total = self.num_m * n_heads * n_batch
+        self.num_m = (sizes.n_q + (block_m - 1)) // block_m
+        self.total = self.num_m * sizes.n_heads * sizes.n_batch
         # Packed batches (``varlen_tiles``): the per-document view a tile works in. Dense problems keep
         # these Python zeros, so ``shift`` emits nothing for them.
         self.varlen = None

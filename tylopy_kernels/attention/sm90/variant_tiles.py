@@ -74,7 +74,12 @@ class KernelVariant:
 class VariantProblem:
     """The run-time data of a variant (kernel parameters) and its compile-time structure."""
 
-    def __init__(self, kv, diag, left, right, softcap, slopes, sinks, mask, bm, aux):
+    def __init__(self, kv, bounds, tensors, bm, aux):
+        """``kv``: the KernelVariant; ``bounds``: (diag, window left, window right, softcap);
+        ``tensors``: (ALiBi slopes, sink logits, attn_mask); ``bm``: the block mask's four tensors;
+        ``aux``: the mods' four tensor slots."""
+        diag, left, right, softcap = bounds
+        slopes, sinks, mask = tensors
         self.kv, self.v = kv, kv.key
         self.diag, self.left, self.right, self.softcap = diag, left, right, softcap
         self.inv_softcap = 1.0 / softcap if kv.key.softcap else None  # (a run-time division once per CTA)

@@ -15,7 +15,7 @@ import tylopy as ty
 
 from tylopy_kernels.attention.sm90.consumer import consumer
 from tylopy_kernels.attention.sm90.forward import _threads, init_barriers, producer
-from tylopy_kernels.attention.sm90.tiles import REGISTER_SPLIT, Plan, Problem, Schedule
+from tylopy_kernels.attention.sm90.tiles import REGISTER_SPLIT, Output, Plan, Problem, Schedule, Sizes
 from tylopy_kernels.attention.sm90.varlen_tiles import Varlen
 from tylopy import hopper
 
@@ -39,11 +39,12 @@ def attention_varlen_fwd_sm90(
     packed rows and heads in ``COORD_ORDER``, one batch entry); out and lse (H, total_q) are
     written for the rows of each document only (the launcher zeroes out and fills lse with -inf)."""
     plan = Plan(HEAD_DIM, BLOCK_N, STAGES, CONSUMERS, False)
-    sched = Schedule(DTYPE, False, RETURN_LSE, PERSISTENT, ORDER, COORD_ORDER, None, EXPONENT, RESCALE_THRESHOLD,
-                     SPLIT_S, PV_WAIT, POLY_EXP2, False, False, EARLY_SUMS)
+    sched = Schedule(DTYPE, return_lse=RETURN_LSE, persistent=PERSISTENT, tile_order=ORDER, coord_order=COORD_ORDER,
+                     exponent=EXPONENT, threshold=RESCALE_THRESHOLD, split_s=SPLIT_S, pv_wait=PV_WAIT, poly=POLY_EXP2,
+                     early_sums=EARLY_SUMS)
     smem = ty.dynamic_shared(ty.u8, plan.total, align=1024)
-    prob = Problem(max_q, max_k, n_heads, n_docs, kv_group, 0, head_group_log2, scale, causal, out, lse_ptr, out,
-                   tm_q, (0, o_stride_h, o_stride_n), (0, 0, 0, 0), plan.block_m, BLOCK_N)
+    prob = Problem(Sizes(max_q, max_k, n_heads, n_docs, kv_group, 0, head_group_log2), scale, causal,
+                   Output(out, lse_ptr, tm_q, (0, o_stride_h, o_stride_n)), (out, (0, 0, 0, 0)), plan.block_m, BLOCK_N)
     prob.varlen = Varlen(cu_q, cu_k, used_q if SEQUSED_Q else None, used_k if SEQUSED_K else None, total_q,
                          max_q, max_k)
     init_barriers(smem, plan)
