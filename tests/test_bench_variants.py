@@ -203,6 +203,23 @@ def test_json_writer_and_merge(tmp_path, capsys):
     assert "| causal | 64 | 1024 | fwd | 400 | 500 | 250 |" in capsys.readouterr().out
 
 
+def test_a_failed_numerics_check_is_marked_in_the_table_and_the_report(tmp_path, capsys):
+    """An error past CHECK_LIMIT marks that library's timings "(check failed)" and lists the check under
+    the table: a wrong kernel's speed is not a result."""
+    checks = [dict(library="tylopy", variant="causal", d=64, n=1024, fwd_err=8e-3, bwd_err=15.1),
+              dict(library="fa3_cute", variant="causal", d=64, n=1024, fwd_err=8e-3, bwd_err=1.7e-2)]
+    assert bench.failed_checks(checks[0]) == ["bwd"] and bench.failed_checks(checks[1]) == []
+    assert bench.failed_checks(dict(fwd_err=float("nan"))) == ["fwd"]
+    assert "CHECK FAILED (bwd: past 0.1)" in bench.format_check(checks[0])
+    bench.report(_rows(), checks, str(tmp_path / "r.json"), str(tmp_path / "r.png"), cuda=False)
+    data = json.loads((tmp_path / "r.json").read_text())
+    text = "\n".join(data["markdown"])
+    assert "| causal | 64 | 1024 | fwd | 400 (check failed) | 500 | 200 |" in text
+    assert "Numerics checks that FAILED" in text and "CHECK FAILED" in capsys.readouterr().out
+    flagged = {(r["library"], r["n"]): r.get("check_failed") for r in data["rows"] if r["variant"] == "causal"}
+    assert flagged[("tylopy", 1024)] is True and flagged[("fa3_cute", 1024)] is False
+
+
 # -- absent libraries, failing calls, no CUDA -----------------------------------------------------
 
 def _cpu_case():

@@ -35,6 +35,9 @@ from tylopy_kernels.attention.bench import variant_cases as cases
 from tylopy_kernels.attention.bench import variant_libs as libs
 
 WARMUP_MS, REP_MS = 20, 80
+# The largest absolute error against the fp32 reference that passes the check (unit-normal bf16
+# inputs: a correct kernel lands near 1e-2, an error in the masks or the gradients far above).
+CHECK_LIMIT = {"fwd": 0.05, "bwd": 0.1}
 REFERENCE_CHUNK = 2 ** 28  # fp32 score elements per chunk of heads in the reference (1 GiB)
 QUICK = {"d": (128,), "n": (4096,)}
 DIRECTIONS = {"fwd": ("fwd",), "bwd": ("bwd",), "both": ("fwd", "bwd")}
@@ -137,9 +140,18 @@ def check(spec, x, library_names, directions):
     return records
 
 
+def failed_checks(rec) -> list:
+    """The directions whose error is past ``CHECK_LIMIT`` in one check record."""
+    return [d for d in ("fwd", "bwd") if rec.get(f"{d}_err", 0.0) > CHECK_LIMIT[d] or
+            rec.get(f"{d}_err") != rec.get(f"{d}_err")]  # (NaN fails too)
+
+
 def format_check(rec):
+    failed = failed_checks(rec)
     return (f"| check: {rec['library']} | {rec['variant']} | {rec['d']} | {rec.get('n', '-')} "
-            f"| fwd err {_cell(rec, 'fwd')} | bwd err {_cell(rec, 'bwd')} |")
+            f"| fwd err {_cell(rec, 'fwd')} | bwd err {_cell(rec, 'bwd')} |"
+            + (f" CHECK FAILED ({', '.join(failed)}: past {', '.join(str(CHECK_LIMIT[d]) for d in failed)})"
+               if failed else ""))
 
 
 def _cell(rec, direction):
@@ -260,6 +272,7 @@ def ratio_table(rows):
         for lib in libs.LIBRARIES:
             entry[lib] = cell[lib].get("tflops") if lib in cell else None
             entry[f"{lib}_why"] = _why(cell.get(lib))
+            entry[f"{lib}_check_failed"] = bool(cell.get(lib, {}).get("check_failed"))
         for lib in ("fa3_cute", "flex"):
             o = entry[lib]
             entry[f"tylopy_vs_{lib}"] = round(t / o, 3) if t and o else None
@@ -289,7 +302,9 @@ def markdown(table):
              "|---|---|---|---|---|---|---|---|---|"]
 
     def num(e, lib):
-        return f"{e[lib]:.0f}" if e[lib] else (e[f"{lib}_why"] or "-")
+        if not e[lib]:
+            return e[f"{lib}_why"] or "-"
+        return f"{e[lib]:.0f}" + (" (check failed)" if e.get(f"{lib}_check_failed") else "")
 
     def ratio(v):
         return "-" if v is None else f"{v:.2f}" + (" (loss)" if v < 1 else "")
@@ -351,12 +366,15 @@ def plot(rows, path):
 
 def report(rows, checks, output, plot_path, extra=None, cuda=True):
     """Ratios, the markdown table (printed and stored), JSON and PNG; returns the JSON path."""
-    rows = with_ratios(rows)
+    rows = with_checks(with_ratios(rows), checks)
     table = ratio_table(rows)
     lines = markdown(table)
+    failed = [c for c in checks if failed_checks(c)]
     if checks:
         print("\nnumerics (max |x - fp32 reference| on the first batch element; bwd: max over dq, dk, dv):")
         print("\n".join(format_check(c) for c in checks))
+    if failed:
+        lines += ["", "Numerics checks that FAILED (their timings are not results):"] + [format_check(c) for c in failed]
     print("\n" + "\n".join(lines))
     unsupported = sorted({(r["library"], r["variant"], r.get("error", "")[:120]) for r in rows if "error" in r})
     for lib, variant, err in unsupported:
@@ -375,6 +393,16 @@ def report(rows, checks, output, plot_path, extra=None, cuda=True):
     except ImportError as e:
         print(f"no plot ({e})")
     return path
+
+
+def with_checks(rows, checks):
+    """Each row with ``check_failed`` (True / False) where its library, variant and D were checked."""
+    verdict = {}
+    for c in checks:
+        key = (c["library"], c["variant"], c["d"])
+        verdict[key] = verdict.get(key, False) or bool(failed_checks(c))
+    return [dict(r, check_failed=verdict[(r["library"], r["variant"], r["d"])])
+            if (r["library"], r["variant"], r["d"]) in verdict else r for r in rows]
 
 
 def merge(paths):
@@ -411,7 +439,7 @@ def main(argv=None):
              "variants": {v: cases.VARIANTS[v] for v in args.variants},
              "flops": "4 D per visible (query, key) pair per head forward, 2.5x backward; pairs counted exactly"}
     report(rows, checks, args.output, args.plot, extra)
-    return 0
+    return 1 if any(failed_checks(c) for c in checks if c["library"] == "tylopy") else 0
 
 
 if __name__ == "__main__":
