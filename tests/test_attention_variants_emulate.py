@@ -33,20 +33,21 @@ def _nan_backed(shape, seed, dtype=torch.bfloat16, pad=64):
     return buf[:, :, :n]
 
 
-def emulate(q, k, v, scale=None, **kw):
+def emulate(q, k, v, scale=None, schedule=None, **kw):
     """(out, lse, variant, tensors): the kernel in the emulator; out and lse start NaN."""
     B, H, n, D = q.shape
     scale = 1 / math.sqrt(D) if scale is None else scale
     variant, tensors = V.make_variant(B, H, n, k.shape[2], q.device, **kw)
     out = torch.full((B, H, n, D), float("nan"), dtype=q.dtype)
     lse = torch.full((B, H, n), float("nan"))
-    plan = plan_variant_launch(ForwardTensors(q, k, v, out, lse), VariantCall(variant, tensors, scale), make_map=_spec)
+    plan = plan_variant_launch(ForwardTensors(q, k, v, out, lse), VariantCall(variant, tensors, scale), make_map=_spec,
+                               schedule=schedule)
     attention_variant_fwd_sm90.emulate(*plan.args, grid=plan.grid, **plan.constexprs)
     return out, lse, variant, tensors
 
 
-def check(q, k, v, scale=None, tol=2e-2, **kw):
-    out, lse, variant, tensors = emulate(q, k, v, scale, **kw)
+def check(q, k, v, scale=None, tol=2e-2, schedule=None, **kw):
+    out, lse, variant, tensors = emulate(q, k, v, scale, schedule, **kw)
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     want, want_lse = V.reference_forward(q.double(), k.double(), v.double(), variant, tensors, scale)
     assert not torch.isnan(out).any(), "NaN in the output"
@@ -171,6 +172,40 @@ def test_block_mask_with_empty_query_tiles_and_sinks_d128():
     out, lse = check(*qkv(D=128, H=2, Hkv=2, seed=21), block_mask=bm, sinks=sinks)
     assert (out[:, :, 128:256] == 0).all()
     assert torch.allclose(lse[0, :, 128:256], sinks[:, None].expand(2, 128))
+
+
+PERSISTENT = {"PERSISTENT": True, "SM_COUNT": 2}   # two CTAs: each loops over several tiles, the ring wraps
+
+
+@pytest.mark.slow
+def test_persistent_window_over_batches_and_heads_d64():
+    """PERSISTENT: two CTAs walk 12 work tiles (2 batches x 2 heads x 3 query blocks), each tile a
+    different key range, the ring and the Q buffer running on across tiles."""
+    check(*qkv(B=2, D=64, seed=31), is_causal=True, window_size=(100, 20), schedule=PERSISTENT)
+
+
+@pytest.mark.slow
+def test_persistent_tiles_without_keys_between_others_d64():
+    """PERSISTENT with a block mask leaving query tile 1 without keys: that tile writes zeros and the
+    sink's LSE without a Q load, and still turns the Q buffer's barriers for the tiles after it."""
+    def checker(b, h, q_idx, kv_idx):
+        return ((q_idx // 128) != 1) & (((q_idx // 128) + (kv_idx // 128)) % 2 == 0)
+    bm = ty.create_block_mask(checker, None, 2, N, NK)
+    sinks = torch.tensor([0.3, -1.0])
+    out, lse = check(*qkv(D=64, H=2, Hkv=1, seed=33), block_mask=bm, sinks=sinks, schedule=PERSISTENT)
+    assert (out[:, :, 128:256] == 0).all()
+    assert torch.allclose(lse[0, :, 128:256], sinks[:, None].expand(2, 128))
+
+
+def test_persistent_grid_and_unknown_schedule_keys():
+    q = torch.zeros(1, 2, 300, 64, dtype=torch.bfloat16)
+    variant, tensors = V.make_variant(1, 2, 300, 300, q.device, is_causal=True)
+    io = ForwardTensors(q, q, q, q.clone(), torch.zeros(1, 2, 300))
+    plan = plan_variant_launch(io, VariantCall(variant, tensors, 0.1), make_map=_spec, schedule=dict(PERSISTENT))
+    assert plan.grid == (2,) and plan.constexprs["PERSISTENT"] is True and "SM_COUNT" not in plan.constexprs
+    assert plan_variant_launch(io, VariantCall(variant, tensors, 0.1), make_map=_spec).grid == (3, 2, 1)
+    with pytest.raises(ValueError, match="schedule expects keys among"):
+        plan_variant_launch(io, VariantCall(variant, tensors, 0.1), make_map=_spec, schedule={"STAGE": 3})
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@
 rows are off, under changes of heads, tokens, softcap and window), and the sliding-window forward
 timed beside the same work through other routes (dense causal, the variant kernel on wider windows).
 
-    python tools/diagnose_variants.py [--check] [--time]
+    python tools/diagnose_variants.py [--check] [--time] [--persistent] [--backward] [--bench-check]
 """
 import argparse
 
@@ -63,6 +63,33 @@ def time_window():
         print(f"fwd {label}: {ms:.3f} ms, {4 * D * p * B * H / ms / 1e9:.0f} TFLOP/s", flush=True)
 
 
+def time_persistent():
+    """The variant forward's launcher called directly (no autograd or entry checks), one work tile per
+    CTA against PERSISTENT, on the bench's window and block-sparse shapes (B=4, N=4096, D=128)."""
+    from tylopy_kernels.attention import variants as V
+    from tylopy_kernels.attention.common import ForwardTensors, VariantCall
+    from tylopy_kernels.attention.sm90.variant_launch import launch_variant
+    B, H, N, D = 4, 16, 4096, 128
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(B, H, N, D, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out, lse = torch.empty_like(q), torch.empty(B, H, N, device="cuda")
+    spec = cases.make_spec("block_sparse", D, N)
+    mod = cases.mask_mod(spec, "cuda")
+    for label, kw in (("window 1024", dict(is_causal=True, window_size=(1024, 0))),
+                      ("causal", dict(is_causal=True, softcap=30.0)),
+                      ("block_sparse", dict(mask_mod=mod, block_mask=ty.create_block_mask(mod, 1, 1, N, N,
+                                                                                         device="cuda")))):
+        variant, tensors = V.make_variant(B, H, N, N, q.device, **kw)
+        call = VariantCall(variant, tensors, 1 / D ** 0.5)
+        times = []
+        for persistent in (False, True):
+            fn = (lambda p=persistent: launch_variant(ForwardTensors(q, k, v, out, lse), call, {"PERSISTENT": p}))
+            fn()
+            times.append(median_ms(fn, 20, 100))
+        print(f"variant fwd {label}: one tile per CTA {times[0]:.3f} ms, persistent {times[1]:.3f} ms "
+              f"({times[0] / times[1]:.2f}x)", flush=True)
+
+
 def backward_runs(repeats=3):
     """The dense causal backward (B=4, N=4096) and the packed-document backward over the same 16k
     tokens (``document_varlen``), D=128, each run ``repeats`` times (for ncu's -k filters)."""
@@ -100,6 +127,7 @@ if __name__ == "__main__":
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--time", action="store_true")
     ap.add_argument("--backward", action="store_true")
+    ap.add_argument("--persistent", action="store_true", help="the variant forward, one tile per CTA vs PERSISTENT")
     ap.add_argument("--bench-check", action="store_true")
     ap.add_argument("--check-first", action="store_true", help="the element check before the bench's check")
     a = ap.parse_args()
@@ -109,6 +137,8 @@ if __name__ == "__main__":
         check_packed(16, 16384, 4096, 30.0, 1024, "bench case")
     if a.bench_check:
         bench_check()
+    if a.persistent:
+        time_persistent()
     if a.backward:
         backward_runs()
     if a.check:

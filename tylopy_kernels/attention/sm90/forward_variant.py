@@ -7,7 +7,9 @@ the variant's key range or the block mask's lists are loaded) and the consumers'
 ``consumer.py`` (turns, wgmma issue and waits, online softmax, stores), with one consumer tile
 loop of its own: each S tile goes through ``variant_tiles.scores`` (transform, masks) before the
 softmax step, and the row normalizer takes the sink. Two consumers of 64 rows, 128-key tiles,
-one work tile per CTA, no TMA store: the schedule the mods' registers fit in (240 a thread).
+no TMA store: the schedule the mods' registers fit in (240 a thread). One work tile per CTA, or
+with PERSISTENT a loop over them (grid = SMs; the producer loads the next tile's Q and keys while
+the consumers finish this one; a query tile that sees no key still turns the Q buffer's barriers).
 
 A separate kernel (not a constexpr of the dense one) so the dense kernel's parameters, and so its
 PTX, stay what they are.
@@ -19,9 +21,10 @@ from tylopy_kernels.attention.sm90 import softmax
 from tylopy_kernels.attention.sm90.consumer import (ROWS, TURN_THREADS, Turn, descriptors, issue_pv, issue_scores,
                                                    pack_p, release, rescale_o, store_direct, store_lse, wait_pv)
 from tylopy_kernels.attention.sm90.forward import _threads, init_barriers, producer
-from tylopy_kernels.attention.sm90.tiles import REGISTER_SPLIT, Output, Plan, Problem, Schedule, Sizes, bar_at, next_tile
+from tylopy_kernels.attention.sm90.tiles import (REGISTER_SPLIT, Output, Plan, Problem, Schedule, Sizes, bar_at,
+                                                next_tile, skip_tile, tiles_of_this_cta)
 from tylopy_kernels.attention.sm90.variant_tiles import (NEG_INF, VariantProblem, finish, mask_row_pointers, scores,
-                                                        tile_number)
+                                                        tile_number, variant_tile_at)
 
 
 @ty.func
@@ -36,8 +39,10 @@ def empty_tile(prob, sched, sink, row0, h, b):
 
 
 @ty.func
-def variant_tile(smem, plan, prob, sched, wg, turn, it, m0, h, b, n_tiles):
-    """One work tile for one consumer: 64 query rows against the n_tiles key tiles it visits."""
+def variant_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles):
+    """One work tile for one consumer: 64 query rows against the n_tiles key tiles it visits
+    (``k``: the CTA's tile count so far, the Q buffer's phase; ``it``: the ring iteration of the
+    tile's first key tile)."""
     vp = prob.variant
     kvv = vp.kv
     block_n = plan.block_n
@@ -52,7 +57,7 @@ def variant_tile(smem, plan, prob, sched, wg, turn, it, m0, h, b, n_tiles):
     sink = None
     if vp.v.sinks:
         sink = vp.sinks[h]
-    hopper.mbarrier_wait(bar_at(smem, plan.q_full), 0, "q_full")
+    hopper.mbarrier_wait(bar_at(smem, plan.q_full), k & 1, "q_full")
 
     # Tile 0: scores and softmax only; its PV product is issued with tile 1's scores.
     parts = issue_scores(smem, plan, sched, descs, it, turn)
@@ -83,6 +88,8 @@ def variant_tile(smem, plan, prob, sched, wg, turn, it, m0, h, b, n_tiles):
         o = rescale_o(o, alpha, moved)
         pa = pack_p(plan, sched, p)
 
+    if sched.persistent and leader:  # every S product of this tile has completed: the next Q may land
+        hopper.mbarrier_arrive(bar_at(smem, plan.q_empty))
     o = issue_pv(smem, plan, sched, descs, o, pa, it + n_tiles - 1)
     o, pa = hopper.wgmma_wait(0, o, pa)
     release(smem, plan.v_empty, it + n_tiles - 1, plan.stages, leader)
@@ -97,14 +104,20 @@ def variant_consumer(smem, plan, prob, sched, wg):
     turn = Turn(wg, plan.consumers)
     if wg == 1:
         ty.barrier_arrive(1, TURN_THREADS)  # consumer 1 takes the first turn
-    valid, m0, h, b, n_tiles = next_tile(prob, 0, False, sched.tile_order)
-    if valid:
-        variant_tile(smem, plan, prob, sched, wg, turn, 0, m0, h, b, n_tiles)
-    else:
-        sink = None
-        if prob.variant.v.sinks:
-            sink = prob.variant.sinks[h]
-        empty_tile(prob, sched, sink, m0 + (wg - 1) * ROWS, h, b)
+    it = 0
+    for k in range(tiles_of_this_cta(prob, sched.persistent)):
+        valid, m0, h, b, n_tiles = next_tile(prob, k, sched.persistent, sched.tile_order)
+        skip_tile(smem, plan, prob, valid, k, sched.persistent, False)
+        if valid:
+            variant_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles)
+            it = it + n_tiles
+        else:
+            real, _, _, _ = variant_tile_at(prob, k, sched.persistent)
+            if real:  # a query tile that sees no key: zeros, LSE -inf (or the sink)
+                sink = None
+                if prob.variant.v.sinks:
+                    sink = prob.variant.sinks[h]
+                empty_tile(prob, sched, sink, m0 + (wg - 1) * ROWS, h, b)
 
 
 @ty.kernel(threads=_threads, min_blocks_per_sm=1, noalias=True)
@@ -122,12 +135,14 @@ def attention_variant_fwd_sm90(
     STAGES: ty.constexpr = 2, CONSUMERS: ty.constexpr = 2, RETURN_LSE: ty.constexpr = True,
     COORD_ORDER: ty.constexpr = ("n", "h", "b"), EXPONENT: ty.constexpr = "shared",
     RESCALE_THRESHOLD: ty.constexpr = 8.0, PV_WAIT: ty.constexpr = "pinned", VARIANT: ty.constexpr = None,
+    PERSISTENT: ty.constexpr = False,
 ):
-    """One CTA per (query block of 128 rows, head, batch); ``VARIANT`` is a
+    """One CTA per (query block of 128 rows, head, batch), or PERSISTENT CTAs looping over them in
+    the "heads" order; ``VARIANT`` is a
     ``variant_tiles.KernelVariant``. Tensor parameters a variant does not use get 1-element
     placeholders (``variant_launch``)."""
     plan = Plan(HEAD_DIM, BLOCK_N, STAGES, CONSUMERS, False)
-    sched = Schedule(DTYPE, return_lse=RETURN_LSE, coord_order=COORD_ORDER, exponent=EXPONENT,
+    sched = Schedule(DTYPE, return_lse=RETURN_LSE, persistent=PERSISTENT, coord_order=COORD_ORDER, exponent=EXPONENT,
                      threshold=RESCALE_THRESHOLD, pv_wait=PV_WAIT)
     smem = ty.dynamic_shared(ty.u8, plan.total, align=1024)
     prob = Problem(Sizes(n_q, n_k, n_heads, n_batch, kv_group, kv_batch), scale, 0,
@@ -139,7 +154,7 @@ def attention_variant_fwd_sm90(
     init_barriers(smem, plan)
     wg = ty.warpgroup_idx()
     if wg == 0:
-        producer(smem, plan, prob, tm_q, tm_k, tm_v, False, COORD_ORDER, "heads")
+        producer(smem, plan, prob, tm_q, tm_k, tm_v, PERSISTENT, COORD_ORDER, "heads")
     else:
         hopper.setmaxnreg(REGISTER_SPLIT[CONSUMERS][1], increase=True)
         variant_consumer(smem, plan, prob, sched, wg)

@@ -162,11 +162,12 @@ def tile_problem(prob, b):
 
 @ty.func
 def skip_tile(smem, plan, prob, valid, k, persistent, producer):
-    """Packed batches, persistent loop: a work tile that is not valid (past its document's end) can
-    come before valid ones, so it still turns the Q buffer's barriers once -- their parity is the
-    loop count k -- the producer arriving on q_full without a load, the consumers on q_empty.
-    Dense problems skip only at the end of the loop and emit nothing here."""
-    if prob.varlen is not None and persistent:
+    """Packed batches and variants, persistent loop: a work tile that is not valid (past its
+    document's end, or a variant's query tile that sees no key) can come before valid ones, so it
+    still turns the Q buffer's barriers once -- their parity is the loop count k -- the producer
+    arriving on q_full without a load, the consumers on q_empty. Dense problems skip only at the end
+    of the loop and emit nothing here."""
+    if (prob.varlen is not None or prob.variant is not None) and persistent:
         if ~valid:
             if producer:
                 hopper.mbarrier_wait(bar_at(smem, plan.q_empty), (k & 1) ^ 1, "q_empty (skipped tile)")

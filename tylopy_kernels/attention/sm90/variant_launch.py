@@ -18,7 +18,7 @@ from tylopy_kernels.attention.sm90.tiles import Plan
 from tylopy_kernels.attention.sm90.variant_tiles import KernelVariant
 
 SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 2, "EXPONENT": "shared", "RESCALE_THRESHOLD": 8.0,
-            "PV_WAIT": "pinned"}
+            "PV_WAIT": "pinned", "PERSISTENT": False}
 BLOCK_M = 128  # = block masks' BLOCK_SIZE: a query tile of the block mask is one CTA's work tile
 
 _placeholders: dict = {}
@@ -78,9 +78,11 @@ def variant_args(variant, tensors, B, H, n_q, n_k, device):
     return [slopes, sinks, mask, *bm, *aux], meta
 
 
-def plan_variant_launch(io: ForwardTensors, call: VariantCall, make_map=None) -> Launch:
+def plan_variant_launch(io: ForwardTensors, call: VariantCall, make_map=None, schedule=None) -> Launch:
     """The grid, arguments and constexprs of one launch of ``io`` (q, k, v, out and lse, which is
-    required; the mask travels in ``call``) (``make_map(t, dims, strides, box)`` builds a tensor map)."""
+    required; the mask travels in ``call``) (``make_map(t, dims, strides, box)`` builds a tensor map;
+    ``schedule``: overrides of SCHEDULE, e.g. {"PERSISTENT": True}, whose grid is the SM count or
+    ``schedule["SM_COUNT"]``)."""
     q, k, v, out, lse, _ = io
     variant, tensors, scale = call
     B, H, n_q, D = q.shape
@@ -121,9 +123,20 @@ def plan_variant_launch(io: ForwardTensors, call: VariantCall, make_map=None) ->
     args = (*maps, out.view(torch.int16), lse, n_q, n_k, H, B, kv_group, int(k_batched), float(scale),
             out.stride(0), out.stride(1), out.stride(2), variant.diag(n_q, n_k), left, right,
             float(variant.softcap or 1.0), *tensor_args)
-    cx = dict(SCHEDULE, DTYPE=ty.bf16 if q.dtype == torch.bfloat16 else ty.f16, HEAD_DIM=D, RETURN_LSE=True,
+    sched = dict(SCHEDULE, **(schedule or {}))
+    unknown = sorted(set(sched) - set(SCHEDULE) - {"SM_COUNT"})
+    if unknown:
+        raise ValueError(f"attention variant forward: schedule expects keys among {sorted(SCHEDULE)}, but got "
+                         f"{unknown}")
+    sms = sched.pop("SM_COUNT", None)
+    cx = dict(sched, DTYPE=ty.bf16 if q.dtype == torch.bfloat16 else ty.f16, HEAD_DIM=D, RETURN_LSE=True,
               COORD_ORDER=order, VARIANT=kvar)
     Plan(D, cx["BLOCK_N"], cx["STAGES"], cx["CONSUMERS"], False)
+    if cx["PERSISTENT"]:
+        if sms is None:
+            from tylopy_kernels.attention.sm90.launch import sm_count
+            sms = sm_count(q.device)
+        return Launch((max(1, min(num_m * H * B, sms)),), args, cx)
     return Launch((num_m, H, B), args, cx)
 
 
@@ -140,7 +153,8 @@ def open_dtypes(launch: Launch) -> dict:
     return {name: getattr(ty, _TY_DTYPES[launch.args[i].dtype]) for name, i in OPEN_SLOTS.items()}
 
 
-def launch_variant(io: ForwardTensors, call: VariantCall):
-    """Run the kernel: q (B, H, N, D), k/v (B, H_kv, N_k, D), D in {64, 128}; out and lse (fp32) written."""
-    launch = plan_variant_launch(io, call)
+def launch_variant(io: ForwardTensors, call: VariantCall, schedule=None):
+    """Run the kernel: q (B, H, N, D), k/v (B, H_kv, N_k, D), D in {64, 128}; out and lse (fp32) written
+    (``schedule``: as ``plan_variant_launch``'s)."""
+    launch = plan_variant_launch(io, call, schedule=schedule)
     attention_variant_fwd_sm90[launch.grid](*launch.args, **launch.constexprs)

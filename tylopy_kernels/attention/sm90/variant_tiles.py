@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 import tylopy as ty
 
 from tylopy_kernels.attention.sm90 import mods
+from tylopy_kernels.attention.sm90.tiles import tile_position
 from tylopy_kernels.attention.variants import Variant
 
 NEG_INF = float("-inf")
@@ -133,17 +134,30 @@ def block_counts(prob, m0, h, b):
 
 
 @ty.func
-def variant_next_tile(prob, k, persistent, order):
-    """(valid, m0, h, b, key tiles): one work tile per CTA (the grid is (query blocks, H, B));
-    a query tile that visits no key tile is not valid (the consumers write its empty rows)."""
+def variant_tile_at(prob, k, persistent):
+    """(whether this CTA's k-th work tile exists, m0, h, b): one work tile per CTA over a grid of
+    (query blocks, H, B), the last query block first; persistent: position ``tiles.tile_position(k)``
+    in the "heads" order (b clamped past the end, so the lists read stay in bounds)."""
+    if persistent:
+        pos = tile_position(k)
+        m0 = (prob.num_m - 1 - pos % prob.num_m) * prob.block_m
+        hb = pos // prob.num_m
+        return pos < prob.total, m0, hb % prob.n_heads, ty.minimum(hb // prob.n_heads, prob.n_batch - 1)
     m0 = (ty.grid_dim(0) - 1 - ty.block_idx(0)) * prob.block_m
-    h, b = ty.block_idx(1), ty.block_idx(2)
+    return ty.cast(1, ty.i1), m0, ty.block_idx(1), ty.block_idx(2)
+
+
+@ty.func
+def variant_next_tile(prob, k, persistent, order):
+    """(valid, m0, h, b, key tiles) of this CTA's k-th work tile (``variant_tile_at``); a query tile
+    that visits no key tile is not valid (the consumers write its empty rows)."""
+    real, m0, h, b = variant_tile_at(prob, k, persistent)
     if prob.variant.v.block_mask is not None:
         partial, full = block_counts(prob, m0, h, b)
         n_tiles = partial + full
     else:
         first, n_tiles = key_range(prob, m0)
-    return n_tiles > 0, m0, h, b, n_tiles
+    return real & (n_tiles > 0), m0, h, b, n_tiles
 
 
 @ty.func
