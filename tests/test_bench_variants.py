@@ -211,6 +211,11 @@ def test_a_failed_numerics_check_is_marked_in_the_table_and_the_report(tmp_path,
     assert bench.failed_checks(checks[0]) == ["bwd"] and bench.failed_checks(checks[1]) == []
     assert bench.failed_checks(dict(fwd_err=float("nan"))) == ["fwd"]
     assert "CHECK FAILED (bwd: past 0.1)" in bench.format_check(checks[0])
+    where = dict(checks[0], bwd_worst={"dq": {"err": 15.1, "at": (0, 3, 100, 5)}})
+    assert "dq 1.51e+01 at (0, 3, 100, 5)" in bench.format_check(where)
+    diff = torch.zeros(1, 2, 5, 3)
+    diff[0, 1, 3, 2] = -7.0
+    assert bench._worst(diff) == (7.0, (0, 1, 3, 2))
     bench.report(_rows(), checks, str(tmp_path / "r.json"), str(tmp_path / "r.png"), cuda=False)
     data = json.loads((tmp_path / "r.json").read_text())
     text = "\n".join(data["markdown"])

@@ -122,10 +122,24 @@ def check_one(library, spec, x, ref, directions):
                 got["fwd_err"] = (out[:1].float() - ref[0]).abs().max().item()
             else:
                 grads = [run.to_common(g) for g in run.backward_fn()()]
-                got["bwd_err"] = max((g[:1].float() - r).abs().max().item() for g, r in zip(grads, ref[1:]))
+                parts = {name: _worst(g[:1].float() - r) for name, g, r in zip(("dq", "dk", "dv"), grads, ref[1:])}
+                errs = [err for err, _ in parts.values()]
+                got["bwd_err"] = float("nan") if any(e != e for e in errs) else max(errs)  # NaN is a failure
+                got["bwd_worst"] = {name: dict(err=err, at=at) for name, (err, at) in parts.items()}
         except Exception as e:  # noqa: BLE001 - one direction may run where the other does not
             got[f"{direction}_error"] = _error(e)
     return got
+
+
+def _worst(diff):
+    """(largest |diff|, its (batch, head, row, column)): where a failing check is wrong."""
+    flat = diff.abs().flatten()
+    i = int(flat.nan_to_num(float("inf")).argmax())
+    idx, rest = [], i
+    for n in reversed(diff.shape):
+        idx.append(rest % n)
+        rest //= n
+    return flat[i].item(), tuple(reversed(idx))
 
 
 def check(spec, x, library_names, directions):
@@ -148,10 +162,13 @@ def failed_checks(rec) -> list:
 
 def format_check(rec):
     failed = failed_checks(rec)
-    return (f"| check: {rec['library']} | {rec['variant']} | {rec['d']} | {rec.get('n', '-')} "
-            f"| fwd err {_cell(rec, 'fwd')} | bwd err {_cell(rec, 'bwd')} |"
-            + (f" CHECK FAILED ({', '.join(failed)}: past {', '.join(str(CHECK_LIMIT[d]) for d in failed)})"
-               if failed else ""))
+    line = (f"| check: {rec['library']} | {rec['variant']} | {rec['d']} | {rec.get('n', '-')} "
+            f"| fwd err {_cell(rec, 'fwd')} | bwd err {_cell(rec, 'bwd')} |")
+    if failed:
+        line += f" CHECK FAILED ({', '.join(failed)}: past {', '.join(str(CHECK_LIMIT[d]) for d in failed)})"
+        if "bwd" in failed and rec.get("bwd_worst"):  # which gradient, at (batch, head, row, column)
+            line += " " + ", ".join(f"{name} {w['err']:.2e} at {tuple(w['at'])}" for name, w in rec["bwd_worst"].items())
+    return line
 
 
 def _cell(rec, direction):
