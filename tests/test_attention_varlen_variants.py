@@ -151,12 +151,18 @@ def test_document_block_mask_lists_exactly_the_visible_tiles():
 
 def test_tables_are_cached_per_prefix_sums():
     cu = torch.tensor(CU_Q, dtype=torch.int32)
-    args = (cu, cu, CU_Q[-1], CU_Q[-1], (True, "bottom_right", 4, 0), False)
-    first = VV.packed_tables(CU_Q, CU_Q, *args)
-    assert VV.packed_tables(list(CU_Q), cu.clone(), *args) is first   # the same values: reused
+    built = []
+
+    def sums():
+        built.append(1)
+        return cu, cu
+    args = (sums, (CU_Q[-1], CU_Q[-1]), (True, "bottom_right", 4, 0), False, "cpu")
+    first = VV.packed_tables((CU_Q, CU_Q), *args)
+    assert VV.packed_tables((list(CU_Q), cu.clone()), *args) is first   # the same values: reused
+    assert len(built) == 1        # the device sums are made (repaired, copied) only to build the tables
     other = list(CU_Q)
     other[2] += 1
-    assert VV.packed_tables(other, CU_Q, *args) is not first
+    assert VV.packed_tables((other, CU_Q), *args) is not first and len(built) == 2
 
 
 def test_score_mod_bwd_replaces_the_derived_gradient():

@@ -408,8 +408,9 @@ def _varlen_variant(q, k, v, lengths, call, options):
         # 16-bit meta tensors of the same shapes
         shown = tuple(torch.empty_strided(t.shape, t.stride(), dtype=torch.bfloat16, device="meta") for t in shown)
     scale = check_varlen(*shown, PackedDocs(cu_q, cu_k, max_q, max_k), options["is_causal"], scale, enable_gqa)
-    on_device = device_cu_seqlens(q, cu_q, cu_k, q.shape[0], k.shape[0])
-    q1, k1, v1, vid, tensors = varlen_variant(q, k, v, (cu_q, cu_k, *on_device), options)
+    # the repaired device sums only build the document tables: a repeated call reuses those
+    q1, k1, v1, vid, tensors = varlen_variant(
+        q, k, v, (cu_q, cu_k, lambda: device_cu_seqlens(q, cu_q, cu_k, q.shape[0], k.shape[0])), options)
     out, lse = variant_op(q1, k1, v1, vid, tensors, scale, True) if return_lse else (
         variant_op(q1, k1, v1, vid, tensors, scale, False), None)
     out = out[0].transpose(0, 1)

@@ -122,18 +122,25 @@ def _held(*cus):
     return tuple(c for c in cus if isinstance(c, torch.Tensor) and c.device.type != "cpu")
 
 
-def packed_tables(cu_q_arg, cu_k_arg, cu_q, cu_k, total_q, total_k, flags, user_mask):
-    """(info, block mask tensors), cached per cu_seqlens (the caller's arguments ``cu_*_arg``: values
+def packed_tables(cu_args, device_sums, sizes, flags, user_mask, device):
+    """(info, block mask tensors), cached per cu_seqlens (the caller's arguments ``cu_args``: values
     on the host, storage and version on the device) unless tracing or capturing a CUDA graph (then
-    the device ops are recorded, so a replay with new sums rebuilds them)."""
+    the device ops are recorded, so a replay with new sums rebuilds them). ``device_sums``: the
+    (cu_q, cu_k) on ``device`` the tables are built from, or a function returning them, called only
+    when they are (a repeated call skips the sums' repair and copy: its own launches and host time);
+    ``sizes``: (total_q, total_k)."""
+    cu_q_arg, cu_k_arg = cu_args
+    total_q, total_k = sizes
+    device = torch.device(device)
     cacheable = not torch.compiler.is_compiling() and not (
-        cu_q.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+        device.type == "cuda" and torch.cuda.is_current_stream_capturing())
     key = None
     if cacheable:
-        key = (_cu_key(cu_q_arg), _cu_key(cu_k_arg), total_q, total_k, flags, user_mask, str(cu_q.device))
+        key = (_cu_key(cu_q_arg), _cu_key(cu_k_arg), total_q, total_k, flags, user_mask, str(device))
         hit = _tables.get(key)
         if hit is not None:
             return hit[0]
+    cu_q, cu_k = device_sums() if callable(device_sums) else device_sums
     if torch.compiler.is_compiling():  # one opaque operator in the graph (the compiler does not fuse it)
         causal, align, left, right = flags
         info, *bm = varlen_doc_tables(cu_q, cu_k, [total_q, total_k],
@@ -352,12 +359,14 @@ def _alibi(slopes, H, n_docs, device):
 
 def varlen_variant(q, k, v, cu, options):
     """(q, k, v as one batch entry, variant id, explicit tensors) of a packed call with variant
-    keywords. ``cu`` = (cu_q as given, cu_k as given, cu_q on q's device, cu_k on q's device);
-    ``options``: the keyword values by name, ``is_causal`` and ``causal_align``."""
-    cu_q_arg, cu_k_arg, cu_q, cu_k = cu
+    keywords. ``cu`` = (cu_q as given, cu_k as given, then cu_q and cu_k on q's device, or one
+    function returning them: ``packed_tables``' device_sums); ``options``: the keyword values by
+    name, ``is_causal`` and ``causal_align``."""
+    cu_q_arg, cu_k_arg, *sums = cu
+    device_sums = sums[0] if len(sums) == 1 else tuple(sums)
     total_q, H, _ = q.shape
     total_k = k.shape[0]
-    n_docs = cu_q.shape[0] - 1
+    n_docs = len(cu_q_arg) - 1
     align = options["causal_align"]
     if align not in V.ALIGNS:
         V._fail(ValueError, "causal_align", "'bottom_right' (FlashAttention's varlen) or 'top_left'", repr(align))
@@ -379,7 +388,8 @@ def varlen_variant(q, k, v, cu, options):
         for t in aux:
             V._same_device("aux", t, q.device)
     flags = (bool(options["is_causal"]), align, window[0], window[1])
-    info, bm = packed_tables(cu_q_arg, cu_k_arg, cu_q, cu_k, total_q, total_k, flags, mask_mod is not None)
+    info, bm = packed_tables((cu_q_arg, cu_k_arg), device_sums, (total_q, total_k), flags, mask_mod is not None,
+                             q.device)
     names = (["sinks"] if options["sinks"] is not None else []) + list(V.BUILTIN_TENSORS[3:]) + ["aux0"]
     tensors = list(sink_tensors) + list(bm) + [info]
     if alibi:
