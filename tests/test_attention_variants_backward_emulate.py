@@ -358,3 +358,24 @@ def test_document_block_mask_backward_skips_masks_on_full_tiles():
     variant, tensors = V.make_variant(B, H, n, n, q.device, mask_mod=document, block_mask=bm)
     got = emulate_backward(q, k, v, dout, variant, tensors, 1 / math.sqrt(D))
     print(check(got, q, k, v, dout, variant, tensors, 1 / math.sqrt(D)))
+
+
+def test_work_lists_are_kept_per_block_mask_and_rebuilt_when_it_changes():
+    """The backward's per-key-tile work list of a block mask is built once per mask (the same tensors,
+    unmodified) and again when the mask's tensors change in place or are other tensors."""
+    from tylopy_kernels.attention.sm90.backward_variant_launch import WorkShape, kept_work_list, work_list
+    from tylopy_kernels.attention.block_mask import create_block_mask
+    bm = create_block_mask(lambda b, h, q, kv: (q // 128) >= (kv // 128), 1, 1, 384, 384)
+    variant, tensors = V.make_variant(1, 2, 384, 384, torch.device("cpu"), mask_mod=lambda b, h, q, kv: q >= kv,
+                                      block_mask=bm)
+    shape = WorkShape(1, 2, 1, 384, 384)
+    first = kept_work_list(variant, tensors, shape, 64)
+    again = kept_work_list(variant, tensors, shape, 64)
+    assert again[0] is first[0] and again[1] is first[1]
+    fresh = work_list(variant, tensors, shape, 64)
+    assert torch.equal(fresh[0], first[0]) and torch.equal(fresh[1], first[1])
+    assert kept_work_list(variant, tensors, WorkShape(1, 2, 1, 384, 384), 128)[0] is not first[0]  # other tiles
+    counts = tensors[variant.index("full_kv_num_blocks")]
+    counts[0, 0, 0] = 0                                  # an in-place change of the mask
+    changed = kept_work_list(variant, tensors, shape, 64)
+    assert changed[0] is not first[0] and not torch.equal(changed[1], first[1])

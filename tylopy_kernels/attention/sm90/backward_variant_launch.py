@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import torch
 
+from tylopy.runtime.plancache import PlanCache
 from tylopy_kernels.attention.sm90.backward import attention_bwd_sm90
 from tylopy_kernels.attention.sm90.backward_aux import attention_bwd_preprocess
 from tylopy_kernels.attention.sm90.backward_launch import (BLOCK_N, BackwardTensors, HopperBackwardOptions,
@@ -90,6 +91,26 @@ def work_list(variant, tensors, shape: WorkShape, block_m):
     return work, count
 
 
+_work_lists = PlanCache("variant backward work lists", capacity=64)
+_LISTS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
+
+
+def kept_work_list(variant, tensors, shape: WorkShape, block_m):
+    """``work_list``, kept per block mask: a training step's layers and steps pass the same mask
+    tensors, and the list is some twenty small device ops. Keyed by the tensors' identity and version
+    (the entry holds them, so no other tensor takes their ids while it is kept) and the sizes."""
+    lists = tuple(tensors[variant.index(n)] for n in _LISTS)
+    if torch.compiler.is_compiling() or (lists[0].device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return work_list(variant, tensors, shape, block_m)
+    key = (tuple((id(t), t._version) for t in lists), tuple(shape), block_m)
+    hit = _work_lists.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[2], lists)):
+        return hit[0], hit[1]
+    work, count = work_list(variant, tensors, shape, block_m)
+    _work_lists.put(key, (work, count, lists))
+    return work, count
+
+
 def dq_order(variant, head_dim, score_mod_bwd=None) -> str:
     """The dQ order of the variant's dK/dV kernel: the dense kernel's "early" (dQ = dS K issued
     between the dV and dK products, its reduction overlapping dK) for causal masks, sinks, softcap
@@ -136,7 +157,7 @@ def _variant_step(step, q, variant, tensors, score_mod_bwd):
     work, count, work_stride = i32, i32, 0
     n_kv_tiles = -(-n_k // BLOCK_N)
     if variant.block_mask is not None:
-        work, count = work_list(variant, tensors, WorkShape(B, H, H_kv, n_q, n_k), step.constexprs["BLOCK_M"])
+        work, count = kept_work_list(variant, tensors, WorkShape(B, H, H_kv, n_q, n_k), step.constexprs["BLOCK_M"])
         work_stride = work.shape[-1]
     tensor_args, meta = variant_args(variant, tensors, B, H, n_q, n_k, dev)
     left, right = variant.window
