@@ -104,6 +104,9 @@ if [[ " $* " == *" bench "* ]]; then
     --bench --release cta cluster --output "$LOG/gemm-cluster.json"
   want scaled-matmul && step scaled-matmul ${SCALED_MATMUL_SECONDS:-180} python3 -m tylopy_kernels.gemm.bench.fp8 \
     --output "$LOG/scaled-matmul.json"
+  # the variant forward one tile per CTA against PERSISTENT, and the packed-window check alone
+  want variants-diagnosis && step variants-diagnosis ${DIAGNOSIS_SECONDS:-120} python3 tools/diagnose_variants.py \
+    --persistent --bench-check
   want decode && step decode ${DECODE_SECONDS:-45} tylopy bench attention_decode --output "$LOG/decode.json"
   want training && step training ${TRAIN_SECONDS:-80} tylopy bench attention_training --output "$LOG/training.json"
   # the variants bench only when STEPS names it (torch.compile's flex specializations take minutes)
@@ -129,5 +132,9 @@ if [[ " $* " == *" bench "* ]]; then
   [ -f "$LOG/gemm.log" ] && echo "--- gemm autotune: first process $(grep -c 'tylopy.autotune.* ms$' "$LOG/gemm.log") candidates timed, second" \
        "process $(grep -c 'tylopy.autotune.* ms$' "$LOG/gemm-again.log")"
   [ -f "$LOG/training.log" ] && tail -6 "$LOG/training.log"
+  [ -f "$LOG/variants-diagnosis.log" ] && { echo "--- variants-diagnosis"; grep -E "^variant fwd|^bench check" "$LOG/variants-diagnosis.log"; }
+  for f in attention-variants attention; do
+    [ -f "$LOG/$f.log" ] && grep -q "CHECK FAILED" "$LOG/$f.log" && { echo "--- $f: failed checks"; grep "CHECK FAILED" "$LOG/$f.log" | sort -u; }
+  done
   [ -f "$LOG/ring.log" ] && { echo "--- ring"; grep -E "^N=|Error|error" "$LOG/ring.log" | tail -12; }
 fi
