@@ -250,9 +250,9 @@ def plan_schedule(shape: DecodeShape, sm_count, num_splits=None, schedule=None):
 
 # -- launch --------------------------------------------------------------------------------------------
 
-_kernels: dict = {}
-_archs: dict = {}
-_counters: dict = {}
+_kernels = ty.PlanCache("attention_decode kernels", capacity=256)  # (kernel name, arch, constexprs) -> CompiledKernel
+_archs: dict = {}       # device index -> (arch, jit): one entry per GPU
+_counters: dict = {}    # (device, ...) -> the split-merge counters (device memory the kernels reset)
 
 
 def compiled_for(kernel, device, **constexprs):
@@ -265,12 +265,12 @@ def compiled_for(kernel, device, **constexprs):
         arch = _archs[index] = device_arch(torch.cuda.get_device_capability(index), "attention_decode", "q")
     key = (kernel.name, arch, tuple(sorted((k, repr(v)) for k, v in constexprs.items())))
     ck = _kernels.get(key)
-    if ck is None:
+    if ck is None or not ck.is_current():  # a global its trace read changed: compile again (docs/design.md)
         name, jit = arch
         ck = kernel.with_arch(name).compile(**constexprs)
         if jit:
             ck = dataclasses.replace(ck, cubin=None, _launcher=None)
-        _kernels[key] = ck
+        _kernels.put(key, ck)
     return ck
 
 
