@@ -28,9 +28,7 @@ document index and positions relative to the document; a pair across documents i
 from __future__ import annotations
 
 import hashlib
-import threading
 import types
-from collections import OrderedDict
 
 import torch
 
@@ -43,10 +41,8 @@ from tylopy_kernels.attention.user_grad import VARLEN_RUN, UserGrad
 BLOCK = 128
 AUX_SLOTS = 4      # the variant kernel's tensor slots for the mods (``sm90/mods.py``)
 INFO_COLUMNS = 7   # doc, index in doc, n_q of doc, n_k of doc, first key row of doc, visible keys [lo, hi)
-_lock = threading.Lock()
 _tables = PlanCache("packed-sequence document tables", capacity=64)  # cu_seqlens key -> ((info, block mask), held)
-_wrappers: OrderedDict = OrderedDict()  # (kind, user fn id, captured, ...) -> (wrapper, user fn)
-_CACHE = 64
+_wrappers = PlanCache("packed-sequence generated mods", capacity=64)  # (kind, user fn id, ...) -> (wrapper, fns)
 
 
 # -- the document table and its block mask (device ops only) ---------------------------------------------
@@ -304,16 +300,11 @@ def varlen_mod(kind, user, user_bwd, takes_user_aux, alibi):
     """The generated mod for these choices (one object per choice: the variant registry keys on it)."""
     captured = mod_ref(user, kind, 0, False)[0].captured if user is not None else None
     key = (kind, id(user), captured, id(user_bwd), takes_user_aux, alibi)
-    with _lock:
-        hit = _wrappers.get(key)
-        if hit is not None:
-            _wrappers.move_to_end(key)
-            return hit[0]
+    hit = _wrappers.get(key)   # (the entry holds user and user_bwd: their ids stay theirs while it is kept)
+    if hit is not None and hit[1] is user and hit[2] is user_bwd:
+        return hit[0]
     fn = wrap_mod(_DocRun(kind, user, user_bwd, takes_user_aux, alibi), user)
-    with _lock:
-        _wrappers[key] = (fn, user, user_bwd)
-        while len(_wrappers) > _CACHE:
-            _wrappers.popitem(last=False)
+    _wrappers.put(key, (fn, user, user_bwd))
     return fn
 
 
