@@ -52,6 +52,18 @@ class PlanCache:
             while len(self._entries) > self.capacity:
                 self._entries.popitem(last=False)
 
+    def get_held(self, key, held):
+        """The value ``put_held`` kept under ``key`` with these very objects (by identity), or None. For
+        keys made with ``identity_key``: an id is only unique while its object lives, so the entry holds
+        the objects and a hit must find the same ones."""
+        hit = self.get(key)
+        if hit is None or len(hit[1]) != len(held) or any(a is not b for a, b in zip(hit[1], held)):
+            return None
+        return hit[0]
+
+    def put_held(self, key, value, held) -> None:
+        self.put(key, (value, tuple(held)))
+
     def pop(self, key, default=None):
         with self._lock:
             return self._entries.pop(key, default)
@@ -68,6 +80,12 @@ class PlanCache:
 
     def __repr__(self) -> str:
         return f"PlanCache({self.name!r}, {len(self)}/{self.capacity})"
+
+
+def identity_key(objs) -> tuple:
+    """A key part for objects that count by identity and, for tensors, version (an in-place write
+    bumps it): use with ``PlanCache.get_held``/``put_held``, which keep the objects alive."""
+    return tuple((id(o), getattr(o, "_version", 0)) for o in objs)
 
 
 def on_clear(fn) -> None:

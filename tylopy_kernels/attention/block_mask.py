@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from tylopy.runtime.plancache import PlanCache
+from tylopy.runtime.plancache import PlanCache, identity_key
 
 from tylopy_kernels.attention import variants as _variants
 
@@ -84,8 +84,7 @@ def _key(mask_mod, B, H, Q_LEN, KV_LEN, device, BLOCK_SIZE):
     keeps the tensors themselves, and a hit must find the same objects: an id is only unique while its
     object lives, and a new tensor at a freed one's id must not get that tensor's block mask."""
     ref, tensors = _variants.mod_ref(mask_mod, "mask_mod", 0, False)
-    key = (ref.code, ref.captured, tuple((id(t), t._version) for t in tensors), B, H, Q_LEN, KV_LEN, str(device),
-           BLOCK_SIZE)
+    key = (ref.code, ref.captured, identity_key(tensors), B, H, Q_LEN, KV_LEN, str(device), BLOCK_SIZE)
     return key, tuple(tensors)
 
 
@@ -102,11 +101,11 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None, BLOCK_SIZE=128
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     key, captured = _key(mask_mod, B, H, Q_LEN, KV_LEN, device, BLOCK_SIZE)
-    hit = _cache.get(key)
-    if hit is not None and len(hit[1]) == len(captured) and all(a is b for a, b in zip(hit[1], captured)):
-        return hit[0]
+    hit = _cache.get_held(key, captured)
+    if hit is not None:
+        return hit
     bm = _build(mask_mod, B, H, Q_LEN, KV_LEN, device, BLOCK_SIZE)
-    _cache.put(key, (bm, captured))
+    _cache.put_held(key, bm, captured)
     return bm
 
 

@@ -32,7 +32,7 @@ import types
 
 import torch
 
-from tylopy.runtime.plancache import PlanCache
+from tylopy.runtime.plancache import PlanCache, identity_key
 from tylopy_kernels.attention import variants as V
 from tylopy_kernels.attention.block_mask import _lists
 from tylopy_kernels.attention.mod_registry import ModError, captured_tensors, mod_ref
@@ -42,7 +42,7 @@ BLOCK = 128
 AUX_SLOTS = 4      # the variant kernel's tensor slots for the mods (``sm90/mods.py``)
 INFO_COLUMNS = 7   # doc, index in doc, n_q of doc, n_k of doc, first key row of doc, visible keys [lo, hi)
 _tables = PlanCache("packed-sequence document tables", capacity=64)  # cu_seqlens key -> ((info, block mask), held)
-_wrappers = PlanCache("packed-sequence generated mods", capacity=64)  # (kind, user fn id, ...) -> (wrapper, fns)
+_wrappers = PlanCache("packed-sequence generated mods", capacity=64)  # (kind, user fns' ids, ...) -> wrapper
 
 
 # -- the document table and its block mask (device ops only) ---------------------------------------------
@@ -299,12 +299,13 @@ def _cell(value):
 def varlen_mod(kind, user, user_bwd, takes_user_aux, alibi):
     """The generated mod for these choices (one object per choice: the variant registry keys on it)."""
     captured = mod_ref(user, kind, 0, False)[0].captured if user is not None else None
-    key = (kind, id(user), captured, id(user_bwd), takes_user_aux, alibi)
-    hit = _wrappers.get(key)   # (the entry holds user and user_bwd: their ids stay theirs while it is kept)
-    if hit is not None and hit[1] is user and hit[2] is user_bwd:
-        return hit[0]
+    fns = (user, user_bwd)
+    key = (kind, identity_key(fns), captured, takes_user_aux, alibi)
+    hit = _wrappers.get_held(key, fns)
+    if hit is not None:
+        return hit
     fn = wrap_mod(_DocRun(kind, user, user_bwd, takes_user_aux, alibi), user)
-    _wrappers.put(key, (fn, user, user_bwd))
+    _wrappers.put_held(key, fn, fns)
     return fn
 
 

@@ -133,13 +133,10 @@ def check_one(library, spec, x, ref, directions):
 
 def _worst(diff):
     """(largest |diff|, its (batch, head, row, column)): where a failing check is wrong."""
+    import torch
     flat = diff.abs().flatten()
-    i = int(flat.nan_to_num(float("inf")).argmax())
-    idx, rest = [], i
-    for n in reversed(diff.shape):
-        idx.append(rest % n)
-        rest //= n
-    return flat[i].item(), tuple(reversed(idx))
+    i = flat.nan_to_num(float("inf")).argmax()   # a NaN counts as the worst
+    return flat[i].item(), tuple(int(x) for x in torch.unravel_index(i, diff.shape))
 
 
 def check(spec, x, library_names, directions):

@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import torch
 
-from tylopy.runtime.plancache import PlanCache
+from tylopy.runtime.plancache import PlanCache, identity_key
 from tylopy_kernels.attention.sm90.backward import attention_bwd_sm90
 from tylopy_kernels.attention.sm90.backward_aux import attention_bwd_preprocess
 from tylopy_kernels.attention.sm90.backward_launch import (BLOCK_N, BackwardTensors, HopperBackwardOptions,
@@ -98,17 +98,17 @@ _LISTS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"
 def kept_work_list(variant, tensors, shape: WorkShape, block_m):
     """``work_list``, kept per block mask: a training step's layers and steps pass the same mask
     tensors, and the list is some twenty small device ops. Keyed by the tensors' identity and version
-    (the entry holds them, so no other tensor takes their ids while it is kept) and the sizes."""
+    (``identity_key``; the entry holds them) and the sizes."""
     lists = tuple(tensors[variant.index(n)] for n in _LISTS)
     if torch.compiler.is_compiling() or (lists[0].device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         return work_list(variant, tensors, shape, block_m)
-    key = (tuple((id(t), t._version) for t in lists), tuple(shape), block_m)
-    hit = _work_lists.get(key)
-    if hit is not None and all(a is b for a, b in zip(hit[2], lists)):
-        return hit[0], hit[1]
-    work, count = work_list(variant, tensors, shape, block_m)
-    _work_lists.put(key, (work, count, lists))
-    return work, count
+    key = (identity_key(lists), tuple(shape), block_m)
+    hit = _work_lists.get_held(key, lists)
+    if hit is not None:
+        return hit
+    made = work_list(variant, tensors, shape, block_m)
+    _work_lists.put_held(key, made, lists)
+    return made
 
 
 def dq_order(variant, head_dim, score_mod_bwd=None) -> str:
