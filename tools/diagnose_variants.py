@@ -3,9 +3,10 @@
 rows are off, under changes of heads, tokens, softcap and window), and the sliding-window forward
 timed beside the same work through other routes (dense causal, the variant kernel on wider windows).
 
-    python tools/diagnose_variants.py [--check] [--time] [--persistent] [--backward] [--bench-check]
+    python tools/diagnose_variants.py [--check] [--time] [--persistent] [--backward] [--bench-check] [--host] [--sync] [--layers] [--kernels]
 """
 import argparse
+import contextlib
 
 import torch
 
@@ -105,6 +106,193 @@ def backward_runs(repeats=3):
         print(f"bwd {variant}: {ms:.3f} ms, {cases.flops(spec, 'bwd') / ms / 1e9:.0f} TFLOP/s", flush=True)
 
 
+def host_costs(libraries=("tylopy", "fa3_cute"), profile=("sliding_window", "document_window")):
+    """Per variant and library at the bench's shape (D=128, N=4096): the bench's time (triton's
+    do_bench, which clears L2 before each call), 30 calls back to back between two events, and the
+    host's time to enqueue one call (30 calls without a synchronization, the GPU busy meanwhile: a
+    time near the kernel's says the call waits for the GPU somewhere)."""
+    import time
+    for variant in cases.VARIANTS:
+        spec = cases.make_spec(variant, 128, 4096)
+        x = cases.make_inputs(spec, device=DEVICE)
+        for library in libraries:
+            try:
+                run = libs.build(library, spec, x)
+            except Exception as e:  # noqa: BLE001
+                print(f"host {variant} {library}: {type(e).__name__}", flush=True)
+                continue
+            for direction in ("fwd", "bwd"):
+                if direction == "fwd":
+                    def call():
+                        with torch.no_grad():
+                            return run.forward()
+                else:
+                    call = run.backward_fn()
+                call()
+                torch.cuda.synchronize()
+                bench = median_ms(call, 20, 100)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                t0 = time.perf_counter()
+                for _ in range(30):
+                    call()
+                host = (time.perf_counter() - t0) / 30 * 1e3
+                end.record()
+                torch.cuda.synchronize()
+                loop = start.elapsed_time(end) / 30
+                print(f"host {variant} {library} {direction}: bench {bench:.3f} ms, back to back {loop:.3f} ms, "
+                      f"host enqueue {host:.3f} ms per call", flush=True)
+                if library == "tylopy" and variant in profile:
+                    profile_calls(call, f"{variant} {direction}")
+                call = None
+
+
+def kernels_per_call(variants=("causal", "document_varlen", "sliding_window"), calls=3):
+    """Every GPU kernel and copy one call launches, by count (torch.profiler), forward and backward."""
+    from torch.profiler import ProfilerActivity, profile
+    for variant in variants:
+        spec = cases.make_spec(variant, 128, 4096)
+        x = cases.make_inputs(spec, device=DEVICE)
+        run = libs.build("tylopy", spec, x)
+        for direction in ("fwd", "bwd"):
+            if direction == "fwd":
+                def call():
+                    with torch.no_grad():
+                        return run.forward()
+            else:
+                call = run.backward_fn()
+            call()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(calls):
+                    call()
+                torch.cuda.synchronize()
+            events = [e for e in prof.key_averages() if e.device_type is not None and "cuda" in str(e.device_type).lower()]
+            rows = sorted(((e.count / calls, e.key[:70], e.device_time_total / calls) for e in events), key=lambda r: -r[2])
+            print(f"kernels {variant} {direction}: {sum(r[0] for r in rows):.0f} per call", flush=True)
+            for count, name, us in rows[:14]:
+                print(f"    {count:4.1f} x {name}: {us:.1f} us per call", flush=True)
+            call = None
+
+
+def profile_calls(call, label, calls=30):
+    """Where the host time of ``calls`` calls goes (cProfile, by own time)."""
+    import cProfile
+    import pstats
+    torch.cuda.synchronize()
+    p = cProfile.Profile()
+    p.enable()
+    for _ in range(calls):
+        call()
+    p.disable()
+    torch.cuda.synchronize()
+    print(f"--- profile {label}", flush=True)
+    pstats.Stats(p).sort_stats("tottime").print_stats(18)
+
+
+def sync_probe(variants=("causal", "sliding_window", "document_varlen")):
+    """Which call waits for the GPU: each runs once behind ~100 ms of GPU sleep, under cProfile; a
+    call that synchronizes takes ~100 ms of host time, and the profile's top entry holds the wait."""
+    import cProfile
+    import pstats
+    import time
+    import warnings
+    for variant in variants:
+        spec = cases.make_spec(variant, 128, 4096)
+        x = cases.make_inputs(spec, device=DEVICE)
+        run = libs.build("tylopy", spec, x)
+        for direction in ("fwd", "bwd"):
+            if direction == "fwd":
+                def call():
+                    with torch.no_grad():
+                        return run.forward()
+            else:
+                call = run.backward_fn()
+            call()
+            torch.cuda.synchronize()
+            torch.cuda._sleep(200_000_000)
+            p = cProfile.Profile()
+            torch.cuda.set_sync_debug_mode("warn")
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                t0 = time.perf_counter()
+                p.enable()
+                call()
+                p.disable()
+                host = (time.perf_counter() - t0) * 1e3
+            torch.cuda.set_sync_debug_mode(0)
+            torch.cuda.synchronize()
+            print(f"sync {variant} {direction}: {host:.2f} ms of host time behind ~100 ms of GPU sleep; "
+                  f"torch sync warnings: {[str(w.message)[:120] for w in caught]}", flush=True)
+            if host > 20:
+                pstats.Stats(p).sort_stats("tottime").print_stats(6)
+            call = None
+
+
+def host_layers(calls=300):
+    """Host microseconds per call of each layer of the sliding-window forward, outermost first, at a
+    tiny shape (the GPU keeps up, so the time is the host's), beside the dense causal call."""
+    import time
+    from tylopy_kernels.attention import variants as V
+    from tylopy_kernels.attention import autograd_variants as AV
+    from tylopy_kernels.attention.common import ForwardTensors, VariantCall
+    from tylopy_kernels.attention.sm90 import variant_launch as VL
+    B, H, N, D = 1, 1, 256, 128
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out, lse = torch.empty_like(q), torch.empty(B, H, N, device="cuda")
+    kw = dict(is_causal=True, window_size=(64, 0))
+    scale = D ** -0.5
+    vk = V.VariantKeywords(**kw)
+    vid, tensors = V.make_variant_id(B, H, N, N, q.device, vk)
+    variant, vtensors = V.make_variant(B, H, N, N, q.device, **kw)
+    call = VariantCall(variant, vtensors, scale)
+    io = ForwardTensors(q, k, v, out, lse)
+    launch = VL.plan_variant_launch(io, call)
+    kernel = VL.attention_variant_fwd_sm90
+    grid = kernel[launch.grid]
+    layers = (("tylopy.attention(window)", lambda: ty.attention(q, k, v, **kw)),
+              ("variants.make_variant_id", lambda: V.make_variant_id(B, H, N, N, q.device, vk)),
+              ("variant_op", lambda: AV.variant_op(q, k, v, vid, tensors, scale)),
+              ("operator attention_variant_fwd", lambda: AV.attention_variant_fwd(q, k, v, list(tensors), vid,
+                                                                                 scale, False)),
+              ("forward_variant", lambda: AV.forward_variant(q, k, v, variant, vtensors, scale)),
+              ("launch_variant", lambda: VL.launch_variant(io, call)),
+              ("plan_variant_launch", lambda: VL.plan_variant_launch(io, call)),
+              ("kernel[grid](...)", lambda: kernel[launch.grid](*launch.args, **launch.constexprs)),
+              ("launcher held grid(...)", lambda: grid(*launch.args, **launch.constexprs)),
+              ("kernel[grid].repeat(...)", lambda: grid.repeat(*launch.args, **launch.constexprs)),
+              ("tylopy.attention(causal)", lambda: ty.attention(q, k, v, is_causal=True)))
+    qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    dout = torch.randn_like(q)
+    out_g = ty.attention(qg, kg, vg, is_causal=True)
+    lse = torch.randn(B, H, N, device="cuda")
+    import tylopy_kernels.attention as TA
+    from tylopy_kernels.attention.common import BackwardTensors
+    from tylopy_kernels.attention.sm90.backward_launch import HopperBackwardOptions, plan_backward_hopper
+    bt = BackwardTensors(q, k, v, out, dout, lse, *(torch.empty_like(t) for t in (q, k, v)), None)
+    steps = plan_backward_hopper(bt, HopperBackwardOptions(scale, True))
+    backward = (("causal backward only (autograd.grad)", lambda: torch.autograd.grad(out_g, (qg, kg, vg), dout,
+                                                                                    retain_graph=True)),
+                ("causal backward body (attention.backward)", lambda: TA.backward(
+                    ForwardTensors(q, k, v, out, lse, None), dout, None, True, scale)),
+                ("plan_backward_hopper", lambda: plan_backward_hopper(bt, HopperBackwardOptions(scale, True))),
+                *((f"backward step {n} {st.kernel.name}", st.launch) for n, st in enumerate(steps)))
+    train = backward + (("window forward + backward", lambda: torch.autograd.grad(ty.attention(qg, kg, vg, **kw), (qg, kg, vg),
+                                                                         dout)),
+             ("causal forward + backward", lambda: torch.autograd.grad(ty.attention(qg, kg, vg, is_causal=True),
+                                                                         (qg, kg, vg), dout)))
+    for label, fn in train + tuple((f"{label} (no grad)", fn) for label, fn in layers):
+        with torch.no_grad() if "no grad" in label else contextlib.nullcontext():
+            fn()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            us = (time.perf_counter() - t0) / calls * 1e6
+            torch.cuda.synchronize()
+        print(f"layer {label}: {us:.1f} us per call", flush=True)
+
+
 def bench_check(variant="document_window"):
     """The bench's own check of ``variant`` (a no-grad forward, then the backward), then its forward time."""
     from tylopy_kernels.attention.bench.variants import check_one
@@ -129,8 +317,20 @@ if __name__ == "__main__":
     ap.add_argument("--backward", action="store_true")
     ap.add_argument("--persistent", action="store_true", help="the variant forward, one tile per CTA vs PERSISTENT")
     ap.add_argument("--bench-check", action="store_true")
+    ap.add_argument("--kernels", action="store_true", help="the GPU kernels one call launches")
+    ap.add_argument("--layers", action="store_true", help="host time of each layer of a variant call")
+    ap.add_argument("--sync", action="store_true", help="which call waits for the GPU")
+    ap.add_argument("--host", action="store_true", help="bench time, back-to-back time and host time per call")
     ap.add_argument("--check-first", action="store_true", help="the element check before the bench's check")
     a = ap.parse_args()
+    if a.layers:
+        host_layers()
+    if a.kernels:
+        kernels_per_call()
+    if a.sync:
+        sync_probe()
+    if a.host:
+        host_costs()
     if a.time:
         time_window()
     if a.check_first:

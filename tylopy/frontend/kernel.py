@@ -136,6 +136,7 @@ class Kernel:
         self._compiled: dict[str, list[CompiledKernel]] = {}
         self._fast: dict[tuple, CompiledKernel] = {}
         self._fast_by_dtype: dict[tuple, CompiledKernel] = {}
+        self._kept: dict = {}  # kernel[grid].repeat()'s launch sites
         functools.update_wrapper(self, fn)
         if _register:
             _defined.setdefault(os.path.realpath(self.source_file), weakref.WeakSet()).add(self)
@@ -163,7 +164,7 @@ class Kernel:
         other = copy.copy(self)
         other.arch = arch
         other.cluster = _cluster_dims(self.fn, self.name, arch, self.cluster)
-        other._compiled, other._fast, other._fast_by_dtype = {}, {}, {}
+        other._compiled, other._fast, other._fast_by_dtype, other._kept = {}, {}, {}, {}
         return other.with_debug(self._debug)
 
     def with_debug(self, debug: bool | None = True) -> "Kernel":
@@ -181,6 +182,7 @@ class Kernel:
         self._compiled.clear()
         self._fast.clear()
         self._fast_by_dtype.clear()
+        self._kept.clear()
 
     # -- specialization ---------------------------------------------------------------------
     @property

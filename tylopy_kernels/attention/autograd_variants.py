@@ -28,6 +28,7 @@ from torch import Tensor
 
 from tylopy_kernels.attention import variants as V
 from tylopy_kernels.attention.common import BackwardTensors, ForwardTensors, VariantCall
+from tylopy_kernels.eager import EagerOp
 
 NEG_INF = float("-inf")
 _warned: set = set()
@@ -104,13 +105,15 @@ def backward_variant(forward: ForwardTensors, dout, call: VariantCall, dlse):
     return V.reference_backward(forward, dout, call, dlse)
 
 
-@torch.library.custom_op("tylopy::attention_variant_fwd", mutates_args=())
-def attention_variant_fwd(q: Tensor, k: Tensor, v: Tensor, tensors: list[Tensor], variant_id: str, scale: float,
-                          return_lse: bool) -> tuple[Tensor, Tensor]:
+def _variant_fwd(q: Tensor, k: Tensor, v: Tensor, tensors: list[Tensor], variant_id: str, scale: float,
+                 return_lse: bool) -> tuple[Tensor, Tensor]:
     variant = V.lookup_variant(variant_id)
     if k.stride(-1) != 1 or q.stride(-1) != 1 or v.stride(-1) != 1:
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     return forward_variant(q, k, v, variant, V.with_captured(variant, tensors), scale, return_lse)
+
+
+attention_variant_fwd = torch.library.custom_op("tylopy::attention_variant_fwd", mutates_args=())(_variant_fwd)
 
 
 @attention_variant_fwd.register_fake
@@ -120,14 +123,16 @@ def _(q, k, v, tensors, variant_id, scale, return_lse):
     return q.new_empty((B, H, n_q, D)), q.new_empty((B, H, n_q), dtype=lse_dtype)
 
 
-@torch.library.custom_op("tylopy::attention_variant_bwd", mutates_args=())
-def attention_variant_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                          tensors: list[Tensor], variant_id: str, scale: float,
-                          dlse: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _variant_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, tensors: list[Tensor],
+                 variant_id: str, scale: float, dlse: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     variant = V.lookup_variant(variant_id)
     dq, dk, dv, dsinks = backward_variant(ForwardTensors(q, k, v, out, lse), dout,
                                           VariantCall(variant, V.with_captured(variant, tensors), scale), dlse)
     return _strided_like(q, dq), _strided_like(k, dk), _strided_like(v, dv), dsinks
+
+
+attention_variant_bwd = torch.library.custom_op("tylopy::attention_variant_bwd", mutates_args=())(_variant_bwd)
+variant_bwd = EagerOp(attention_variant_bwd, _variant_bwd)
 
 
 def _strided_like(like, grad):
@@ -161,8 +166,8 @@ def _backward(ctx, dout, dlse):
     q, k, v, out, lse, *tensors = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv, dsinks = attention_variant_bwd(dout, q, k, v, out, lse, tensors, ctx.variant_id, ctx.scale,
-                                               dlse if ctx.return_lse else None)
+    dq, dk, dv, dsinks = variant_bwd(dout, q, k, v, out, lse, tensors, ctx.variant_id, ctx.scale,
+                                     dlse if ctx.return_lse else None)
     variant = V.lookup_variant(ctx.variant_id)
     grads = [None] * len(tensors)
     if variant.sinks:
@@ -180,12 +185,14 @@ def _backward(ctx, dout, dlse):
 
 
 attention_variant_fwd.register_autograd(_backward, setup_context=_setup)
+variant_fwd = EagerOp(attention_variant_fwd, _variant_fwd, _setup, _backward)
 
 
 def variant_op(q, k, v, variant_id, tensors, scale, return_lse=False):
     """Attention with the variant registered as ``variant_id`` (``variants.make_variant_id``) through the
-    operator; ``tensors`` are the explicit ones (the mods' captured tensors are read when it runs)."""
-    out, lse = attention_variant_fwd(q, k, v, list(tensors), variant_id, float(scale), return_lse)
+    operator (its body directly in eager code: ``eager.EagerOp``); ``tensors`` are the explicit ones
+    (the mods' captured tensors are read when it runs)."""
+    out, lse = variant_fwd(q, k, v, list(tensors), variant_id, float(scale), return_lse)
     return (out, lse) if return_lse else out
 
 

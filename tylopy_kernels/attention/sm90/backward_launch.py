@@ -92,7 +92,8 @@ class Step:
     constexprs: dict = field(default_factory=dict)
 
     def launch(self):
-        self.kernel[self.grid](*self.args, **self.constexprs)
+        # repeat(): a training loop launches each step with mostly the same arguments
+        self.kernel[self.grid].repeat(*self.args, **self.constexprs)
 
     def emulate(self, **options):
         return self.kernel.emulate(*self.args, grid=self.grid, **self.constexprs, **options)

@@ -157,4 +157,4 @@ def launch_variant(io: ForwardTensors, call: VariantCall, schedule=None):
     """Run the kernel: q (B, H, N, D), k/v (B, H_kv, N_k, D), D in {64, 128}; out and lse (fp32) written
     (``schedule``: as ``plan_variant_launch``'s)."""
     launch = plan_variant_launch(io, call, schedule=schedule)
-    attention_variant_fwd_sm90[launch.grid](*launch.args, **launch.constexprs)
+    attention_variant_fwd_sm90[launch.grid].repeat(*launch.args, **launch.constexprs)
