@@ -202,3 +202,27 @@ def test_variant_is_hashable_and_mods_are_keyed_by_code_and_constants():
     ka, kb, kc = (KernelVariant.of(x, ()) for x in (a, b, c))
     assert ka == kb and hash(ka) == hash(kb) and ka != kc  # one specialization per code and constants
     assert ka.__tylopy_fingerprint__() == kb.__tylopy_fingerprint__()
+
+
+def test_bad_mods_are_errors_naming_the_keyword_and_the_users_line():
+    q, k, v = _qkv()
+    table = torch.randn(8)
+
+    def branchy(score, b, h, q_idx, kv_idx):
+        if q_idx > kv_idx:  # Python control flow on index tensors
+            return score
+        return score - 1.0
+
+    def distance(b, h, q_idx, kv_idx):
+        return (q_idx - kv_idx) * 1.0  # a float, not a bool
+
+    def past_the_table(score, b, h, q_idx, kv_idx):
+        return score + table[kv_idx]  # 8 entries, 56 keys
+
+    here = __file__.rsplit("/", 1)[-1]
+    for kw, words in ((dict(score_mod=branchy), ("score_mod", "if q_idx > kv_idx")),
+                      (dict(mask_mod=distance), ("mask_mod expects a function returning bool", here)),
+                      (dict(score_mod=past_the_table), ("score_mod", "table[kv_idx]", "out of bounds"))):
+        with pytest.raises(V.ModError) as info:
+            ty.attention(q, k, v, **kw)
+        assert all(w in str(info.value) for w in words), str(info.value)

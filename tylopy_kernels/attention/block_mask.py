@@ -125,7 +125,8 @@ def _build(mask_mod, B, H, Q_LEN, KV_LEN, device, BLOCK):
             err = _variants.ModError.from_exception("mask_mod", mask_mod, e)
             raise _variants.ModError(str(err).replace("attention:", "create_block_mask:", 1)) from e
         if not isinstance(got, torch.Tensor) or got.dtype != torch.bool:
-            raise _variants.ModError(f"create_block_mask: mask_mod expects a function returning bool, but got "
+            raise _variants.ModError(f"create_block_mask: mask_mod expects a function returning bool"
+                                     f"{_variants._where(mask_mod)}, but got "
                                      f"{getattr(got, 'dtype', type(got).__name__)}")
         got = got.expand(B, H, q1 - q0, KV_LEN)
         # ragged edges: pairs past the lengths are "don't care" (the kernel masks them anyway)

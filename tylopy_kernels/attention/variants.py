@@ -448,8 +448,8 @@ def visible(variant: Variant, tensors, B, H, n_q, n_k, device, grids=None):
     if variant.mask_mod is not None:
         got = call_mod(variant.mask_mod, (b, h, i, j), variant, tensors, "mask_mod")
         if not _is_tensor(got) or got.dtype != torch.bool:
-            raise ModError(f"attention: mask_mod expects a function returning bool, but got "
-                           f"{getattr(got, 'dtype', type(got).__name__)}")
+            raise ModError(f"attention: mask_mod expects a function returning bool{_where(variant.mask_mod.function())}, "
+                           f"but got {getattr(got, 'dtype', type(got).__name__)}")
         keep = keep & got
     if variant.block_mask is not None:
         # FlexAttention's rule: keys of full tiles take part (mask_mod is not asked there), keys of
