@@ -112,67 +112,36 @@ def host_costs(libraries=("tylopy", "fa3_cute"), profile=("sliding_window", "doc
     host's time to enqueue one call (30 calls without a synchronization, the GPU busy meanwhile: a
     time near the kernel's says the call waits for the GPU somewhere)."""
     import time
-    for variant in cases.VARIANTS:
-        spec = cases.make_spec(variant, 128, 4096)
-        x = cases.make_inputs(spec, device=DEVICE)
-        for library in libraries:
-            try:
-                run = libs.build(library, spec, x)
-            except Exception as e:  # noqa: BLE001
-                print(f"host {variant} {library}: {type(e).__name__}", flush=True)
-                continue
-            for direction in ("fwd", "bwd"):
-                if direction == "fwd":
-                    def call():
-                        with torch.no_grad():
-                            return run.forward()
-                else:
-                    call = run.backward_fn()
-                call()
-                torch.cuda.synchronize()
-                bench = median_ms(call, 20, 100)
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                t0 = time.perf_counter()
-                for _ in range(30):
-                    call()
-                host = (time.perf_counter() - t0) / 30 * 1e3
-                end.record()
-                torch.cuda.synchronize()
-                loop = start.elapsed_time(end) / 30
-                print(f"host {variant} {library} {direction}: bench {bench:.3f} ms, back to back {loop:.3f} ms, "
-                      f"host enqueue {host:.3f} ms per call", flush=True)
-                if library == "tylopy" and variant in profile:
-                    profile_calls(call, f"{variant} {direction}")
-                call = None
+    for variant, library, direction, call in bench_calls(cases.VARIANTS, libraries):
+        bench = median_ms(call, 20, 100)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        t0 = time.perf_counter()
+        for _ in range(30):
+            call()
+        host = (time.perf_counter() - t0) / 30 * 1e3
+        end.record()
+        torch.cuda.synchronize()
+        loop = start.elapsed_time(end) / 30
+        print(f"host {variant} {library} {direction}: bench {bench:.3f} ms, back to back {loop:.3f} ms, "
+              f"host enqueue {host:.3f} ms per call", flush=True)
+        if library == "tylopy" and variant in profile:
+            profile_calls(call, f"{variant} {direction}")
 
 
 def kernels_per_call(variants=("causal", "document_varlen", "sliding_window"), calls=3):
     """Every GPU kernel and copy one call launches, by count (torch.profiler), forward and backward."""
     from torch.profiler import ProfilerActivity, profile
-    for variant in variants:
-        spec = cases.make_spec(variant, 128, 4096)
-        x = cases.make_inputs(spec, device=DEVICE)
-        run = libs.build("tylopy", spec, x)
-        for direction in ("fwd", "bwd"):
-            if direction == "fwd":
-                def call():
-                    with torch.no_grad():
-                        return run.forward()
-            else:
-                call = run.backward_fn()
-            call()
+    for variant, _, direction, call in bench_calls(variants):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                call()
             torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(calls):
-                    call()
-                torch.cuda.synchronize()
-            events = [e for e in prof.key_averages() if e.device_type is not None and "cuda" in str(e.device_type).lower()]
-            rows = sorted(((e.count / calls, e.key[:70], e.device_time_total / calls) for e in events), key=lambda r: -r[2])
-            print(f"kernels {variant} {direction}: {sum(r[0] for r in rows):.0f} per call", flush=True)
-            for count, name, us in rows[:14]:
-                print(f"    {count:4.1f} x {name}: {us:.1f} us per call", flush=True)
-            call = None
+        events = [e for e in prof.key_averages() if "cuda" in str(e.device_type).lower()]
+        rows = sorted(((e.count / calls, e.key[:70], e.device_time_total / calls) for e in events), key=lambda r: -r[2])
+        print(f"kernels {variant} {direction}: {sum(r[0] for r in rows):.0f} per call", flush=True)
+        for count, name, us in rows[:14]:
+            print(f"    {count:4.1f} x {name}: {us:.1f} us per call", flush=True)
 
 
 def profile_calls(call, label, calls=30):
@@ -190,6 +159,33 @@ def profile_calls(call, label, calls=30):
     pstats.Stats(p).sort_stats("tottime").print_stats(18)
 
 
+def bench_calls(variants, libraries=("tylopy",)):
+    """(variant, library, direction, call) for each case of the bench at D=128, N=4096, the call run once:
+    a forward under no_grad, or the backward alone (its forward's graph kept). A library that does not
+    build a case is reported and skipped."""
+    for variant in variants:
+        spec = cases.make_spec(variant, 128, 4096)
+        x = cases.make_inputs(spec, device=DEVICE)
+        for library in libraries:
+            try:
+                run = libs.build(library, spec, x)
+            except Exception as e:  # noqa: BLE001
+                print(f"{variant} {library}: {type(e).__name__}", flush=True)
+                continue
+            for direction in ("fwd", "bwd"):
+                call = run.backward_fn() if direction == "bwd" else _no_grad(run.forward)
+                call()
+                torch.cuda.synchronize()
+                yield variant, library, direction, call
+
+
+def _no_grad(fn):
+    def call():
+        with torch.no_grad():
+            return fn()
+    return call
+
+
 def sync_probe(variants=("causal", "sliding_window", "document_varlen")):
     """Which call waits for the GPU: each runs once behind ~100 ms of GPU sleep, under cProfile; a
     call that synchronizes takes ~100 ms of host time, and the profile's top entry holds the wait."""
@@ -197,36 +193,23 @@ def sync_probe(variants=("causal", "sliding_window", "document_varlen")):
     import pstats
     import time
     import warnings
-    for variant in variants:
-        spec = cases.make_spec(variant, 128, 4096)
-        x = cases.make_inputs(spec, device=DEVICE)
-        run = libs.build("tylopy", spec, x)
-        for direction in ("fwd", "bwd"):
-            if direction == "fwd":
-                def call():
-                    with torch.no_grad():
-                        return run.forward()
-            else:
-                call = run.backward_fn()
+    for variant, _, direction, call in bench_calls(variants):
+        torch.cuda._sleep(200_000_000)
+        p = cProfile.Profile()
+        torch.cuda.set_sync_debug_mode("warn")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            t0 = time.perf_counter()
+            p.enable()
             call()
-            torch.cuda.synchronize()
-            torch.cuda._sleep(200_000_000)
-            p = cProfile.Profile()
-            torch.cuda.set_sync_debug_mode("warn")
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                t0 = time.perf_counter()
-                p.enable()
-                call()
-                p.disable()
-                host = (time.perf_counter() - t0) * 1e3
-            torch.cuda.set_sync_debug_mode(0)
-            torch.cuda.synchronize()
-            print(f"sync {variant} {direction}: {host:.2f} ms of host time behind ~100 ms of GPU sleep; "
-                  f"torch sync warnings: {[str(w.message)[:120] for w in caught]}", flush=True)
-            if host > 20:
-                pstats.Stats(p).sort_stats("tottime").print_stats(6)
-            call = None
+            p.disable()
+            host = (time.perf_counter() - t0) * 1e3
+        torch.cuda.set_sync_debug_mode(0)
+        torch.cuda.synchronize()
+        print(f"sync {variant} {direction}: {host:.2f} ms of host time behind ~100 ms of GPU sleep; "
+              f"torch sync warnings: {[str(w.message)[:120] for w in caught]}", flush=True)
+        if host > 20:
+            pstats.Stats(p).sort_stats("tottime").print_stats(6)
 
 
 def host_layers(calls=300):
