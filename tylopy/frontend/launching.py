@@ -1,9 +1,8 @@
 """``kernel[grid](*args)``: the launch object a kernel's subscript gives."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import threading
+from typing import TYPE_CHECKING
 
 from ..errors import TylopyError, user_facing
 from ..runtime.kept import KeptArguments

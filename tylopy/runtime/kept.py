@@ -58,12 +58,13 @@ class KeptArguments:
                 keys[i] = _UNSET  # its slots may be half written: packed again next time
                 raise
             keys[i] = key
-        if self.device is None:
+        self.device = device
+        if device is None:  # no tensor or map pins it: the current device, as a plain launch takes
             from . import driver as drv
-            self.device = device if device is not None else drv.current_device()
+            device = drv.current_device()
         gx, gy, gz = self.grid
         if gx and gy and gz:
-            launcher._send(gx, gy, gz, self.slots, self.device, stream, prepared=True)
+            launcher._send(gx, gy, gz, self.slots, device, stream, prepared=True)
 
 
 __all__ = ["KeptArguments"]
