@@ -203,6 +203,24 @@ def test_json_writer_and_merge(tmp_path, capsys):
     assert "| causal | 64 | 1024 | fwd | 400 | 500 | 250 |" in capsys.readouterr().out
 
 
+def test_each_variant_and_d_reports_progress_that_merge_reads(tmp_path, monkeypatch, capsys):
+    """A run cut short by a time limit keeps the rows written after each (variant, D)."""
+    monkeypatch.setattr(bench, "measure", lambda lib, spec, x, directions, timer: [
+        dict(bench.base_row(lib, spec, d), ms=1.0, tflops=100.0) for d in directions])
+    monkeypatch.setattr(cases, "make_inputs", lambda spec, device: {})
+    partial = tmp_path / "run.partial.json"
+    seen = []
+
+    def progress(rows, checks):
+        seen.append(len(rows))
+        bench.write_json(str(partial), dict(rows=rows, checks=checks))
+    rows, _ = bench.time_all(["causal", "softcap"], [64, 128], [1024], ["tylopy"], ("fwd",), bench=None,
+                             checked=False, device="cpu", progress=progress)
+    assert seen == [1, 2, 3, 4] and len(rows) == 4
+    merged, _ = bench.merge([str(partial)])
+    assert {(r["variant"], r["d"]) for r in merged} == {("causal", 64), ("causal", 128), ("softcap", 64), ("softcap", 128)}
+
+
 def test_a_failed_numerics_check_is_marked_in_the_table_and_the_report(tmp_path, capsys):
     """An error past CHECK_LIMIT marks that library's timings "(check failed)" and lists the check under
     the table: a wrong kernel's speed is not a result."""

@@ -22,6 +22,9 @@ alone (autograd.grad on a kept graph).
     tylopy bench attention_variants --d 64 --output results/variants-d64.json
     tylopy bench attention_variants --merge results/variants-d64.json results/variants-d128.json \\
         --output results/variants.json                            # one table, JSON and PNG from both
+
+After each (variant, D) the rows so far are written to ``<output>.partial.json``: a run stopped by a
+time limit keeps what it timed, and ``--merge`` takes that file like any other.
 """
 from __future__ import annotations
 
@@ -223,8 +226,9 @@ def measure(library, spec, x, directions, bench, synchronize=None):
     return rows
 
 
-def time_all(variants, dims, ns, library_names, directions, bench, checked=True, device="cuda"):
-    """(rows, checks): every point timed, each (variant, D) checked first at its ``check_n``."""
+def time_all(variants, dims, ns, library_names, directions, bench, checked=True, device="cuda", progress=None):
+    """(rows, checks): every point timed, each (variant, D) checked first at its ``check_n``;
+    ``progress(rows, checks)`` is called after each (variant, D), with what is done so far."""
     import torch
     rows, checks = [], []
     print("\n| library | variant | D | N | dir | ms | TFLOP/s |\n|---|---|---|---|---|---|---|", flush=True)
@@ -243,6 +247,8 @@ def time_all(variants, dims, ns, library_names, directions, bench, checked=True,
                     torch.cuda.empty_cache()
                 del x
                 torch.cuda.empty_cache()
+            if progress is not None:
+                progress(rows, checks)
     return rows, checks
 
 
@@ -446,8 +452,11 @@ def main(argv=None):
     fa_why = libs.fa3_import()[1]
     if "fa3_cute" in args.libs and fa_why:
         print(f"FA3-class kernel skipped: flash_attn.cute does not import ({fa_why})")
+    # A run cut short (a time limit) keeps what it timed: --merge reads the partial file.
+    partial = os.path.splitext(args.output or "results/attention_variants")[0] + ".partial.json"
     rows, checks = time_all(args.variants, args.d, args.n, args.libs, directions, _timer(args.warmup_ms, args.rep_ms),
-                            checked=not args.no_check)
+                            checked=not args.no_check,
+                            progress=lambda rows, checks: write_json(partial, dict(rows=rows, checks=checks)))
     extra = {"fa3_cute": fa_why or "available", "direction": args.direction,
              "timing": {"warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms, "statistic": "median of CUDA-event times"},
              "variants": {v: cases.VARIANTS[v] for v in args.variants},
