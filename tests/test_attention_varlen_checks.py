@@ -67,3 +67,36 @@ def test_cuda_cu_seqlens_are_repaired_on_the_device_and_counted():
     attention_varlen(q, k, v, negative, negative, 40, 40)
     torch.cuda.synchronize()
     assert V.cu_seqlens_status() == 1
+
+
+@pytest.mark.gpu
+def test_repaired_sums_are_kept_per_tensor_version_and_recounted_each_call():
+    """A repeated call with the same device sums reuses their repair (one launch: the count); an
+    in-place write to the sums repairs them again; a captured graph records its own repair."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn(40, 2, 64, device="cuda", generator=g).to(torch.bfloat16)
+    k, v = q.clone(), q.clone()
+    cu = torch.tensor([0, 15, 4000], dtype=torch.int32, device="cuda")  # past the rows: repaired (40)
+    V.cu_seqlens_status()
+    V._device_sums.clear()
+    first = attention_varlen(q, k, v, cu, cu, 25, 25)
+    assert len(V._device_sums) == 1
+    again = attention_varlen(q, k, v, cu, cu, 25, 25)
+    torch.cuda.synchronize()
+    assert len(V._device_sums) == 1 and V.cu_seqlens_status() == 2  # each call with bad sums counts
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+    cu.copy_(torch.tensor([0, 30, 40], dtype=torch.int32))  # an in-place write: new sums, repaired again
+    moved = attention_varlen(q, k, v, cu, cu, 30, 30)
+    want = attention_varlen(q, k, v, [0, 30, 40], [0, 30, 40], 30, 30)
+    torch.testing.assert_close(moved, want, rtol=0, atol=0)
+    assert V.cu_seqlens_status() == 0
+    static = torch.tensor([0, 15, 40], dtype=torch.int32, device="cuda")
+    attention_varlen(q, k, v, static, static, 30, 30)  # kept before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = attention_varlen(q, k, v, static, static, 30, 30)
+    static.copy_(torch.tensor([0, 30, 40], dtype=torch.int32))
+    graph.replay()
+    torch.testing.assert_close(out, want, rtol=0, atol=0)  # the replay read the sums as they are now

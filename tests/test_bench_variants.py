@@ -215,7 +215,7 @@ def test_each_variant_and_d_reports_progress_that_merge_reads(tmp_path, monkeypa
         seen.append(len(rows))
         bench.write_json(str(partial), dict(rows=rows, checks=checks))
     rows, _ = bench.time_all(["causal", "softcap"], [64, 128], [1024], ["tylopy"], ("fwd",), bench=None,
-                             checked=False, device="cpu", progress=progress)
+                             checked=False, progress=progress)
     assert seen == [1, 2, 3, 4] and len(rows) == 4
     merged, _ = bench.merge([str(partial)])
     assert {(r["variant"], r["d"]) for r in merged} == {("causal", 64), ("causal", 128), ("softcap", 64), ("softcap", 128)}

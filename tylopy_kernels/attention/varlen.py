@@ -41,6 +41,8 @@ import math
 
 import torch
 
+from tylopy.runtime.plancache import PlanCache
+
 from tylopy_kernels.attention import _fail, _nonpositive_scale
 from tylopy_kernels.attention.common import ForwardTensors, PackedDocs, check_token_tensor
 
@@ -133,6 +135,23 @@ def check_prefix_sums(name, cu, total: int, max_name: str, max_len: int) -> None
 
 
 STATUS_WORDS: dict = {}  # device -> int32 count of calls whose CUDA cu_seqlens needed repair
+# (cu_q key, cu_k key, totals, device) -> ((cu_q, cu_k on the device, int32 "needed repair"), held tensors)
+_device_sums = PlanCache("varlen device cu_seqlens", capacity=64)
+
+
+def cu_key(cu):
+    """A cache key part for prefix sums: host sums by value; device sums by address, layout and version
+    (no sync). An entry keyed by it keeps the device tensors alive (``held_sums``), so no other tensor
+    takes their addresses while it is cached; an in-place write through torch bumps the version."""
+    if isinstance(cu, (list, tuple)):
+        return ("host", tuple(cu))
+    if cu.device.type == "cpu":
+        return ("host", tuple(cu.tolist()))
+    return ("dev", cu.data_ptr(), cu._version, tuple(cu.shape), tuple(cu.stride()), str(cu.device))
+
+
+def held_sums(*cus):
+    return tuple(c for c in cus if isinstance(c, torch.Tensor) and c.device.type != "cpu")
 
 
 def device_cu_seqlens(q, cu_q, cu_k, total_q: int, total_k: int):
@@ -140,17 +159,30 @@ def device_cu_seqlens(q, cu_q, cu_k, total_q: int, total_k: int):
     CPU tensor; checked by ``check_varlen``) are copied over. CUDA prefix sums are repaired on the device
     without a host sync (clamped to [0, total], made non-decreasing by a running maximum, the first entry
     0), and a call whose sums needed it counts once in the device's status word (``cu_seqlens_status``).
-    Every step is a device kernel, so the repair also runs inside a captured CUDA graph."""
+    Every step is a device kernel, so the repair also runs inside a captured CUDA graph.
+
+    The result is kept per (cu_q, cu_k) (host sums by value, device sums by address and version,
+    ``cu_key``): the layers of a training step pass the same sums, and a repeated call launches one
+    kernel (the status word's count) instead of the repair's dozen, with their host time. Nothing is
+    kept while tracing or capturing a CUDA graph (the graph must record the repair of its own input)."""
     cu_q, cu_k = _as_cu_tensor("cu_seqlens_q", cu_q), _as_cu_tensor("cu_seqlens_k", cu_k)
     if q.device.type != "cuda":
         return cu_q, cu_k
+    if torch.compiler.is_compiling():  # a traced graph keeps device sums as given (no global side effects)
+        return tuple(cu if cu.device.type != "cpu" else cu.to(q.device, non_blocking=True) for cu in (cu_q, cu_k))
+    key = None
+    if not torch.cuda.is_current_stream_capturing():
+        key = (cu_key(cu_q), cu_key(cu_k), total_q, total_k, str(q.device))
+        hit = _device_sums.get_held(key, held_sums(cu_q, cu_k))
+        if hit is not None:
+            safe_q, safe_k, bad = hit
+            if bad is not None:
+                _status_word(q.device).add_(bad)
+            return safe_q, safe_k
     out, bad = [], None
     for cu, total in ((cu_q, total_q), (cu_k, total_k)):
         if cu.device.type == "cpu":
             out.append(cu.to(q.device, non_blocking=True))
-            continue
-        if torch.compiler.is_compiling():  # a traced graph keeps the sums as given (no global side effects)
-            out.append(cu)
             continue
         safe = torch.cummax(cu.clamp(0, total), 0).values.to(torch.int32)
         safe[:1].zero_()  # (an assignment of a Python 0 would copy from the host)
@@ -158,11 +190,18 @@ def device_cu_seqlens(q, cu_q, cu_k, total_q: int, total_k: int):
         bad = differs if bad is None else bad | differs
         out.append(safe)
     if bad is not None:
-        word = STATUS_WORDS.get(q.device)
-        if word is None:
-            word = STATUS_WORDS[q.device] = torch.zeros(1, dtype=torch.int32, device=q.device)
-        word.add_(bad.to(torch.int32))
+        bad = bad.to(torch.int32)
+        _status_word(q.device).add_(bad)
+    if key is not None:
+        _device_sums.put_held(key, (out[0], out[1], bad), held_sums(cu_q, cu_k))
     return out[0], out[1]
+
+
+def _status_word(device):
+    word = STATUS_WORDS.get(device)
+    if word is None:
+        word = STATUS_WORDS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return word
 
 
 def cu_seqlens_status(device=None, reset: bool = True) -> int:

@@ -37,6 +37,7 @@ from tylopy_kernels.attention import variants as V
 from tylopy_kernels.attention.block_mask import _lists
 from tylopy_kernels.attention.mod_registry import ModError, captured_tensors, mod_ref
 from tylopy_kernels.attention.user_grad import VARLEN_RUN, UserGrad
+from tylopy_kernels.attention.varlen import cu_key, held_sums
 
 BLOCK = 128
 AUX_SLOTS = 4      # the variant kernel's tensor slots for the mods (``sm90/mods.py``)
@@ -104,20 +105,6 @@ def doc_block_mask(info, total_q: int, total_k: int, user_mask: bool):
     return (*_lists(partial.view(1, 1, n_qt, n_kt)), *_lists(full.view(1, 1, n_qt, n_kt)))
 
 
-def _cu_key(cu):
-    """Host sums by value; device sums by address, layout and version (no sync). The cache entry keeps
-    the device tensors alive (``_held``), so no other tensor takes their addresses while it is cached."""
-    if isinstance(cu, (list, tuple)):
-        return ("host", tuple(cu))
-    if cu.device.type == "cpu":
-        return ("host", tuple(cu.tolist()))
-    return ("dev", cu.data_ptr(), cu._version, tuple(cu.shape), tuple(cu.stride()), str(cu.device))
-
-
-def _held(*cus):
-    return tuple(c for c in cus if isinstance(c, torch.Tensor) and c.device.type != "cpu")
-
-
 def packed_tables(cu_args, device_sums, sizes, flags, user_mask, device):
     """(info, block mask tensors), cached per cu_seqlens (the caller's arguments ``cu_args``: values
     on the host, storage and version on the device) unless tracing or capturing a CUDA graph (then
@@ -132,7 +119,7 @@ def packed_tables(cu_args, device_sums, sizes, flags, user_mask, device):
         device.type == "cuda" and torch.cuda.is_current_stream_capturing())
     key = None
     if cacheable:
-        key = (_cu_key(cu_q_arg), _cu_key(cu_k_arg), total_q, total_k, flags, user_mask, str(device))
+        key = (cu_key(cu_q_arg), cu_key(cu_k_arg), total_q, total_k, flags, user_mask, str(device))
         hit = _tables.get(key)
         if hit is not None:
             return hit[0]
@@ -145,7 +132,7 @@ def packed_tables(cu_args, device_sums, sizes, flags, user_mask, device):
     info = doc_table(cu_q, cu_k, total_q, flags)
     made = (info, doc_block_mask(info, total_q, total_k, user_mask))
     if key is not None:
-        _tables.put(key, (made, _held(cu_q_arg, cu_k_arg)))
+        _tables.put(key, (made, held_sums(cu_q_arg, cu_k_arg)))
     return made
 
 

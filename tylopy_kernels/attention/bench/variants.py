@@ -226,7 +226,7 @@ def measure(library, spec, x, directions, bench, synchronize=None):
     return rows
 
 
-def time_all(variants, dims, ns, library_names, directions, bench, checked=True, device="cuda", progress=None):
+def time_all(variants, dims, ns, library_names, directions, bench, checked=True, progress=None):
     """(rows, checks): every point timed, each (variant, D) checked first at its ``check_n``;
     ``progress(rows, checks)`` is called after each (variant, D), with what is done so far."""
     import torch
@@ -236,7 +236,7 @@ def time_all(variants, dims, ns, library_names, directions, bench, checked=True,
         for d in dims:
             for n in sorted(ns, key=lambda n: n != check_n(variant, ns)):  # the checked N first
                 spec = cases.make_spec(variant, d, n)
-                x = cases.make_inputs(spec, device)
+                x = cases.make_inputs(spec, "cuda")
                 if checked and n == check_n(variant, ns):
                     checks += check(spec, x, library_names, directions)
                     torch.cuda.empty_cache()

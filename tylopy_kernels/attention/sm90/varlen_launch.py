@@ -11,9 +11,13 @@ host. ``plan_varlen_launch`` builds the same launch without a GPU (the emulator 
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 import tylopy as ty
+
+from tylopy.runtime.plancache import PlanCache
 
 from tylopy_kernels.attention.common import ForwardTensors, PackedDocs
 from tylopy_kernels.attention.sm90 import launch as dense
@@ -51,45 +55,102 @@ def plan_varlen_launch(tensors: ForwardTensors, docs: PackedDocs, options: Hoppe
                        target: MapTarget = MapTarget()) -> dense.Launch:
     """The grid, arguments and constexprs of one launch (``target.make_map(t, dims, strides, box)``;
     ``tensors.attn_mask`` must be None)."""
+    q, k, v = tensors.q, tensors.k, tensors.v
+    shape = _layout(tensors, docs, options, target.sm_count)
+    if shape.copy:
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    return _launch_of(shape, ForwardTensors(q, k, v, tensors.out, tensors.lse), docs, options,
+                      target.make_map or dense.device_map)
+
+
+class _Shape(NamedTuple):
+    """What a launch takes from the call's sizes, layouts and options alone (kept per signature):
+    the grid, the constexprs, whether q, k, v need contiguous copies (TMA cannot describe them) and
+    each map's (dims, strides, box) over the (1, H, total, D) views."""
+    grid: tuple
+    constexprs: dict
+    copy: bool
+    geometry: tuple
+
+
+def _layout(tensors: ForwardTensors, docs: PackedDocs, options: HopperOptions, sm_count) -> _Shape:
     q, k, v, out, lse, _ = tensors
-    cu_q, cu_k, max_q, max_k, used_q, used_k = docs
-    is_causal, scale, schedule = options.is_causal, options.scale, options.schedule
-    make_map, sm_count, _ = target
     total_q, H, D = q.shape
     if H % k.shape[1] or k.shape[1] != v.shape[1]:
         raise ValueError(f"launch_varlen_hopper: key/value heads expects a divisor of the {H} query heads (the same "
                          f"for both), but got {k.shape[1]} and {v.shape[1]}")
-    sched = resolve_schedule(D, is_causal, schedule)
-    make_map = make_map or dense.device_map
+    sched = resolve_schedule(D, options.is_causal, options.schedule)
     qb, kb, vb = _as_batch(q), _as_batch(k), _as_batch(v)
     order = dense._coord_order(qb)
-    if not all(dense._fits(t, order) for t in (qb, kb, vb)):
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        qb, kb, vb = _as_batch(q), _as_batch(k), _as_batch(v)
+    copy = not all(dense._fits(t, order) for t in (qb, kb, vb))
+    if copy:
+        qb, kb, vb = (_as_batch(t.contiguous()) for t in (q, k, v))
         order = dense._coord_order(qb)
     block_m = 64 * sched["CONSUMERS"]
-    maps = [make_map(t, *dense._map_geometry(t, rows, order)) for t, rows in ((qb, block_m), (kb, sched["BLOCK_N"]),
-                                                                              (vb, sched["BLOCK_N"]))]
-    n_docs = cu_q.shape[0] - 1
-    num_m = (max_q + block_m - 1) // block_m
-    lse_t = lse if lse is not None else torch.empty(1, dtype=torch.float32, device=q.device)
-    if sched["PERSISTENT"]:
-        grid = (max(1, min(num_m * H * n_docs, sm_count or 132)),)
-    else:
-        grid = (num_m, H, n_docs)
-    args = (*maps, out.view(torch.int16), lse_t, cu_q, cu_k, cu_q if used_q is None else used_q,
-            cu_k if used_k is None else used_k, max_q, max_k, H, n_docs, H // k.shape[1], total_q, 0, scale,
-            int(is_causal), out.stride(1), out.stride(0))
+    geometry = tuple(tuple(map(tuple, dense._map_geometry(t, rows, order)))
+                     for t, rows in ((qb, block_m), (kb, sched["BLOCK_N"]), (vb, sched["BLOCK_N"])))
+    n_docs = docs.cu_q.shape[0] - 1
+    num_m = (docs.max_q + block_m - 1) // block_m
+    grid = (max(1, min(num_m * H * n_docs, sm_count or 132)),) if sched["PERSISTENT"] else (num_m, H, n_docs)
     cx = dict(sched, DTYPE=ty.bf16 if q.dtype == torch.bfloat16 else ty.f16, HEAD_DIM=D, RETURN_LSE=lse is not None,
-              COORD_ORDER=order, SEQUSED_Q=used_q is not None, SEQUSED_K=used_k is not None)
+              COORD_ORDER=order, SEQUSED_Q=docs.seqused_q is not None, SEQUSED_K=docs.seqused_k is not None)
     Plan(D, cx["BLOCK_N"], cx["STAGES"], cx["CONSUMERS"], False)  # fails early on too much smem
-    return dense.Launch(grid, args, cx)
+    return _Shape(grid, cx, copy, geometry)
+
+
+def _launch_of(shape: _Shape, tensors: ForwardTensors, docs: PackedDocs, options: HopperOptions,
+               make_map) -> dense.Launch:
+    """The launch of ``shape`` over these tensors (q, k, v already the contiguous copies it asks for)."""
+    q, k, v, out, lse, _ = tensors
+    cu_q, cu_k, max_q, max_k, used_q, used_k = docs
+    total_q, H, _ = q.shape
+    maps = [make_map(_as_batch(t), *g) for t, g in zip((q, k, v), shape.geometry)]
+    args = (*maps, out.view(torch.int16), lse if lse is not None else _no_lse(q.device), cu_q, cu_k, cu_q if used_q is None else used_q,
+            cu_k if used_k is None else used_k, max_q, max_k, H, cu_q.shape[0] - 1, H // k.shape[1], total_q, 0,
+            options.scale, int(options.is_causal), out.stride(1), out.stride(0))
+    return dense.Launch(shape.grid, args, shape.constexprs)
 
 
 def launch_varlen_hopper(tensors: ForwardTensors, docs: PackedDocs, options: HopperOptions):
-    """Run the kernel (see the module's docstring); returns nothing, never synchronizes."""
+    """Run the kernel (see the module's docstring); returns nothing, never synchronizes. The launch's
+    shape (grid, constexprs, map geometries) is kept per signature, and the launch repacks only the
+    arguments that changed (``kernel[grid].repeat``): the layers of a model call it again and again."""
     q = tensors.q
     if docs.max_q == 0 or docs.max_k == 0 or docs.cu_q.shape[0] < 2 or q.shape[0] * q.shape[1] == 0:
         return
-    launch = plan_varlen_launch(tensors, docs, options, MapTarget(sm_count=dense.sm_count(q.device)))
-    attention_varlen_fwd_sm90[launch.grid](*launch.args, **launch.constexprs)
+    sms = dense.sm_count(q.device)
+    key = _signature(tensors, docs, options, sms)
+    shape = _shapes.get(key) if key is not None else None
+    if shape is None:
+        shape = _layout(tensors, docs, options, sms)
+        if key is not None and not shape.copy:
+            _shapes.put(key, shape)
+    if shape.copy:
+        tensors = ForwardTensors(q.contiguous(), tensors.k.contiguous(), tensors.v.contiguous(), tensors.out,
+                                 tensors.lse)
+    launch = _launch_of(shape, tensors, docs, options, dense.device_map)
+    attention_varlen_fwd_sm90[launch.grid].repeat(*launch.args, **launch.constexprs)
+
+
+_shapes = PlanCache("varlen forward launch shapes", capacity=64)
+_placeholders: dict = {}  # device -> the fp32 word passed for lse without RETURN_LSE (never read or written)
+
+
+def _no_lse(device):
+    word = _placeholders.get(device)
+    if word is None:
+        word = torch.empty(1, dtype=torch.float32, device=device)
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):  # (a graph's pool is its own)
+            _placeholders[device] = word
+    return word
+
+
+def _signature(tensors: ForwardTensors, docs: PackedDocs, options: HopperOptions, sms: int):
+    """What ``_layout`` reads, or None (schedule overrides are not kept). The schedule table is part
+    of it: an edited ``SCHEDULE`` plans again. A base address off 16 bytes is planned each time."""
+    q, k, v, out, lse, _ = tensors
+    if options.schedule is not None or (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
+        return None
+    return (q.dtype, q.device, tuple(q.shape), q.stride(), tuple(k.shape), k.stride(), v.stride(),
+            docs.cu_q.shape[0], docs.max_q, lse is None, docs.seqused_q is None, docs.seqused_k is None,
+            options.is_causal, sms, tuple(SCHEDULE.get(q.shape[2], {}).items()))
