@@ -1,7 +1,7 @@
 """Helpers the emulator tests use to build Hopper and MMA ops straight from the IR opcodes.
 
-The frontend functions for these ops are written elsewhere (``tylopy/frontend/hopper.py``); the
-tests depend only on the IR ops, built here with ``tylopy.frontend.proxy.emit``. Each helper gives the
+The frontend functions for these ops are written elsewhere (``tylopy/language/hopper.py``); the
+tests depend only on the IR ops, built here with ``tylopy.language.proxy.emit``. Each helper gives the
 ops it builds the source line of the kernel that called it, so emulator messages point at
 the test kernel, not at this file. ``line_of(path, marker)`` finds the line carrying the
 comment ``# <- marker``. This module has no tests of its own.
@@ -13,9 +13,9 @@ import sys
 
 import tylopy as ty
 from tylopy.errors import SourceLoc
-from tylopy.frontend import proxy, tracing
-from tylopy.frontend.builder import current_builder
-from tylopy.frontend.proxy import as_value
+from tylopy.language import proxy, tracing
+from tylopy.language.builder import current_builder
+from tylopy.language.proxy import as_value
 from tylopy.ir.types import PointerType, b32, f32, i1, i32, u32, u64
 
 

@@ -32,15 +32,16 @@ ALLOWED = {
     "tylopy.codegen": {"tylopy.ir", "tylopy.errors"},
     "tylopy.runtime": {"tylopy.ir", "tylopy.errors"},
     "tylopy.emulate": {"tylopy.ir", "tylopy.semantics", "tylopy.errors"},
-    "tylopy.frontend": {"tylopy.ir", "tylopy.semantics", "tylopy.codegen", "tylopy.runtime", "tylopy.emulate",
-                        "tylopy.errors"},
-    "tylopy.tile": {"tylopy.frontend", "tylopy.ir", "tylopy.semantics", "tylopy.errors"},
+    "tylopy.language": {"tylopy.ir", "tylopy.semantics", "tylopy.codegen", "tylopy.runtime", "tylopy.errors"},
+    "tylopy.jit": {"tylopy.language", "tylopy.ir", "tylopy.semantics", "tylopy.codegen", "tylopy.runtime",
+                   "tylopy.emulate", "tylopy.errors"},
+    "tylopy.tile": {"tylopy.language", "tylopy.ir", "tylopy.semantics", "tylopy.errors"},
     "tylopy.benchmarking": {"tylopy.runtime"},
     "tylopy._plugins": set(),
     "tylopy._logging": set(),
     "tylopy.testing": {"tylopy.runtime"},
-    "tylopy.hopper": {"tylopy.frontend", "tylopy.tile"},
-    "tylopy.cli": {"tylopy", "tylopy._plugins", "tylopy.frontend", "tylopy.ir", "tylopy.codegen", "tylopy.emulate",
+    "tylopy.hopper": {"tylopy.language", "tylopy.tile"},
+    "tylopy.cli": {"tylopy", "tylopy._plugins", "tylopy.language", "tylopy.jit", "tylopy.ir", "tylopy.codegen", "tylopy.emulate",
                    "tylopy.errors", "tylopy.runtime"},
 }
 
@@ -195,7 +196,7 @@ def test_ir_imports_nothing_else_of_ours(graph):
 
 def test_kernels_use_only_public_names():
     """Kernels import tylopy's public namespace, not its internals (launch helpers may use the runtime)."""
-    internal = ("tylopy.frontend.proxy", "tylopy.frontend.builder", "tylopy.ir")
+    internal = ("tylopy.language.proxy", "tylopy.language.builder", "tylopy.ir")
     bad = []
     for name, path in all_modules().items():
         if not name.startswith("tylopy_kernels"):

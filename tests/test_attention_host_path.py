@@ -89,7 +89,7 @@ def test_editing_the_schedule_in_place_replans(hopper_host, monkeypatch):
 def test_a_kept_plan_asks_compile_again_when_a_read_global_changed(hopper_host, monkeypatch):
     """The kept plan launches its specialization while ``is_current()`` holds (a global the trace
     read unchanged) and goes back through ``compile()`` when it does not."""
-    from tylopy.frontend.kernel import CompiledKernel
+    from tylopy.jit.kernel import CompiledKernel
     calls = []
     noted = HL.attention_fwd_sm90.compile
     monkeypatch.setattr(HL.attention_fwd_sm90, "compile", lambda **cx: calls.append(1) or noted(**cx))

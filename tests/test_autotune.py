@@ -12,8 +12,8 @@ import textwrap
 import pytest
 
 import tylopy as ty
-from tylopy.frontend import cachefs
-from tylopy.frontend.autotune import AutotuneError
+from tylopy.jit import cachefs
+from tylopy.jit.autotune import AutotuneError
 
 CONFIGS = [ty.Config(BLOCK=64), ty.Config(BLOCK=128), ty.Config(BLOCK=256)]
 SPEED = {64: 3.0, 128: 1.0, 256: 2.0}  # fake milliseconds per config: 128 wins
@@ -261,7 +261,7 @@ def _double(x):
 
 def test_function_keys_follow_code_and_arguments():
     import functools
-    from tylopy.frontend.autotune import _key_part
+    from tylopy.jit.autotune import _key_part
 
     def scaled(x, alpha):
         return x * alpha
@@ -282,7 +282,7 @@ class torch_like:
 # -- what a stored choice belongs to ------------------------------------------------------------------
 
 def test_an_upgrade_tunes_again(cache_dir, monkeypatch):
-    from tylopy.frontend import autotune as at
+    from tylopy.jit import autotune as at
     assert make(Recorder())("x", 10) == 128
     rec = Recorder()
     assert make(rec)("x", 10) == 128 and rec.timed == []  # read back
@@ -301,7 +301,7 @@ def test_an_upgrade_tunes_again(cache_dir, monkeypatch):
 
 def test_an_edited_kernel_file_tunes_again(cache_dir, tmp_path, monkeypatch):
     """The digest covers the launcher's file and the files of the kernels its module holds."""
-    from tylopy.frontend.autotune import source_digest
+    from tylopy.jit.autotune import source_digest
     (tmp_path / "tuned_kernels.py").write_text(textwrap.dedent("""\
         import tylopy as ty
 
@@ -325,7 +325,7 @@ def test_an_edited_kernel_file_tunes_again(cache_dir, tmp_path, monkeypatch):
 
 
 def test_a_function_without_a_file_counts_by_its_code():
-    from tylopy.frontend.autotune import source_digest
+    from tylopy.jit.autotune import source_digest
     one, two = {}, {}
     exec("def f(x, BLOCK=0):\n    return x + 1\n", one)
     exec("def f(x, BLOCK=0):\n    return x + 2\n", two)

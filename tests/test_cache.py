@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tylopy.frontend import cache
+from tylopy.jit import cache
 from tylopy_kernels.examples.vector_add import vector_add
 
 import kernels_for_tests as K

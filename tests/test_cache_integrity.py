@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tylopy import cli
-from tylopy.frontend import cache, cachefs
+from tylopy.jit import cache, cachefs
 from tylopy_kernels.examples.vector_add import vector_add
 
 from conftest import fresh

@@ -44,7 +44,7 @@ def test_release_mode_has_no_debug_record(monkeypatch):
 
 
 def test_debug_mode_is_part_of_the_cache_key(monkeypatch):
-    from tylopy.frontend import cache
+    from tylopy.jit import cache
     k = _wrong_expect_tx_kernel()
     monkeypatch.delenv("TYLOPY_DEBUG_WAITS", raising=False)
     key_release, _ = cache.base_key(k, {}, k.options())

@@ -1,4 +1,4 @@
-"""ty.exp, log, sigmoid, tanh, floor, ceil, where (tylopy/frontend/elementwise.py): run in the
+"""ty.exp, log, sigmoid, tanh, floor, ceil, where (tylopy/language/elementwise.py): run in the
 emulator (which gives the GPU's bits for every op they are built from) against float64, with
 the error bounds the module documents, on random inputs and the special values."""
 import math

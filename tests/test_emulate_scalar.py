@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import tylopy as ty
-from tylopy.frontend.proxy import emit
+from tylopy.language.proxy import emit
 from tylopy.ir.types import SCALAR_TYPES
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")

@@ -89,7 +89,7 @@ def test_no_private_environment_mapping():
 
 def test_option_variables_follow_os_environ(monkeypatch):
     """The per-launch snapshot sees a value set through os.environ at once."""
-    from tylopy.frontend.options import ENVIRONMENT, environment_snapshot
+    from tylopy.jit.options import ENVIRONMENT, environment_snapshot
     for name in ENVIRONMENT:
         monkeypatch.delenv(name, raising=False)
     assert environment_snapshot() == (None,) * len(ENVIRONMENT)

@@ -83,7 +83,7 @@ def test_host_checks_name_the_argument():
 
 def test_the_example_uses_only_public_names():
     src = open(G.__file__).read()
-    assert "tylopy.frontend" not in src and "tylopy.ir" not in src and "inline_ptx" not in src
+    assert "tylopy.language" not in src and "tylopy.jit" not in src and "tylopy.ir" not in src and "inline_ptx" not in src
     assert G.__doc__ and "Algorithm" in G.__doc__ and "Run it" in G.__doc__
 
 

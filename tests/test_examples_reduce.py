@@ -124,7 +124,7 @@ def test_examples_use_the_primitives_and_assemble(arch):
 def test_examples_use_only_public_names():
     for mod in (rmsnorm, argmax, block_scan, histogram):
         src = open(mod.__file__).read()
-        assert "tylopy.frontend" not in src and "tylopy.ir" not in src and "inline_ptx" not in src
+        assert "tylopy.language" not in src and "tylopy.jit" not in src and "tylopy.ir" not in src and "inline_ptx" not in src
         assert mod.__doc__ and "Algorithm" in mod.__doc__ and "Run it" in mod.__doc__
 
 

@@ -14,7 +14,7 @@ import threading
 import pytest
 
 import tylopy as ty
-from tylopy.frontend import cache
+from tylopy.jit import cache
 from tylopy.errors import CaptureError, CompileOptionError
 
 MODULE = "hostile_cache_mod"
@@ -209,7 +209,7 @@ def test_function_constexpr_key_is_the_same_in_another_process(tmp_path):
     folder.mkdir()
     (folder / f"{MODULE}.py").write_text(FUNC_CONSTEXPR)
     script = (f"import sys; sys.path.insert(0, {str(folder)!r}); import {MODULE} as m; "
-              "from tylopy.frontend import cache; print(cache.base_key(m.k, {'F': m.triple}, m.k.options())[0])")
+              "from tylopy.jit import cache; print(cache.base_key(m.k, {'F': m.triple}, m.k.options())[0])")
     keys = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                            check=True).stdout.strip() for _ in range(2)}
     assert len(keys) == 1 and len(keys.pop()) == 32

@@ -9,7 +9,7 @@ import pytest
 import tylopy as ty
 from tylopy import cli
 from tylopy.errors import CompileOptionError, TylopyError
-from tylopy.frontend import cache, cachefs
+from tylopy.jit import cache, cachefs
 from tylopy_kernels.examples import vector_add as vector_add_module
 from tylopy_kernels.examples.vector_add import vector_add
 

@@ -1,4 +1,4 @@
-"""Integer semantics the review found undefined, now defined once (tylopy/frontend/proxy.py) and
+"""Integer semantics the review found undefined, now defined once (tylopy/language/proxy.py) and
 shared by codegen, the emulator and the GPU:
 
 * ``//`` and ``%`` on run-time values truncate toward zero (C, PTX): ``-7 // 2 == -3``,

@@ -1,4 +1,4 @@
-"""ty.jvp / ty.value_and_derivative (tylopy/frontend/derivative.py): the derivative of traced kernel
+"""ty.jvp / ty.value_and_derivative (tylopy/language/derivative.py): the derivative of traced kernel
 code, run in the emulator, against float64 analytic derivatives; the errors for code it cannot
 differentiate name the op and the line."""
 import math

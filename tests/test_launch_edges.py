@@ -14,7 +14,7 @@ import torch
 
 import tylopy as ty
 from tylopy.errors import LaunchTypeError, LaunchValueError
-from tylopy.frontend import autotune as at
+from tylopy.jit import autotune as at
 from tylopy.testing import on_device
 from tylopy_kernels.examples.vector_add import vector_add
 

@@ -11,7 +11,7 @@ import torch
 
 import tylopy as ty
 from tylopy.errors import LaunchValueError
-from tylopy.frontend.autotune import AutotuneWarning
+from tylopy.jit.autotune import AutotuneWarning
 from tylopy_kernels.examples.vector_add import BLOCK, vector_add
 
 from conftest import for_this_gpu

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tylopy.errors import CaptureError
-from tylopy.frontend import capture
+from tylopy.language import capture
 
 from module_files import f32_hex, import_file, import_path, write_module
 

@@ -8,7 +8,7 @@ import torch
 
 import tylopy as ty
 from tylopy.errors import KernelSourceError, LaunchTypeError, LaunchValueError
-from tylopy.frontend.tensor import TensorSpec, check_index_range
+from tylopy.language.tensor import TensorSpec, check_index_range
 from tylopy.ir import format_ir
 
 THREADS = 64

@@ -116,7 +116,7 @@ def test_tma_copy_assembles_with_load_barrier_and_store():
         assert "mbarrier.try_wait.parity" in ptx and "cp.async.bulk.tensor.2d.global.shared::cta" in ptx
         assert "cp.async.bulk.wait_group.read 0" in ptx
     src = open(tma_copy.__file__).read()
-    assert "tylopy.frontend" not in src and "tylopy.runtime" not in src and "Run it" in tma_copy.__doc__
+    assert "tylopy.language" not in src and "tylopy.jit" not in src and "tylopy.runtime" not in src and "Run it" in tma_copy.__doc__
 
 
 # -- GPU tier -------------------------------------------------------------------------------------------------

@@ -1,11 +1,13 @@
-"""The README's forward table, generated from a committed benchmark JSON (``tylopy bench attention``
-output), so the figures in the docs are the measured ones.
+"""The README's performance tables, generated from committed benchmark JSON, so the figures in the
+docs are the measured ones: the dense forward (``tylopy bench attention``) and the attention
+variants' ratios (``tylopy bench attention_variants``).
 
-    python tools/perf_tables.py            # rewrite the table between the README's markers
+    python tools/perf_tables.py            # rewrite the tables between the README's markers
     python tools/perf_tables.py --check    # exit 1 when the README differs from the data (CI runs this)
 
-SOURCE names the run; TYLOPY_ROW names, per head dim, the row that is tylopy's shipped default in
-that run (a run that timed schedule variants labels them ``tylopy[OPTION=value]``).
+SOURCE and VARIANTS_SOURCE name the runs; TYLOPY_ROW names, per head dim, the row that is tylopy's
+shipped default in the forward run (a run that timed schedule variants labels them
+``tylopy[OPTION=value]``).
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ TYLOPY_ROW = {64: "tylopy[EXPONENT=shared]", 128: "tylopy"}  # D=64 ships the "s
 COMPETITORS = [("fa3_cute", "FA3-class (flash-attn-4 CuTe)"), ("sdpa_cudnn", "cuDNN"), ("sdpa_flash", "FA2 (SDPA flash)")]
 SHOWN_N = (1024, 4096, 16384)
 BEGIN, END = "<!-- perf-table: begin (tools/perf_tables.py) -->", "<!-- perf-table: end -->"
+VARIANTS_SOURCE = "results/H200-2026-12-02-e/attention-variants.json"
+VARIANTS_BEGIN, VARIANTS_END = "<!-- variants-table: begin (tools/perf_tables.py) -->", "<!-- variants-table: end -->"
 
 
 def _label(n: int) -> str:
@@ -60,24 +64,67 @@ def table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def geomean(values):
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def variants_table(data: dict) -> str:
+    """Per variant and (D, direction): tylopy / FA3-class and tylopy / flex, geometric means over
+    the run's N, with the count of points below 1 (every point is in the JSON's ``markdown``)."""
+    groups, order = {}, []
+    for e in data["ratios"]:
+        if e["variant"] not in order:
+            order.append(e["variant"])
+        groups.setdefault((e["variant"], e["d"], e["direction"]), []).append(e)
+    cols = sorted({(d, direction) for _, d, direction in groups}, key=lambda c: (c[0], c[1] != "fwd"))
+    lines = ["| variant | " + " | ".join(f"D={d} {direction}" for d, direction in cols) + " |",
+             "|---|" + "---|" * len(cols)]
+
+    def cell(entries):
+        parts = []
+        for lib in ("fa3_cute", "flex"):
+            vals = [e[f"tylopy_vs_{lib}"] for e in entries if e.get(f"tylopy_vs_{lib}")]
+            gm = geomean(vals)
+            loss = sum(v < 1 for v in vals)
+            parts.append("-" if gm is None else f"{gm:.2f}" + (f" ({loss}/{len(vals)} < 1)" if loss else ""))
+        return " / ".join(parts)
+    for variant in order:
+        lines.append(f"| {variant} | " + " | ".join(cell(groups.get((variant, d, direction), []))
+                                                   for d, direction in cols) + " |")
+    ns = sorted({e["n"] for e in data["ratios"]})
+    lines += ["", "Each cell: tylopy / FA3-class (flash-attn-4 CuTe), then tylopy / `torch.compile(flex_attention)`;",
+              f"geometric means over N = {', '.join(str(n) for n in ns)} at 16k tokens (in brackets: the points",
+              "below 1), bf16 TFLOP/s of the visible work, every library in the same process",
+              f"(`{VARIANTS_SOURCE}`)."]
+    return "\n".join(lines)
+
+
+def _replace(text: str, begin: str, end: str, generated: str):
+    if begin not in text or end not in text:
+        return None
+    before, rest = text.split(begin, 1)
+    _, after = rest.split(end, 1)
+    return f"{before}{begin}\n{generated}\n{end}{after}"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="fail when the README is not what the data gives")
     args = ap.parse_args(argv)
-    with open(os.path.join(ROOT, SOURCE)) as f:
-        generated = table(json.load(f))
     path = os.path.join(ROOT, "README.md")
     with open(path) as f:
         text = f.read()
-    if BEGIN not in text or END not in text:
-        print(f"README.md has no {BEGIN} ... {END} block", file=sys.stderr)
-        return 1
-    before, rest = text.split(BEGIN, 1)
-    _, after = rest.split(END, 1)
-    new = f"{before}{BEGIN}\n{generated}\n{END}{after}"
+    new = text
+    for source, make, begin, end in ((SOURCE, table, BEGIN, END),
+                                     (VARIANTS_SOURCE, variants_table, VARIANTS_BEGIN, VARIANTS_END)):
+        with open(os.path.join(ROOT, source)) as f:
+            new = _replace(new, begin, end, make(json.load(f)))
+        if new is None:
+            print(f"README.md has no {begin} ... {end} block", file=sys.stderr)
+            return 1
     if args.check:
         if new != text:
-            print("README.md's performance table differs from the data: run python tools/perf_tables.py",
+            print("README.md's performance tables differ from the data: run python tools/perf_tables.py",
                   file=sys.stderr)
             return 1
         return 0

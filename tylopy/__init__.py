@@ -10,7 +10,7 @@
 
     add[(n + 255) // 256,](x, y, out, n)
 
-The namespace holds the kernel language (``tylopy.frontend.lang``), the tile library
+The namespace holds the kernel language (``tylopy.language.lang``), the tile library
 (``tylopy.tile``: fragments, layouts, MMA atoms, online softmax), Hopper's instructions
 (``ty.hopper``) and the errors; and the functions built from tylopy's kernels:
 ``ty.attention``, ``ty.attention_varlen``, ``ty.attention_decode``, ``ty.matmul``, ``ty.scaled_matmul``
@@ -23,30 +23,30 @@ from ._logging import configure as configure_logging
 from . import hopper  # noqa: F401  (ty.hopper.tma_load, ty.hopper.mbarrier_wait, ...)
 from .errors import (ArchMismatchError, CaptureError, CompileError, CompileOptionError, DriverError, KernelSourceError,
                      LaunchTypeError, LaunchValueError, NoDriverError, OwnershipError, ResourceLimitError, TylopyError)
-from .frontend.kernel import CompiledKernel, Kernel, __version__, func, kernel
+from .jit.kernel import CompiledKernel, Kernel, __version__, func, kernel
 from .ir.arguments import strided
 from .runtime.launch import PreparedLaunch
 from .runtime.tensormap import TensorMap
 from .runtime.tensormap_api import tensor_map
 from .runtime.hooks import CompileEvent, LaunchEvent, observe
 from .runtime.plancache import PlanCache, clear_caches
-from .frontend.autotune import Config, autotune
-from .frontend.lang import *  # noqa: F401,F403  (the kernel language is the package's namespace)
-from .frontend.lang import __all__ as _lang_all
-from .frontend.options import CompileOptions
-from .frontend.async_copy import cp_async, cp_async_commit, cp_async_wait
-from .frontend.matrix import ldmatrix, stmatrix
+from .jit.autotune import Config, autotune
+from .language.lang import *  # noqa: F401,F403  (the kernel language is the package's namespace)
+from .language.lang import __all__ as _lang_all
+from .jit.options import CompileOptions
+from .language.async_copy import cp_async, cp_async_commit, cp_async_wait
+from .language.matrix import ldmatrix, stmatrix
 from .tile.mma_sync import MMA_SYNC_K8_A, MMA_SYNC_K8_B, mma
-from .frontend.atomics import *  # noqa: F401,F403  (ty.atomic_add, ty.red_add, ...)
-from .frontend.atomics import __all__ as _atomics_all
-from .frontend.debug import device_assert, printf
-from .frontend.cluster import *  # noqa: F401,F403  (ty.cluster_ctarank, ty.cluster_sync, ty.cluster_map, ...)
-from .frontend.cluster import __all__ as _cluster_all
-from .frontend.fp8 import e4m3, e5m2, pack_fp8x2, pack_fp8x4, unpack_fp8x2, unpack_fp8x4
-from .frontend.elementwise import ceil, exp, floor, log, sigmoid, tanh, where
-from .frontend.derivative import jvp, value_and_derivative
-from .frontend.warp import *  # noqa: F401,F403  (ty.vote_all, ty.ballot, ty.warp_reduce, ...)
-from .frontend.warp import __all__ as _warp_all
+from .language.atomics import *  # noqa: F401,F403  (ty.atomic_add, ty.red_add, ...)
+from .language.atomics import __all__ as _atomics_all
+from .language.debug import device_assert, printf
+from .language.cluster import *  # noqa: F401,F403  (ty.cluster_ctarank, ty.cluster_sync, ty.cluster_map, ...)
+from .language.cluster import __all__ as _cluster_all
+from .language.fp8 import e4m3, e5m2, pack_fp8x2, pack_fp8x4, unpack_fp8x2, unpack_fp8x4
+from .language.elementwise import ceil, exp, floor, log, sigmoid, tanh, where
+from .language.derivative import jvp, value_and_derivative
+from .language.warp import *  # noqa: F401,F403  (ty.vote_all, ty.ballot, ty.warp_reduce, ...)
+from .language.warp import __all__ as _warp_all
 from .tile import block_reduce, block_scan, warp_scan, warp_sort, warp_topk
 from .tile import MMA_SYNC_A_K32, MMA_SYNC_B_K32, WGMMA_A_RS_FP8
 from .tile import (MMA_SYNC_A, MMA_SYNC_B, MMA_SYNC_C, QUAD, WARP, WARPGROUP, WGMMA_A_RS, Fragment, Layout,

@@ -1,12 +1,12 @@
 """Hopper (sm_90a) instructions for kernels: mbarriers, TMA loads and stores, setmaxnreg, fences and wgmma.
 
-The public ``ty.hopper`` namespace: the instruction wrappers of ``tylopy.frontend.hopper`` and
+The public ``ty.hopper`` namespace: the instruction wrappers of ``tylopy.language.hopper`` and
 the warpgroup MMA of the tile library (``tylopy.tile.wgmma``). docs/hopper.md has the facts
 each relies on.
 """
-from .frontend.hopper import *  # noqa: F401,F403
-from .frontend.hopper import __all__ as _instructions
-from .frontend.async_copy import bulk_commit, bulk_wait, tma_store
+from .language.hopper import *  # noqa: F401,F403
+from .language.hopper import __all__ as _instructions
+from .language.async_copy import bulk_commit, bulk_wait, tma_store
 from .tile.wgmma import (WgmmaAtom, descriptor_bits, fence_operand, smem_descriptor, wgmma, wgmma_commit,
                          wgmma_fence, wgmma_wait)
 

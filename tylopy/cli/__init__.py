@@ -119,7 +119,7 @@ _CACHE_FILE = re.compile(r"^[0-9a-f]{32}\.(json|ptx|cubin|reads\.json)$|^\.tmp-"
 
 
 def cmd_cache(args) -> int:
-    from ..frontend import cache, cachefs
+    from ..jit import cache, cachefs
     if args.action != "prune" and args.max_size is not None:
         raise CliError(f"--max-size is an option of 'cache prune', not of 'cache {args.action}'")
     if args.action == "prune":
@@ -234,7 +234,7 @@ def _add_kernel_options(p: argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..frontend.kernel import __version__
+    from ..jit.kernel import __version__
     parser = argparse.ArgumentParser(
         prog="tylopy", description="tylopy: a Python DSL for NVIDIA GPU kernels, lowered through LLVM to PTX.",
         epilog="Run 'tylopy COMMAND --help' for a command's options.")

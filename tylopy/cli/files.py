@@ -18,7 +18,7 @@ import traceback
 from typing import Sequence
 
 from ..errors import TylopyError
-from ..frontend import kernel as kernel_module
+from ..jit import kernel as kernel_module
 from ..ir.types import SCALAR_TYPES
 
 

@@ -13,10 +13,10 @@ barrier: a thread still reading the previous call's result never races the next 
 """
 from __future__ import annotations
 
-from ..frontend import lang
-from ..frontend.builder import current_builder
-from ..frontend.proxy import RuntimeValue, as_value
-from ..frontend.warp import warp_reduce
+from ..language import lang
+from ..language.builder import current_builder
+from ..language.proxy import RuntimeValue, as_value
+from ..language.warp import warp_reduce
 from ..ir.types import ScalarType, f32, f64, i32, i64, u32, u64
 
 OPS = ("sum", "max", "min")
@@ -232,5 +232,5 @@ def _shuffle(mode: str, v, d):
 
 def _if(cond, then) -> None:
     """A run-time if with no carried values (library code is not rewritten like kernel source)."""
-    from ..frontend.tracing import if_
+    from ..language.tracing import if_
     if_(cond, lambda: (then(), ())[1], lambda: (), (), ())

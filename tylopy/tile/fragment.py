@@ -19,10 +19,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import KernelSourceError, LayoutError, OwnershipError
-from ..frontend import lang
-from ..frontend.builder import user_location
-from ..frontend.proxy import RuntimeValue as Value
-from ..frontend.proxy import as_value
+from ..language import lang
+from ..language.builder import user_location
+from ..language.proxy import RuntimeValue as Value
+from ..language.proxy import as_value
 from ..ir.types import f32
 from ..semantics import scalar
 from ..semantics.conversions import pack2_bits
@@ -220,7 +220,7 @@ class Fragment:
     def __tylopy_unflatten__(cls, aux, leaves):
         layout, ownership, pack, group, dtype = aux
         if group is _PENDING:
-            from ..frontend.builder import current_builder
+            from ..language.builder import current_builder
             group = max(current_builder().state.get("wgmma_committed", 0), 1)
         return cls(tuple(leaves), ownership, layout, pack, group, dtype)
 

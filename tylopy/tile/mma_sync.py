@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import LayoutError
-from ..frontend.proxy import RuntimeValue, as_value, emit
+from ..language.proxy import RuntimeValue, as_value, emit
 from ..ir.types import ScalarType, b32, bf16, e4m3, e5m2, f16, f32
 from ..semantics.conversions import pack2_bits, unpack2_bits
 from .fragment import Fragment, ownership_of
@@ -266,7 +266,7 @@ def mma(atom: MmaSyncAtom, a: Fragment, b: Fragment, c: Fragment) -> Fragment:
             if v.type != f32:
                 raise LayoutError(f"mma C expects f32 accumulators, but register {i} is {v.type}")
         if atom.dtype.is_fp8:
-            from ..frontend.fp8 import require_fp8_target
+            from ..language.fp8 import require_fp8_target
             require_fp8_target(f"mma with {atom}")
         extra = {"b_dtype": atom.b_dtype.name} if atom.b_dtype != atom.dtype else {}
         out = emit("mma_sync", (*a.values, *b.values, *c.values), dtype=atom.ptx_dtype, shape=atom.shape, **extra)

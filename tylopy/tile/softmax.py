@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import OwnershipError
-from ..frontend.tracing import if_else
+from ..language.tracing import if_else
 from .fragment import NEG_INF, Fragment, broadcast_rows, rows_agree
 from .layouts import reduced_layout
 

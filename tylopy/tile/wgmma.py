@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import KernelSourceError, LayoutError
-from ..frontend.builder import current_builder, user_location
-from ..frontend import lang
-from ..frontend.proxy import RuntimeValue, as_value, emit, emit1
+from ..language.builder import current_builder, user_location
+from ..language import lang
+from ..language.proxy import RuntimeValue, as_value, emit, emit1
 from ..ir.types import PointerType, ScalarType, b32, bf16, e4m3, e5m2, f16, f32, f64, i1, i32, i64, u16, u32, u64
 from .fragment import Fragment
 from .layouts import WARPGROUP, WGMMA_A_RS, WGMMA_A_RS_FP8, Ownership, wgmma_acc

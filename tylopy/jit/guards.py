@@ -15,7 +15,7 @@ import sys
 import types
 
 from ..errors import CaptureError
-from .capture import _SIMPLE, UNBOUND, _is_user_module, _library_function, fingerprint, global_names, unwrap
+from ..language.capture import _SIMPLE, UNBOUND, _is_user_module, _library_function, fingerprint, global_names, unwrap
 
 _MISSING = object()
 

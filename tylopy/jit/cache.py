@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 from ..codegen.ptxas import PtxasReport, ptxas_version
 from ..ir.values import WaitSite
-from . import capture, cachefs
+from ..language import capture
+from . import cachefs
 from .cachefs import CacheUnavailable, cache_dir  # noqa: F401 - part of this module's interface
 
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

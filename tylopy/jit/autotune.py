@@ -7,7 +7,7 @@
 The first call for a key (the values named in ``key`` plus the device's name) calls ``launch``
 once per config and times it (CUDA-event medians); the winner's keyword arguments are used for
 this and every later call with that key. The choice is written to the compile cache folder
-(``tylopy.frontend.cache.cache_dir()``, under ``autotune/``), one JSON file per key, signed like
+(``tylopy.jit.cache.cache_dir()``, under ``autotune/``), one JSON file per key, signed like
 the cache's entries and written to a temporary name and renamed, so a second process reads it
 instead of tuning again; a file that cannot be read, is not signed with the user's key or does
 not match the configs is ignored and rewritten.
@@ -105,7 +105,7 @@ def _key_part(x) -> Any:
     if isinstance(x, (tuple, list)):
         return [_key_part(e) for e in x]
     if callable(x):  # functions (epilogues...) by what the compile cache keys them by: code and inputs
-        from .capture import fingerprint
+        from ..language.capture import fingerprint
         from ..errors import CaptureError
         name = getattr(x, "__qualname__", type(x).__qualname__)
         try:
@@ -178,7 +178,7 @@ def _source_files(fn) -> list[str]:
 
 def source_digest(fn) -> str:
     """A digest of the tuned function's source: its files' bytes, or its compiled code without one."""
-    from .capture import code_digest
+    from ..language.capture import code_digest
     h = hashlib.sha256()
     files = _source_files(fn)
     for path in files:

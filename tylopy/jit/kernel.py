@@ -31,18 +31,19 @@ from ..ir.types import PointerType, ScalarType
 from ..ir.values import KernelIR, LaunchBounds, Param
 from ..ir.verify import verify
 from ..runtime import hooks, plancache
-from . import capture, guards, tracing
-from .annotations import param_kind as _param_kind
-from .builder import Builder, user_location
-from .diagnostics import (constexpr_note, def_loc, innermost_user_frame, locate, lowering_error, param_loc, relocated,
-                          trace_error, verification_error, with_ptx_source_line)
-from .lang import NoAliasPointer, _Constexpr
+from ..language import capture, tracing
+from ..language.annotations import param_kind as _param_kind
+from ..language.builder import Builder, user_location
+from ..language.diagnostics import (constexpr_note, def_loc, innermost_user_frame, locate, lowering_error, param_loc,
+                                    relocated, trace_error, verification_error, with_ptx_source_line)
+from ..language.lang import NoAliasPointer, _Constexpr
+from ..language.proxy import RuntimeValue
+from ..language.rewrite import rewrite_function, source_of
+from ..language.tensor import TensorArg, TensorSpec, argument_dtype, dtype_of, expand_tensor_args
+from . import guards
 from .compiled import CompiledKernel  # noqa: F401  (re-exported: ty.CompiledKernel)
 from .launching import _BoundLaunch
 from .options import CompileOptions, environment_snapshot, from_environment
-from .proxy import RuntimeValue
-from .rewrite import rewrite_function, source_of
-from .tensor import TensorArg, TensorSpec, argument_dtype, dtype_of, expand_tensor_args
 
 __version__ = "0.2.0"
 DEFAULT_ARCH = "sm_90a"
