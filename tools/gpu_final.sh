@@ -16,7 +16,10 @@
 # Knobs (environment): STEPS="host-overhead pytest-gpu ..." runs only those steps (names as in the
 # step lines); VARIANTS="EXPONENT=shared ..." adds tylopy under those schedule changes to the
 # attention comparison (same process) and an ncu look at each; FWD_SCHEDULE=K=V,... changes the
-# schedule of the tests call's ncu look; *_SECONDS and WORKERS size the steps.
+# schedule of the tests call's ncu look; *_SECONDS and WORKERS size the steps. On a fresh machine
+# (no compiled kernels in TYLOPY_CACHE_DIR) the whole GPU suite takes longer than one call: split it,
+# GPU_TESTS="tests/test_attention*" in one call and GPU_TESTS="tests --ignore-glob=*test_attention*"
+# in the next (the second call finds the first one's compiled kernels while the machine stays warm).
 #
 # The wheels (flash-attn-4 4.0.0b36 and nvidia-cutlass-dsl 4.8.1 for Python 3.12, the large one split
 # in two parts) are downloaded into .wheels/ and kept out of git.
@@ -50,7 +53,7 @@ if [[ " $* " == *" tests "* ]]; then
   want ncu-forward && step ncu-forward ${NCU_SECONDS:-60} $NCU --launch-skip 3 --launch-count 1 \
     -k regex:attention_fwd_sm90 tylopy bench attention --once --d 64 --n 16384 ${FWD_SCHEDULE:+--schedule $FWD_SCHEDULE}
   want pytest-gpu && TYLOPY_REQUIRE_GPU=1 step pytest-gpu ${TEST_SECONDS:-280} python3 -m pytest -q -m "${GPU_MARK:-gpu}" -p no:cacheprovider \
-    -n ${WORKERS:-8} --timeout=240 --timeout-method=thread tests
+    -n ${WORKERS:-8} --timeout=240 --timeout-method=thread ${GPU_TESTS:-tests}
   want ncu-backward && step ncu-backward ${NCU_SECONDS:-60} $NCU --launch-count 1 -k regex:attention_bwd_sm90 \
     tylopy bench attention_backward --once --d 128 --n 8192
   want tma-store-variants && step tma-store-variants 60 python3 tools/diagnose_tma_store.py
