@@ -78,6 +78,23 @@ def dense_cases():
                dict(cfg, BLOCK_N=n, STAGES=fit_stages(n, "bf16", cfg["PROMOTE"])))
 
 
+def gemm_cases():
+    """(name, kernel, constexprs) of the bf16 GEMM's schedules and the cluster GEMM example."""
+    from tylopy_kernels.examples import gemm_cluster as cluster
+    from tylopy_kernels.gemm.hopper import gemm_sm90
+    import tylopy as ty
+
+    @ty.func
+    def relu(x):
+        return ty.maximum(x, 0.0)
+    yield "gemm-cooperative-tma", gemm_sm90, dict()
+    yield "gemm-pingpong-direct-mn", gemm_sm90, dict(SCHEDULE="pingpong", STORE="direct", A_MAJOR="m", B_MAJOR="k",
+                                                     BLOCK_N=128)
+    yield "gemm-splitk", gemm_sm90, dict(SPLIT_K=2, OUT_DTYPE=ty.f32, STORE="direct")
+    yield "gemm-bias-epilogue", gemm_sm90, dict(HAS_BIAS=True, EPILOGUE=relu)
+    yield "gemm-cluster2", cluster.gemm_kernel(2), dict(BLOCK_N=256, STAGES=cluster.stages_for(256, "tma"))
+
+
 def variant_cases():
     """(name, kernel, constexprs) of the variant forward and backward, planned like a call."""
     import torch
@@ -107,7 +124,7 @@ def variant_cases():
 def snapshot(only=None) -> dict:
     warnings.filterwarnings("ignore")
     out = {}
-    for cases in (dense_cases, variant_cases):
+    for cases in (dense_cases, variant_cases, gemm_cases):
         for name, kernel, cx in cases():
             if only and not any(o in name for o in only):
                 continue

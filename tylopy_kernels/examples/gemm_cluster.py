@@ -85,9 +85,7 @@ def stages_for(block_n: int, store: str = "tma") -> int:
     return 2
 
 
-@ty.func
-def bar_at(smem, offset):
-    return ty.ptr_cast(smem + offset, ty.u64)
+bar_at = hopper.barrier_at  # the mbarrier at a shared-memory offset
 
 
 @ty.func

@@ -41,7 +41,7 @@ import tylopy as ty
 from tylopy import hopper
 # The producer, the ring and the k-block issue are the library kernel's (tylopy_kernels/gemm/fp8.py,
 # behind tylopy.scaled_matmul); this file keeps the per-tensor bf16 epilogue and its two store paths.
-from tylopy_kernels.gemm.fp8 import add_into, bar_at, chained, kblock, my_tiles, producer, release, tile_of
+from tylopy_kernels.gemm.fp8 import add_into, chained, kblock, my_tiles, producer, release, tile_of
 
 BLOCK_K = 128            # codes per k-block: one 128-byte swizzle row
 ROW = 128                # bytes per operand row in shared memory
@@ -168,11 +168,7 @@ def gemm_fp8(tm_a: ty.tensormap, tm_b: ty.tensormap, tm_c: ty.tensormap, out: ty
     smem = ty.dynamic_shared(ty.u8, lay[5], align=1024)
     full, empty = lay[3], lay[4]
     if ty.thread_idx() == 0:
-        for s in range(STAGES):
-            hopper.mbarrier_init(bar_at(smem, full + 8 * s), 1)
-            hopper.mbarrier_init(bar_at(smem, empty + 8 * s), CONSUMERS)
-        hopper.fence_mbarrier_init()
-        hopper.fence_proxy_async()
+        hopper.ring_init(smem, hopper.Ring(full, empty, STAGES), CONSUMERS)
     ty.syncthreads()
     num_m = (m + (block_m - 1)) // block_m
     num_n = (n + (BLOCK_N - 1)) // BLOCK_N

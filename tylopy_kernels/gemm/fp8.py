@@ -89,11 +89,6 @@ def fit_stages(block_n, out_dtype="bf16", promote=False, most=6) -> int:
 # -- shared by the producer and consumers (the example kernel imports these) ---------------------------
 
 @ty.func
-def bar_at(smem, offset):
-    return ty.ptr_cast(smem + offset, ty.u64)
-
-
-@ty.func
 def tile_of(pos, num_m, num_n, group_m):
     """Tile (row, column) of position ``pos``: groups of ``group_m`` tile rows, column by column,
     so the tiles in flight together share rows of A and columns of B in L2."""
@@ -126,11 +121,7 @@ def producer(smem, tm_a, tm_b, num_m, num_n, k_blocks, lay, block_m, block_n, st
             for local in range(my_tiles(num_m * num_n)):
                 tm, tn = tile_of(ty.block_idx(0) + local * ty.grid_dim(0), num_m, num_n, group_m)
                 for kb in range(k_blocks):
-                    stage = (it + kb) % stages
-                    phase = ((it + kb) // stages) & 1
-                    hopper.mbarrier_wait(bar_at(smem, empty + 8 * stage), phase ^ 1, "stage empty", stage)
-                    bar = bar_at(smem, full + 8 * stage)
-                    hopper.mbarrier_arrive_expect_tx(bar, a_bytes + b_bytes)
+                    stage, bar = hopper.ring_acquire(smem, hopper.Ring(full, empty, stages), it + kb, a_bytes + b_bytes)
                     hopper.tma_load(smem + stage * a_bytes, tm_a, bar, kb * BLOCK_K, tm * block_m)
                     hopper.tma_load(smem + (b_off + stage * b_bytes), tm_b, bar, kb * BLOCK_K, tn * block_n)
                 it = it + k_blocks
@@ -151,7 +142,7 @@ def kblock(smem, base, atom, acc, it, lay, row_off, stages):
     """Wait for ring iteration ``it``'s stage and issue its four k32 steps (one commit group)."""
     a_bytes, b_bytes, b_off, full, empty = lay[:5]
     stage = it % stages
-    hopper.mbarrier_wait(bar_at(smem, full + 8 * stage), (it // stages) & 1, "stage full", stage)
+    hopper.mbarrier_wait(hopper.barrier_at(smem, full + 8 * stage), (it // stages) & 1, "stage full", stage)
     hopper.wgmma_fence()
     a_at = ty.cast(stage * a_bytes + row_off * ROW, ty.u32)
     b_at = ty.cast(b_off + stage * b_bytes, ty.u32)
@@ -163,7 +154,7 @@ def kblock(smem, base, atom, acc, it, lay, row_off, stages):
 @ty.func
 def release(smem, lay, it, stages):
     if (ty.thread_idx() & 127) == 0:  # one thread per consumer frees the stage
-        hopper.mbarrier_arrive(bar_at(smem, lay[4] + 8 * (it % stages)))
+        hopper.ring_release(smem, hopper.Ring(lay[3], lay[4], stages), it)
 
 
 @ty.func
@@ -388,11 +379,7 @@ def gemm_fp8_sm90(tm_a: ty.tensormap, tm_b: ty.tensormap, tm_c: ty.tensormap, bi
     lay = (plan.a_bytes, plan.b_bytes, plan.b, plan.full, plan.empty)
     smem = ty.dynamic_shared(ty.u8, plan.total, align=1024)
     if ty.thread_idx() == 0:
-        for s in range(STAGES):
-            hopper.mbarrier_init(bar_at(smem, plan.full + 8 * s), 1)
-            hopper.mbarrier_init(bar_at(smem, plan.empty + 8 * s), CONSUMERS)
-        hopper.fence_mbarrier_init()
-        hopper.fence_proxy_async()
+        hopper.ring_init(smem, hopper.Ring(plan.full, plan.empty, STAGES), CONSUMERS)
     ty.syncthreads()
     num_m = (m + (BLOCK_M - 1)) // BLOCK_M
     num_n = (n + (BLOCK_N - 1)) // BLOCK_N

@@ -41,23 +41,9 @@ CONSUMER_THREADS = 128 * CONSUMERS
 
 
 @ty.func
-def bar_at(smem, offset):
-    return ty.ptr_cast(smem + offset, ty.u64)
-
-
-@ty.func
-def stage_of(it, stages):
-    return it % stages, (it // stages) & 1
-
-
-@ty.func
 def init_barriers(smem, plan):
     if ty.thread_idx() == 0:
-        for s in range(plan.stages):
-            hopper.mbarrier_init(bar_at(smem, plan.full + 8 * s), 1)
-            hopper.mbarrier_init(bar_at(smem, plan.empty + 8 * s), plan.empty_count)
-        hopper.fence_mbarrier_init()
-        hopper.fence_proxy_async()
+        hopper.ring_init(smem, plan.ring, plan.empty_count)
     ty.syncthreads()
 
 
@@ -126,10 +112,7 @@ def unit_of(prob, plan, local):
 @ty.func
 def load_stage(smem, plan, tm_a, tm_b, it, m0, n0, k0, a_major, b_major):
     """Wait until the stage of ring iteration ``it`` is free, then TMA one k-block of A and B."""
-    stage, phase = stage_of(it, plan.stages)
-    hopper.mbarrier_wait(bar_at(smem, plan.empty + 8 * stage), phase ^ 1, "stage empty", stage)
-    full = bar_at(smem, plan.full + 8 * stage)
-    hopper.mbarrier_arrive_expect_tx(full, plan.stage_bytes)
+    stage, full = hopper.ring_acquire(smem, plan.ring, it, plan.stage_bytes)
     a_dst = plan.a + stage * plan.a_bytes
     if a_major == "k":
         hopper.tma_load(smem + a_dst, tm_a, full, k0, m0)
@@ -201,16 +184,13 @@ def issue_kblock(accs, atom, ops, base, stage):
 @ty.func
 def release(smem, plan, it, leader):
     """One thread per consumer frees the stage of ring iteration ``it``."""
-    stage, phase = stage_of(it, plan.stages)
     if leader:
-        hopper.mbarrier_arrive(bar_at(smem, plan.empty + 8 * stage))
+        hopper.ring_release(smem, plan.ring, it)
 
 
 @ty.func
 def wait_full(smem, plan, it):
-    stage, phase = stage_of(it, plan.stages)
-    hopper.mbarrier_wait(bar_at(smem, plan.full + 8 * stage), phase, "stage full", stage)
-    return stage
+    return hopper.ring_wait(smem, plan.ring, it)
 
 
 @ty.func

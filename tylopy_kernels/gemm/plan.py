@@ -10,6 +10,8 @@ part is WM x WN: WM/64 wgmma atoms of m64 x n{WN} x k16, each WN/2 f32 registers
 """
 from __future__ import annotations
 
+from tylopy import hopper
+
 BLOCK_K = 64                  # elements of one k-block: a 128-byte row of bf16/fp16
 ROW_BYTES = 128               # one SWIZZLE_128B row
 CHUNK_ROWS = 64               # an MN-major operand arrives as 64 (m or n) x 64 (k) boxes
@@ -84,6 +86,7 @@ class Plan:
             end += CONSUMERS * 2 * self.epi_buf_bytes
         self.full = end
         self.empty = end + 8 * stages
+        self.ring = hopper.Ring(self.full, self.empty, stages)  # the operands' stages and their barriers
         self.total = self.empty + 8 * stages
         # a stage is released by one thread of each consumer that read it
         self.empty_count = CONSUMERS if self.cooperative else 1

@@ -232,17 +232,14 @@ def load_tiles(smem, lay, prob, cfg, tm_q, tm_k, tm_v, tm_do, tm_lse, tm_delta):
     for it in range(total):
         hq, m0 = iteration(prob, hk, m_first, per_head, it, cfg.block_m)
         stat_row = b * prob.n_heads + hq if prob.varlen is None else hq  # packed: (H, padded rows)
-        stage, phase = stage_of(it, cfg.stages)
-        hopper.mbarrier_wait(bar_at(smem, lay.q_empty + 8 * stage), phase ^ 1, "q_empty", stage)
-        q_full = bar_at(smem, lay.q_full + 8 * stage)
-        hopper.mbarrier_arrive_expect_tx(q_full, lay.tile_bytes + lay.stat_bytes)
+        q_ring = hopper.Ring(lay.q_full, lay.q_empty, cfg.stages)   # Q (with LSE) and dO (with delta): rings in step
+        stage, q_full = hopper.ring_acquire(smem, q_ring, it, lay.tile_bytes + lay.stat_bytes, "q_empty")
         load_tile(smem, lay.q + stage * lay.tile_bytes, tm_q, q_full, cfg.block_m, cfg.panels, cfg.q_order,
                   shift(m0, prob.q_start), hq, batch_coord(prob, b))
         hopper.tma_load(smem + (lay.lse + stage * lay.stat_bytes), tm_lse, q_full, shift(m0, prob.stat_start),
                         stat_row)
-        hopper.mbarrier_wait(bar_at(smem, lay.do_empty + 8 * stage), phase ^ 1, "do_empty", stage)
-        do_full = bar_at(smem, lay.do_full + 8 * stage)
-        hopper.mbarrier_arrive_expect_tx(do_full, lay.tile_bytes + lay.stat_bytes)
+        do_ring = hopper.Ring(lay.do_full, lay.do_empty, cfg.stages)
+        stage, do_full = hopper.ring_acquire(smem, do_ring, it, lay.tile_bytes + lay.stat_bytes, "do_empty")
         load_tile(smem, lay.do + stage * lay.tile_bytes, tm_do, do_full, cfg.block_m, cfg.panels, cfg.q_order,
                   shift(m0, prob.q_start), hq, batch_coord(prob, b))
         hopper.tma_load(smem + (lay.delta + stage * lay.stat_bytes), tm_delta, do_full, shift(m0, prob.stat_start),

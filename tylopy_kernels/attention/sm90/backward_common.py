@@ -35,14 +35,8 @@ MASK_UNIT = 1e30              # |masking term| >= this; |exponents| stay far bel
 REGISTER_SPLIT = (24, 240)
 
 
-@ty.func
-def bar_at(smem, offset):
-    return ty.ptr_cast(smem + offset, ty.u64)
-
-
-@ty.func
-def stage_of(j, stages):
-    return j % stages, (j // stages) & 1
+bar_at = hopper.barrier_at      # the mbarrier at a shared-memory offset (ty.hopper's ring helpers)
+stage_of = hopper.stage_phase   # (stage, phase) of load j in a ring of ``stages``
 
 
 @ty.func

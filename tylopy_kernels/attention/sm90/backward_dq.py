@@ -94,10 +94,7 @@ def init_barriers(smem, lay, stages):
 @ty.func
 def ring_load(smem, lay, tmap, offset, full, empty, j, row, h, b, stages, panels, block_n, order):
     """Wait until the ring stage of tile ``j`` is free, then TMA one key tile into it."""
-    stage, phase = stage_of(j, stages)
-    hopper.mbarrier_wait(bar_at(smem, empty + 8 * stage), phase ^ 1, "stage empty", stage)
-    full_bar = bar_at(smem, full + 8 * stage)
-    hopper.mbarrier_arrive_expect_tx(full_bar, lay.kv_bytes)
+    stage, full_bar = hopper.ring_acquire(smem, hopper.Ring(full, empty, stages), j, lay.kv_bytes)
     load_tile(smem, offset + stage * lay.kv_bytes, tmap, full_bar, block_n, panels, order, row, h, b)
 
 

@@ -30,9 +30,7 @@ class Turn:
         self.next = wg % consumers + 1
 
 
-@ty.func
-def stage_of(j, stages):
-    return j % stages, (j // stages) & 1
+stage_of = hopper.stage_phase  # (stage, phase) of load j in a ring of ``stages``
 
 
 @ty.func

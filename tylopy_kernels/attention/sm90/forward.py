@@ -67,11 +67,7 @@ def load_rows(smem, plan, dst, chunk_bytes, tmap, bar, row, h, b, order):
 @ty.func
 def load_tile(smem, plan, tmap, offset, full, empty, it, row, h, b, order):
     """Wait until the ring stage of iteration ``it`` is free, then TMA one key tile into it."""
-    stage = it % plan.stages
-    phase = (it // plan.stages) & 1
-    hopper.mbarrier_wait(bar_at(smem, empty + 8 * stage), phase ^ 1, "stage empty", stage)
-    full_bar = bar_at(smem, full + 8 * stage)
-    hopper.mbarrier_arrive_expect_tx(full_bar, plan.tile_bytes)
+    stage, full_bar = hopper.ring_acquire(smem, hopper.Ring(full, empty, plan.stages), it, plan.tile_bytes)
     load_rows(smem, plan, offset + stage * plan.tile_bytes, plan.kv_chunk, tmap, full_bar, row, h, b, order)
 
 

@@ -116,15 +116,12 @@ def producer(smem, plan, prob, tm_q, tm_k, tm_vt, coord_order):
             hopper.mbarrier_arrive_expect_tx(q_full, plan.q_bytes)
             hopper.tma_load(smem + plan.q, tm_q, q_full, 0, *tma_coords(coord_order, m0, h, b))
             for j in range(n_tiles):
-                stage, phase = stage_of(j, plan.stages)
-                hopper.mbarrier_wait(bar_at(smem, plan.k_empty + 8 * stage), phase ^ 1, "k stage empty", stage)
-                k_full = bar_at(smem, plan.k_full + 8 * stage)
-                hopper.mbarrier_arrive_expect_tx(k_full, plan.tile_bytes)
+                k_ring = hopper.Ring(plan.k_full, plan.k_empty, plan.stages)   # K and V: two rings in step
+                stage, k_full = hopper.ring_acquire(smem, k_ring, j, plan.tile_bytes, "k stage empty")
                 hopper.tma_load(smem + (plan.k + stage * plan.tile_bytes), tm_k, k_full, 0,
                                 *tma_coords(coord_order, j * plan.block_n, kv_h, b))
-                hopper.mbarrier_wait(bar_at(smem, plan.v_empty + 8 * stage), phase ^ 1, "v stage empty", stage)
-                v_full = bar_at(smem, plan.v_full + 8 * stage)
-                hopper.mbarrier_arrive_expect_tx(v_full, plan.tile_bytes)
+                v_ring = hopper.Ring(plan.v_full, plan.v_empty, plan.stages)
+                stage, v_full = hopper.ring_acquire(smem, v_ring, j, plan.tile_bytes, "v stage empty")
                 for c in range(plan.v_chunks):  # V^T (key, d, head, batch): 128 keys x D rows a box
                     hopper.tma_load(smem + (plan.v + stage * plan.tile_bytes + c * plan.v_chunk), tm_vt, v_full,
                                     j * plan.block_n + ROW_BYTES * c, 0, kv_h, b)

@@ -84,9 +84,7 @@ class Schedule:
             self.out_order = self.coord_order
 
 
-@ty.func
-def bar_at(smem, offset):
-    return ty.ptr_cast(smem + offset, ty.u64)
+bar_at = hopper.barrier_at  # the mbarrier at a shared-memory offset (ty.hopper's ring helpers)
 
 
 @ty.func
