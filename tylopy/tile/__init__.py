@@ -6,7 +6,9 @@
   over exactly the lanes that share a row;
 * ``softmax``: the online softmax state and its update, normalization, LSE and merge;
 * ``collectives``: block-wide reduce and scan, warp scan, sort and top-k;
-* ``mma_sync`` and ``wgmma``: the MMA atoms and the same-lane accumulator -> operand conversion.
+* ``mma_sync`` and ``wgmma``: the MMA atoms and the same-lane accumulator -> operand conversion;
+* ``pipeline``: the stage/phase bookkeeping of a producer/consumer ring of mbarriers (public as
+  ``ty.hopper.Ring``, ``ring_init``, ``ring_acquire``, ``ring_wait``, ``ring_release``).
 
 Every operation runs traced inside a kernel (registers are ``RuntimeValue``s of the frontend)
 or as the numpy reference semantics over every lane at once (``tylopy.semantics``).

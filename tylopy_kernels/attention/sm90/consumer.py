@@ -30,15 +30,11 @@ class Turn:
         self.next = wg % consumers + 1
 
 
-stage_of = hopper.stage_phase  # (stage, phase) of load j in a ring of ``stages``
-
-
 @ty.func
-def release(smem, offset, j, stages, leader):
-    """One thread per consumer arrives on the stage's empty barrier (count = consumers)."""
-    stage, phase = stage_of(j, stages)
+def release(smem, ring, j, leader):
+    """One thread per consumer arrives on load ``j``'s empty barrier of ``ring`` (count = consumers)."""
     if leader:
-        hopper.mbarrier_arrive(bar_at(smem, offset + 8 * stage))
+        hopper.ring_release(smem, ring, j)
 
 
 class Descs:
@@ -74,8 +70,7 @@ def issue_scores(smem, plan, sched, descs, j, turn):
     """Wait for K_j, take the turn and issue S_j = Q K_j^T: one commit group, or two of half
     width (SPLIT_S) so the softmax of the first half can start while the second is computed.
     The turn is passed on by the caller."""
-    stage, phase = stage_of(j, plan.stages)
-    hopper.mbarrier_wait(bar_at(smem, plan.k_full + 8 * stage), phase, "k_full", stage)
+    stage = hopper.ring_wait(smem, plan.k_ring, j, "k_full")
     ty.barrier_sync(turn.mine, TURN_THREADS)
     k_desc = descs.k + ty.cast(stage * (plan.tile_bytes >> 4), ty.u64)
     hopper.wgmma_fence()
@@ -89,8 +84,7 @@ def issue_scores(smem, plan, sched, descs, j, turn):
 @ty.func
 def issue_pv(smem, plan, sched, descs, o, p, j):
     """Wait for V_j and issue O += P_j V_j (P in registers, V MN-major: a k16 step is 16 rows)."""
-    stage, phase = stage_of(j, plan.stages)
-    hopper.mbarrier_wait(bar_at(smem, plan.v_full + 8 * stage), phase, "v_full", stage)
+    stage = hopper.ring_wait(smem, plan.v_ring, j, "v_full")
     v_desc = descs.v + ty.cast(stage * (plan.tile_bytes >> 4), ty.u64)
     atom = hopper.WgmmaAtom(plan.head_dim, sched.dtype, "rs")
     hopper.wgmma_fence()
@@ -218,14 +212,13 @@ def pass_dead_tiles(smem, plan, prob, it, first, n_tiles, turn, leader):
     """Tiles wholly in this consumer's causal future: no math, but every stage and turn protocol
     step the other consumers and the producer count on."""
     for j in range(first, n_tiles):
-        stage, phase = stage_of(j, plan.stages)
-        hopper.mbarrier_wait(bar_at(smem, plan.k_full + 8 * stage), phase, "k_full (dead tile)", stage)
+        hopper.ring_wait(smem, plan.k_ring, j, "k_full (dead tile)")
         before_turn(smem, plan, prob, turn, j - it, j)
         ty.barrier_sync(turn.mine, TURN_THREADS)
         ty.barrier_arrive(turn.next, TURN_THREADS)
-        release(smem, plan.k_empty, j, plan.stages, leader)
-        hopper.mbarrier_wait(bar_at(smem, plan.v_full + 8 * stage), phase, "v_full (dead tile)", stage)
-        release(smem, plan.v_empty, j, plan.stages, leader)
+        release(smem, plan.k_ring, j, leader)
+        hopper.ring_wait(smem, plan.v_ring, j, "v_full (dead tile)")
+        release(smem, plan.v_ring, j, leader)
 
 
 @ty.func
@@ -272,7 +265,7 @@ def consumer_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles, d
     if sched.defer_epilogue:  # the previous tile's output goes out while S_0 is on the tensor cores
         write_output(smem, plan, prob, sched, wg, done)
     parts = hopper.wgmma_wait(0, parts)
-    release(smem, plan.k_empty, it, plan.stages, leader)
+    release(smem, plan.k_ring, it, leader)
     if mask_from == 0:
         parts = mask_parts(parts, row0, 0, prob, mask_base, sched.has_mask)
     st, p, alpha, moved = softmax.update(sm, softmax.initial_state(), values_of(parts))
@@ -296,14 +289,14 @@ def consumer_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles, d
                 first = mask_scores(first, row0, col0, prob, mask_base, sched.has_mask)
             st, p, alpha, moved = softmax.update(sm, st, list(first.values))
             second, o = hopper.wgmma_wait(1, cur[1], o)
-            release(smem, plan.k_empty, it + j, plan.stages, leader)
+            release(smem, plan.k_ring, it + j, leader)
             if masked:
                 second = mask_scores(second, row0, col0 + block_n // 2, prob, mask_base, sched.has_mask)
             st, p2, alpha2, moved2 = softmax.update(sm, st, list(second.values))
             p, alpha, moved = merge_halves(p, alpha, moved, p2, alpha2, moved2)
         else:
             cur, o = hopper.wgmma_wait(1, cur, o)          # S_j is ready, the PV product is not
-            release(smem, plan.k_empty, it + j, plan.stages, leader)
+            release(smem, plan.k_ring, it + j, leader)
             s = cur[0]
             if masked:
                 s = mask_scores(s, row0, col0, prob, mask_base, sched.has_mask)
@@ -311,7 +304,7 @@ def consumer_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles, d
         if sched.early_sums:  # the row sums consume each weight as it comes: ptxas interleaves the MUFUs
             st = softmax.add_to_sums(st, alpha, [p])
         o, pa = wait_pv(sched, o, pa, p)
-        release(smem, plan.v_empty, it + j - 1, plan.stages, leader)
+        release(smem, plan.v_ring, it + j - 1, leader)
         o = rescale_o(o, alpha, moved)
         if not sched.early_sums:
             st = softmax.add_to_sums(st, alpha, [p])
@@ -321,7 +314,7 @@ def consumer_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles, d
         hopper.mbarrier_arrive(bar_at(smem, plan.q_empty))
     o = issue_pv(smem, plan, sched, descs, o, pa, it + my_tiles - 1)
     o, pa = hopper.wgmma_wait(0, o, pa)
-    release(smem, plan.v_empty, it + my_tiles - 1, plan.stages, leader)
+    release(smem, plan.v_ring, it + my_tiles - 1, leader)
     pass_dead_tiles(smem, plan, prob, it, it + my_tiles, it + n_tiles, turn, leader)
     inv, lse = softmax.finish(sm, st, sched.return_lse)
     o = o.with_data(softmax.scale_rows(o.values, inv))

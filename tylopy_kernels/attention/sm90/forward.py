@@ -65,9 +65,9 @@ def load_rows(smem, plan, dst, chunk_bytes, tmap, bar, row, h, b, order):
 
 
 @ty.func
-def load_tile(smem, plan, tmap, offset, full, empty, it, row, h, b, order):
+def load_tile(smem, plan, tmap, offset, ring, it, row, h, b, order):
     """Wait until the ring stage of iteration ``it`` is free, then TMA one key tile into it."""
-    stage, full_bar = hopper.ring_acquire(smem, hopper.Ring(full, empty, plan.stages), it, plan.tile_bytes)
+    stage, full_bar = hopper.ring_acquire(smem, ring, it, plan.tile_bytes)
     load_rows(smem, plan, offset + stage * plan.tile_bytes, plan.kv_chunk, tmap, full_bar, row, h, b, order)
 
 
@@ -95,9 +95,9 @@ def producer(smem, plan, prob, tm_q, tm_k, tm_v, persistent, coord_order, tile_o
                               batch_coord(prob, b), coord_order)
                     for j in range(n_tiles):
                         row = key_row(prob, tp, j, m0, h, b)
-                        load_tile(smem, plan, tm_k, plan.k, plan.k_full, plan.k_empty, it + j, row, kv_h, kv_b,
+                        load_tile(smem, plan, tm_k, plan.k, plan.k_ring, it + j, row, kv_h, kv_b,
                                   coord_order)
-                        load_tile(smem, plan, tm_v, plan.v, plan.v_full, plan.v_empty, it + j, row, kv_h, kv_b,
+                        load_tile(smem, plan, tm_v, plan.v, plan.v_ring, it + j, row, kv_h, kv_b,
                                   coord_order)
                     it = it + n_tiles
 

@@ -47,7 +47,7 @@ from tylopy import hopper
 
 from tylopy_kernels.attention.sm90 import softmax as softmax
 from tylopy_kernels.attention.sm90.consumer import (ROWS, TURN_THREADS, Turn, first_masked_tile, mask_scores,
-                                                   pass_dead_tiles, release, rescale_o, stage_of, store_direct,
+                                                   pass_dead_tiles, release, rescale_o, store_direct,
                                                    store_lse, wait_pv)
 from tylopy_kernels.attention.sm90.forward import init_barriers
 from tylopy_kernels.attention.sm90.tiles import (REGISTER_SPLIT, Output, Problem, Sizes, bar_at, next_tile,
@@ -116,12 +116,11 @@ def producer(smem, plan, prob, tm_q, tm_k, tm_vt, coord_order):
             hopper.mbarrier_arrive_expect_tx(q_full, plan.q_bytes)
             hopper.tma_load(smem + plan.q, tm_q, q_full, 0, *tma_coords(coord_order, m0, h, b))
             for j in range(n_tiles):
-                k_ring = hopper.Ring(plan.k_full, plan.k_empty, plan.stages)   # K and V: two rings in step
-                stage, k_full = hopper.ring_acquire(smem, k_ring, j, plan.tile_bytes, "k stage empty")
+                # K and V: two rings in step
+                stage, k_full = hopper.ring_acquire(smem, plan.k_ring, j, plan.tile_bytes, "k stage empty")
                 hopper.tma_load(smem + (plan.k + stage * plan.tile_bytes), tm_k, k_full, 0,
                                 *tma_coords(coord_order, j * plan.block_n, kv_h, b))
-                v_ring = hopper.Ring(plan.v_full, plan.v_empty, plan.stages)
-                stage, v_full = hopper.ring_acquire(smem, v_ring, j, plan.tile_bytes, "v stage empty")
+                stage, v_full = hopper.ring_acquire(smem, plan.v_ring, j, plan.tile_bytes, "v stage empty")
                 for c in range(plan.v_chunks):  # V^T (key, d, head, batch): 128 keys x D rows a box
                     hopper.tma_load(smem + (plan.v + stage * plan.tile_bytes + c * plan.v_chunk), tm_vt, v_full,
                                     j * plan.block_n + ROW_BYTES * c, 0, kv_h, b)
@@ -140,8 +139,7 @@ def score_gemm(plan, q_desc, k_desc):
 
 @ty.func
 def issue_scores(smem, plan, q_desc, k_base, j, turn):
-    stage, phase = stage_of(j, plan.stages)
-    hopper.mbarrier_wait(bar_at(smem, plan.k_full + 8 * stage), phase, "k_full", stage)
+    stage = hopper.ring_wait(smem, plan.k_ring, j, "k_full")
     ty.barrier_sync(turn.mine, TURN_THREADS)
     hopper.wgmma_fence()
     return score_gemm(plan, q_desc, k_base + ty.cast(stage * (plan.tile_bytes >> 4), ty.u64))
@@ -150,8 +148,7 @@ def issue_scores(smem, plan, q_desc, k_base, j, turn):
 @ty.func
 def issue_pv(smem, plan, v_base, o, pa, j):
     """Wait for V^T_j and issue O += P_j V_j: k32 steps over keys, both operands K-major."""
-    stage, phase = stage_of(j, plan.stages)
-    hopper.mbarrier_wait(bar_at(smem, plan.v_full + 8 * stage), phase, "v_full", stage)
+    stage = hopper.ring_wait(smem, plan.v_ring, j, "v_full")
     v_desc = v_base + ty.cast(stage * (plan.tile_bytes >> 4), ty.u64)
     atom = hopper.WgmmaAtom(plan.head_dim, ty.e4m3, "rs")
     hopper.wgmma_fence()
@@ -213,7 +210,7 @@ def consumer(smem, plan, prob, sched, wg, descales):
     s = issue_scores(smem, plan, q_desc, k_base, 0, turn)
     ty.barrier_arrive(turn.next, TURN_THREADS)
     s = hopper.wgmma_wait(0, s)
-    release(smem, plan.k_empty, 0, plan.stages, leader)
+    release(smem, plan.k_ring, 0, leader)
     if mask_from == 0:
         s = mask_scores(s, row0, 0, prob, mask_base, sched.has_mask)
     st, p, alpha, moved = softmax.update(sm, softmax.initial_state(), list(s.values))
@@ -226,18 +223,18 @@ def consumer(smem, plan, prob, sched, wg, descales):
         o = issue_pv(smem, plan, v_base, o, pa, j - 1)
         ty.barrier_arrive(turn.next, TURN_THREADS)
         cur, o = hopper.wgmma_wait(1, cur, o)          # S_j is ready, the PV product is not
-        release(smem, plan.k_empty, j, plan.stages, leader)
+        release(smem, plan.k_ring, j, leader)
         if j >= mask_from:
             cur = mask_scores(cur, row0, j * block_n, prob, mask_base, sched.has_mask)
         st, p, alpha, moved = softmax.update(sm, st, list(cur.values))
         st = softmax.add_to_sums(st, alpha, [p])
         o, pa = wait_pv(sched, o, pa, p)
-        release(smem, plan.v_empty, j - 1, plan.stages, leader)
+        release(smem, plan.v_ring, j - 1, leader)
         o = rescale_o(o, alpha, moved)
         pa = pack_p(plan, p)
     o = issue_pv(smem, plan, v_base, o, pa, my_tiles - 1)
     o, pa = hopper.wgmma_wait(0, o, pa)
-    release(smem, plan.v_empty, my_tiles - 1, plan.stages, leader)
+    release(smem, plan.v_ring, my_tiles - 1, leader)
     pass_dead_tiles(smem, plan, prob, 0, my_tiles, n_tiles, turn, leader)
     inv, lse = softmax.finish(sm, st, sched.return_lse)
     vs = descale_of(descales, 2, kv)

@@ -49,6 +49,8 @@ def place_barriers(plan, bars, stages, remedy):
     plan.k_empty = plan.k_full + 8 * stages
     plan.v_full = plan.k_empty + 8 * stages
     plan.v_empty = plan.v_full + 8 * stages
+    plan.k_ring = hopper.Ring(plan.k_full, plan.k_empty, stages)   # the K and V tiles' rings
+    plan.v_ring = hopper.Ring(plan.v_full, plan.v_empty, stages)
     plan.total = plan.v_empty + 8 * stages
     if plan.total > MAX_SMEM:
         raise ValueError(f"this schedule needs {plan.total} bytes of shared memory, but a block has at most "

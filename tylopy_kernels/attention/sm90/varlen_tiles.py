@@ -17,7 +17,7 @@ import copy
 import tylopy as ty
 from tylopy import hopper
 
-from tylopy_kernels.attention.sm90.tiles import bar_at, key_tiles, tile_position, work_tile
+from tylopy_kernels.attention.sm90.tiles import key_tiles, tile_position, work_tile
 
 
 class Varlen:
@@ -86,9 +86,7 @@ def zero_v_tail(smem, plan, prob, wg, j, it_j):
     if wg == 1:
         valid_rows = prob.n_k - j * plan.block_n
         if valid_rows < plan.block_n:
-            stage = it_j % plan.stages
-            phase = (it_j // plan.stages) & 1
-            hopper.mbarrier_wait(bar_at(smem, plan.v_full + 8 * stage), phase, "v_full (document end)", stage)
+            stage = hopper.ring_wait(smem, plan.v_ring, it_j, "v_full (document end)")
             base = plan.v + stage * plan.tile_bytes
             t = ty.thread_idx() & 127
             zero = ty.cast(0, ty.u32)
