@@ -105,9 +105,10 @@ def _launch_of(shape: _Shape, tensors: ForwardTensors, docs: PackedDocs, options
     cu_q, cu_k, max_q, max_k, used_q, used_k = docs
     total_q, H, _ = q.shape
     maps = [make_map(_as_batch(t), *g) for t, g in zip((q, k, v), shape.geometry)]
-    args = (*maps, out.view(torch.int16), lse if lse is not None else _no_lse(q.device), cu_q, cu_k, cu_q if used_q is None else used_q,
-            cu_k if used_k is None else used_k, max_q, max_k, H, cu_q.shape[0] - 1, H // k.shape[1], total_q, 0,
-            options.scale, int(options.is_causal), out.stride(1), out.stride(0))
+    args = (*maps, out.view(torch.int16), lse if lse is not None else _no_lse(q.device), cu_q, cu_k,
+            cu_q if used_q is None else used_q, cu_k if used_k is None else used_k, max_q, max_k, H,
+            cu_q.shape[0] - 1, H // k.shape[1], total_q, 0, options.scale, int(options.is_causal), out.stride(1),
+            out.stride(0))
     return dense.Launch(shape.grid, args, shape.constexprs)
 
 
