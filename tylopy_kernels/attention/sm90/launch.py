@@ -9,6 +9,7 @@ specs, ``MapTarget(make_map=..., sm_count=...)``).
 """
 from __future__ import annotations
 
+import inspect
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Optional
@@ -239,7 +240,13 @@ def launch_hopper(tensors: ForwardTensors, options: HopperOptions):
 # tensor maps up by address. plan_launch stays the one place that decides; a plan that copied an
 # input (a layout TMA cannot map) is not reused.
 _repeats = ty.PlanCache("Hopper attention launches", capacity=64)
-_MAP_SLOTS, _OUT_SLOT, _LSE_SLOT, _SCALE_SLOT = 4, 4, 5, 14
+# The arguments a repeated call sets, by the kernel's parameter names (their positions in the
+# launch's argument list follow from its signature).
+_MAP_NAMES = ("tm_q", "tm_k", "tm_v", "tm_o")
+_PARAMS = tuple(inspect.signature(attention_fwd_sm90.fn).parameters)
+assert _PARAMS[:len(_MAP_NAMES)] == _MAP_NAMES, _PARAMS
+_MAP_SLOTS = len(_MAP_NAMES)
+_OUT_SLOT, _LSE_SLOT, _SCALE_SLOT = (_PARAMS.index(name) for name in ("out", "lse_ptr", "scale"))
 
 
 def _tables(D, is_causal):
@@ -343,18 +350,18 @@ class Repeat:
         # pack again only what differs from this thread's last launch: maps, output, LSE, scale
         run, packed = kept
         if packed[0] is not maps:
-            for i in range(_MAP_SLOTS):
+            for i, name in enumerate(_MAP_NAMES):
                 if packed[0][i] is not maps[i]:
-                    run.set(i, maps[i])
+                    run.set(name, maps[i])
             packed[0] = maps
         if packed[1] != out.data_ptr():
-            run.set(_OUT_SLOT, out.view(torch.int16))
+            run.set("out", out.view(torch.int16))
             packed[1] = out.data_ptr()
         if packed[2] != lse_ptr:
-            run.set(_LSE_SLOT, lse)
+            run.set("lse_ptr", lse)
             packed[2] = lse_ptr
         if packed[3] != scale:
-            run.set(_SCALE_SLOT, scale)
+            run.set("scale", scale)
             packed[3] = scale
         run.launch()
         return True
