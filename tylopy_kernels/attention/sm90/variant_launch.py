@@ -6,6 +6,8 @@ specs); ``launch_variant`` runs it.
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 import tylopy as ty
@@ -143,7 +145,9 @@ def plan_variant_launch(io: ForwardTensors, call: VariantCall, make_map=None, sc
 _signatures = ty.PlanCache("Hopper variant attention layouts", capacity=64)
 
 
-OPEN_SLOTS = {"mask": 21, "aux0": 26, "aux1": 27, "aux2": 28, "aux3": 29}  # argument positions of open tensors
+# Argument positions of the open tensor parameters (their dtypes specialize the kernel), read from its signature.
+_PARAMS = tuple(inspect.signature(attention_variant_fwd_sm90.fn).parameters)
+OPEN_SLOTS = {name: _PARAMS.index(name) for name in ("mask", "aux0", "aux1", "aux2", "aux3")}
 _TY_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.uint8: "u8",
               torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64"}
 
