@@ -64,32 +64,25 @@ def table(data: dict) -> str:
     return "\n".join(lines)
 
 
-def geomean(values):
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
-
-
 def variants_table(data: dict) -> str:
     """Per variant and (D, direction): tylopy / FA3-class and tylopy / flex, geometric means over
-    the run's N, with the count of points below 1 (every point is in the JSON's ``markdown``)."""
-    groups, order = {}, []
-    for e in data["ratios"]:
-        if e["variant"] not in order:
-            order.append(e["variant"])
-        groups.setdefault((e["variant"], e["d"], e["direction"]), []).append(e)
-    cols = sorted({(d, direction) for _, d, direction in groups}, key=lambda c: (c[0], c[1] != "fwd"))
+    the run's N, with the count of points below 1 (the bench's own ``summaries``; every point is
+    in the JSON's ``markdown``)."""
+    from tylopy_kernels.attention.bench.variants import summaries
+    per_group = summaries(data["ratios"])
+    order = list(dict.fromkeys(variant for variant, _, _ in per_group))
+    cols = sorted({(d, direction) for _, d, direction in per_group}, key=lambda c: (c[0], c[1] != "fwd"))
     lines = ["| variant | " + " | ".join(f"D={d} {direction}" for d, direction in cols) + " |",
              "|---|" + "---|" * len(cols)]
 
-    def cell(entries):
+    def cell(per_lib):
         parts = []
         for lib in ("fa3_cute", "flex"):
-            vals = [e[f"tylopy_vs_{lib}"] for e in entries if e.get(f"tylopy_vs_{lib}")]
-            gm = geomean(vals)
-            loss = sum(v < 1 for v in vals)
-            parts.append("-" if gm is None else f"{gm:.2f}" + (f" ({loss}/{len(vals)} < 1)" if loss else ""))
+            got = (per_lib or {}).get(lib)
+            parts.append("-" if got is None else f"{got[0]:.2f}" + (f" ({got[1]}/{got[2]} < 1)" if got[1] else ""))
         return " / ".join(parts)
     for variant in order:
-        lines.append(f"| {variant} | " + " | ".join(cell(groups.get((variant, d, direction), []))
+        lines.append(f"| {variant} | " + " | ".join(cell(per_group.get((variant, d, direction)))
                                                    for d, direction in cols) + " |")
     ns = sorted({e["n"] for e in data["ratios"]})
     lines += ["", "Each cell: tylopy / FA3-class (flash-attn-4 CuTe), then tylopy / `torch.compile(flex_attention)`;",

@@ -97,7 +97,9 @@ def placeholder(device, dtype):
     t = _placeholders.get(key)
     if t is None:
         import torch
-        t = _placeholders[key] = torch.zeros(16, dtype=dtype, device=device)
+        t = torch.zeros(16, dtype=dtype, device=device)
+        if not (torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            _placeholders[key] = t  # (one made while a CUDA graph is captured lives in the graph's pool)
     return t
 
 

@@ -334,17 +334,27 @@ def markdown(table):
                      f"{ratio(e['tylopy_vs_flex'])} |")
     lines += ["", "| variant | D | dir | tylopy / FA3-class (geomean, losses) | tylopy / flex (geomean, losses) |",
               "|---|---|---|---|---|"]
+    for (variant, d, direction), per_lib in summaries(table).items():
+        cells = ["-" if per_lib[lib] is None else "{:.2f} ({} of {} below 1)".format(*per_lib[lib])
+                 for lib in ("fa3_cute", "flex")]
+        lines.append(f"| {variant} | {d} | {direction} | {cells[0]} | {cells[1]} |")
+    return lines
+
+
+def summaries(table):
+    """Per (variant, D, direction), in the table's order: for the FA3-class kernel and flex, the
+    geometric mean of tylopy / library over the points both ran, how many of them are below 1 and
+    how many there are; None where no point ran."""
     groups = {}
     for e in table:
         groups.setdefault((e["variant"], e["d"], e["direction"]), []).append(e)
-    for (variant, d, direction), entries in groups.items():
-        cells = []
+    out = {}
+    for key, entries in groups.items():
+        out[key] = {}
         for lib in ("fa3_cute", "flex"):
-            vals = [e[f"tylopy_vs_{lib}"] for e in entries if e[f"tylopy_vs_{lib}"]]
-            gm = geomean(vals)
-            cells.append("-" if gm is None else f"{gm:.2f} ({sum(v < 1 for v in vals)} of {len(vals)} below 1)")
-        lines.append(f"| {variant} | {d} | {direction} | {cells[0]} | {cells[1]} |")
-    return lines
+            vals = [e[f"tylopy_vs_{lib}"] for e in entries if e.get(f"tylopy_vs_{lib}")]
+            out[key][lib] = (geomean(vals), sum(v < 1 for v in vals), len(vals)) if vals else None
+    return out
 
 
 def write_json(path, record):

@@ -19,7 +19,7 @@ import tylopy as ty
 
 from tylopy.runtime.plancache import PlanCache
 
-from tylopy_kernels.attention.common import ForwardTensors, PackedDocs
+from tylopy_kernels.attention.common import ForwardTensors, PackedDocs, placeholder
 from tylopy_kernels.attention.sm90 import launch as dense
 from tylopy_kernels.attention.sm90.launch import HopperOptions, MapTarget
 from tylopy_kernels.attention.sm90.tiles import Plan
@@ -55,11 +55,7 @@ def plan_varlen_launch(tensors: ForwardTensors, docs: PackedDocs, options: Hoppe
                        target: MapTarget = MapTarget()) -> dense.Launch:
     """The grid, arguments and constexprs of one launch (``target.make_map(t, dims, strides, box)``;
     ``tensors.attn_mask`` must be None)."""
-    q, k, v = tensors.q, tensors.k, tensors.v
-    shape = _layout(tensors, docs, options, target.sm_count)
-    if shape.copy:
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    return _launch_of(shape, ForwardTensors(q, k, v, tensors.out, tensors.lse), docs, options,
+    return _launch_of(_layout(tensors, docs, options, target.sm_count), tensors, docs, options,
                       target.make_map or dense.device_map)
 
 
@@ -100,15 +96,17 @@ def _layout(tensors: ForwardTensors, docs: PackedDocs, options: HopperOptions, s
 
 def _launch_of(shape: _Shape, tensors: ForwardTensors, docs: PackedDocs, options: HopperOptions,
                make_map) -> dense.Launch:
-    """The launch of ``shape`` over these tensors (q, k, v already the contiguous copies it asks for)."""
+    """The launch of ``shape`` over these tensors (contiguous copies of q, k, v where it asks for them)."""
     q, k, v, out, lse, _ = tensors
+    if shape.copy:
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     cu_q, cu_k, max_q, max_k, used_q, used_k = docs
     total_q, H, _ = q.shape
     maps = [make_map(_as_batch(t), *g) for t, g in zip((q, k, v), shape.geometry)]
-    args = (*maps, out.view(torch.int16), lse if lse is not None else _no_lse(q.device), cu_q, cu_k,
-            cu_q if used_q is None else used_q, cu_k if used_k is None else used_k, max_q, max_k, H,
-            cu_q.shape[0] - 1, H // k.shape[1], total_q, 0, options.scale, int(options.is_causal), out.stride(1),
-            out.stride(0))
+    lse_arg = lse if lse is not None else placeholder(q.device, torch.float32)
+    args = (*maps, out.view(torch.int16), lse_arg, cu_q, cu_k, cu_q if used_q is None else used_q,
+            cu_k if used_k is None else used_k, max_q, max_k, H, cu_q.shape[0] - 1, H // k.shape[1], total_q, 0,
+            options.scale, int(options.is_causal), out.stride(1), out.stride(0))
     return dense.Launch(shape.grid, args, shape.constexprs)
 
 
@@ -126,24 +124,11 @@ def launch_varlen_hopper(tensors: ForwardTensors, docs: PackedDocs, options: Hop
         shape = _layout(tensors, docs, options, sms)
         if key is not None and not shape.copy:
             _shapes.put(key, shape)
-    if shape.copy:
-        tensors = ForwardTensors(q.contiguous(), tensors.k.contiguous(), tensors.v.contiguous(), tensors.out,
-                                 tensors.lse)
     launch = _launch_of(shape, tensors, docs, options, dense.device_map)
     attention_varlen_fwd_sm90[launch.grid].repeat(*launch.args, **launch.constexprs)
 
 
 _shapes = PlanCache("varlen forward launch shapes", capacity=64)
-_placeholders: dict = {}  # device -> the fp32 word passed for lse without RETURN_LSE (never read or written)
-
-
-def _no_lse(device):
-    word = _placeholders.get(device)
-    if word is None:
-        word = torch.empty(1, dtype=torch.float32, device=device)
-        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):  # (a graph's pool is its own)
-            _placeholders[device] = word
-    return word
 
 
 def _signature(tensors: ForwardTensors, docs: PackedDocs, options: HopperOptions, sms: int):
