@@ -203,9 +203,56 @@ def test_persistent_grid_and_unknown_schedule_keys():
     io = ForwardTensors(q, q, q, q.clone(), torch.zeros(1, 2, 300))
     plan = plan_variant_launch(io, VariantCall(variant, tensors, 0.1), make_map=_spec, schedule=dict(PERSISTENT))
     assert plan.grid == (2,) and plan.constexprs["PERSISTENT"] is True and "SM_COUNT" not in plan.constexprs
-    assert plan_variant_launch(io, VariantCall(variant, tensors, 0.1), make_map=_spec).grid == (3, 2, 1)
+    default = plan_variant_launch(io, VariantCall(variant, tensors, 0.1), make_map=_spec)
+    assert default.grid == (2, 2, 1) and default.constexprs["CONSUMERS"] == 3  # D=64 causal: query tiles of 192
+    two = plan_variant_launch(io, VariantCall(variant, tensors, 0.1), make_map=_spec, schedule={"CONSUMERS": 2})
+    assert two.grid == (3, 2, 1)
     with pytest.raises(ValueError, match="schedule expects keys among"):
         plan_variant_launch(io, VariantCall(variant, tensors, 0.1), make_map=_spec, schedule={"STAGE": 3})
+
+
+@pytest.mark.parametrize("case", [
+    dict(is_causal=True, window_size=(100, 0)),
+    dict(causal_align="bottom_right", window_size=(64, 32)),
+    dict(window_size=(40, 300), schedule={"BLOCK_N": 64}),  # more tiles passed after a consumer's range than stages
+    dict(n=430, nk=300, is_causal=True, causal_align="bottom_right", sinks=True),  # rows that see no key
+    dict(B=2, seed=31, is_causal=True, window_size=(100, 20), schedule=PERSISTENT),
+    dict(n=430, nk=300, is_causal=True, causal_align="bottom_right", window_size=(10, 0), schedule=PERSISTENT),
+], ids=["window", "window-both", "long-pass", "no-key-rows", "persistent", "persistent-no-key-rows"])
+def test_three_consumers_pass_tiles_their_rows_do_not_see(case):
+    """Query tiles of 192 rows (D=64's default): each consumer computes only the key tiles its 64 rows
+    see and passes the others (the turn goes on, the stages are given back once landed)."""
+    case = dict(case)
+    sched = dict(case.pop("schedule", {}), CONSUMERS=3)
+    shape = {k: case.pop(k) for k in ("B", "n", "nk", "seed") if k in case}
+    if case.pop("sinks", False):
+        case["sinks"] = torch.randn(2, generator=torch.Generator().manual_seed(9))
+    check(*qkv(D=64, **shape), schedule=sched, **case)
+
+
+def test_default_schedules():
+    """What each kind of variant launches with by default (``variant_launch.default_schedule``), and a
+    block mask refusing query tiles of another size than its own."""
+    from tylopy_kernels.attention.sm90.variant_launch import SCHEDULE, default_schedule
+
+    def sched(D, **kw):
+        return default_schedule(V.make_variant(1, 2, 300, 300, "cpu", **kw)[0], D)
+    assert sched(64, is_causal=True, window_size=(100, 0)) == dict(SCHEDULE, CONSUMERS=3)
+    assert sched(128, is_causal=True, window_size=(100, 0))["PERSISTENT"] is True
+    assert sched(128, window_size=(100, 100))["PERSISTENT"] is True
+    assert sched(128, is_causal=True, softcap=30.0) == {**sched(128, is_causal=True), "PERSISTENT": False}
+    assert sched(64, is_causal=True, softcap=30.0, sinks=torch.zeros(2))["CONSUMERS"] == 3
+    assert sched(128, is_causal=True, softcap=30.0)["CONSUMERS"] == 2
+    for kw in (dict(alibi_slopes=torch.ones(2)), dict(attn_mask=torch.zeros(300, 300)),
+               dict(score_mod=lambda s, b, h, q, k: s * 2.0)):
+        assert sched(64, **kw)["CONSUMERS"] == 2, kw
+    q = torch.zeros(1, 2, 300, 64, dtype=torch.bfloat16)
+    mod = _doc_mod()
+    variant, tensors = V.make_variant(1, 2, 300, 300, q.device, mask_mod=mod,
+                                      block_mask=ty.create_block_mask(mod, 1, 1, 300, 300))
+    io = ForwardTensors(q, q, q, q.clone(), torch.zeros(1, 2, 300))
+    with pytest.raises(ValueError, match="a block mask expects CONSUMERS=2"):
+        plan_variant_launch(io, VariantCall(variant, tensors, 0.1), make_map=_spec, schedule={"CONSUMERS": 3})
 
 
 @pytest.mark.slow

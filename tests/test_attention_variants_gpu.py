@@ -92,6 +92,16 @@ def test_builtins_against_the_reference(name, D):
 
 
 @pytest.mark.parametrize("D", [64, 128])
+def test_default_schedules_with_more_tiles_than_sms(D):
+    """The defaults of ``variant_launch.default_schedule`` where each CTA loops over several work
+    tiles (D=128 window: persistent) or query tiles are 192 rows (D=64 causal and softcap: three
+    consumers), ragged at the end: 47 query tiles of 128 x 4 heads > 132 SMs."""
+    q, k, v = qkv(B=1, H=4, Hkv=2, n=6000, nk=6000, D=D, seed=7)
+    run_and_check(q, k, v, is_causal=True, window_size=(700, 0))
+    run_and_check(q, k, v, is_causal=True, softcap=20.0, sinks=torch.randn(4, device=DEV))
+
+
+@pytest.mark.parametrize("D", [64, 128])
 def test_user_mods_with_block_mask(D):
     n = nk = 1000
     doc = (torch.arange(nk, device=DEV) // 333).to(torch.int32)

@@ -210,6 +210,8 @@ def make_variant_id(B, H, n_q, n_k, device, keywords: VariantKeywords = VariantK
     """(variant id, the explicit tensors the operators take) for one call, every keyword checked (errors
     name the keyword); traceable by torch.compile (``describe`` is a constant there)."""
     import torch
+    if isinstance(device, str):  # "cuda:0" and torch.device("cuda:0") compare unequal
+        device = torch.device(device)
     (is_causal, causal_align, attn_mask, window_size, softcap, alibi_slopes, sinks, score_mod, mask_mod, block_mask,
      aux, score_mod_bwd) = keywords
     tensors, names = [], []

@@ -6,10 +6,13 @@ The same producer as ``forward.py`` (its key tiles come from ``variant_tiles``: 
 the variant's key range or the block mask's lists are loaded) and the consumers' pieces of
 ``consumer.py`` (turns, wgmma issue and waits, online softmax, stores), with one consumer tile
 loop of its own: each S tile goes through ``variant_tiles.scores`` (transform, masks) before the
-softmax step, and the row normalizer takes the sink. Two consumers of 64 rows, 128-key tiles,
-no TMA store: the schedule the mods' registers fit in (240 a thread). One work tile per CTA, or
-with PERSISTENT a loop over them (grid = SMs; the producer loads the next tile's Q and keys while
-the consumers finish this one; a query tile that sees no key still turns the Q buffer's barriers).
+softmax step, and the row normalizer takes the sink. Consumers of 64 rows, 128-key tiles, no TMA
+store: two (240 registers a thread, what the mods and masks need) or, at D=64 for the builtins
+that fit 160 registers, three (``variant_launch.default_schedule``); with three, each consumer
+computes only the key tiles its own rows see and passes the rest (``pass_tile``). One work tile
+per CTA, or with PERSISTENT a loop over them (grid = SMs; the producer loads the next tile's Q and
+keys while the consumers finish this one; a query tile that sees no key still turns the Q
+buffer's barriers).
 
 A separate kernel (not a constexpr of the dense one) so the dense kernel's parameters, and so its
 PTX, stay what they are.
@@ -23,8 +26,8 @@ from tylopy_kernels.attention.sm90.consumer import (ROWS, TURN_THREADS, Turn, de
 from tylopy_kernels.attention.sm90.forward import _threads, init_barriers, producer
 from tylopy_kernels.attention.sm90.tiles import (REGISTER_SPLIT, Output, Plan, Problem, Schedule, Sizes, bar_at,
                                                 next_tile, skip_tile, tiles_of_this_cta)
-from tylopy_kernels.attention.sm90.variant_tiles import (NEG_INF, VariantProblem, finish, mask_row_pointers, scores,
-                                                        tile_number, variant_tile_at)
+from tylopy_kernels.attention.sm90.variant_tiles import (NEG_INF, VariantProblem, consumer_tiles, finish,
+                                                        mask_row_pointers, scores, tile_number, variant_tile_at)
 
 
 @ty.func
@@ -39,10 +42,29 @@ def empty_tile(prob, sched, sink, row0, h, b):
 
 
 @ty.func
+def pass_tile(smem, plan, turn, j, leader):
+    """A key tile none of this consumer's rows see: take and pass the turn (the others' rotation
+    counts one turn a tile from every consumer) and give K_j back, once it has landed (an arrival
+    before then would count toward the stage's previous use)."""
+    hopper.ring_wait(smem, plan.k_ring, j, "k_full (passed)")
+    ty.barrier_sync(turn.mine, TURN_THREADS)
+    ty.barrier_arrive(turn.next, TURN_THREADS)
+    release(smem, plan.k_ring, j, leader)
+
+
+@ty.func
+def pass_values(smem, plan, j, leader):
+    """V_j of a passed key tile: given back once it has landed."""
+    hopper.ring_wait(smem, plan.v_ring, j, "v_full (passed)")
+    release(smem, plan.v_ring, j, leader)
+
+
+@ty.func
 def variant_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles):
-    """One work tile for one consumer: 64 query rows against the n_tiles key tiles it visits
-    (``k``: the CTA's tile count so far, the Q buffer's phase; ``it``: the ring iteration of the
-    tile's first key tile)."""
+    """One work tile for one consumer: 64 query rows against the key tiles they see among the
+    n_tiles the work tile visits (``k``: the CTA's tile count so far, the Q buffer's phase; ``it``:
+    the ring iteration of the tile's first key tile). The tiles before and after this consumer's
+    range (``consumer_tiles``) are passed: the turn goes on and the stages are given back."""
     vp = prob.variant
     kvv = vp.kv
     block_n = plan.block_n
@@ -58,45 +80,73 @@ def variant_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles):
     if vp.v.sinks:
         sink = vp.sinks[h]
     hopper.mbarrier_wait(bar_at(smem, plan.q_full), k & 1, "q_full")
-
-    # Tile 0: scores and softmax only; its PV product is issued with tile 1's scores.
-    parts = issue_scores(smem, plan, sched, descs, it, turn)
-    ty.barrier_arrive(turn.next, TURN_THREADS)
-    parts = hopper.wgmma_wait(0, parts)
-    release(smem, plan.k_ring, it, leader)
-    num, partial = tile_number(prob, 0, m0, h, b)
-    mask_rows = mask_row_pointers(prob, parts[0], row0, b, h)
-    vals = scores(prob, parts[0], row0, num * block_n, b, h, partial, slope, mask_rows)
-    st, p, alpha, moved = softmax.update(sm, softmax.initial_state(), vals)
-    st = softmax.add_to_sums(st, alpha, [p])
-    pa = pack_p(plan, sched, p)
-    o = ty.Fragment(tuple(ty.cast(0.0, ty.f32) for _ in range(plan.head_dim // 2)), ty.WARPGROUP,
-                    ty.wgmma_acc(plan.head_dim))
-
-    for j in range(1, n_tiles):
-        cur = issue_scores(smem, plan, sched, descs, it + j, turn)
-        o = issue_pv(smem, plan, sched, descs, o, pa, it + j - 1)
+    mine_range = consumer_tiles(prob, m0, row0, n_tiles)
+    passing = mine_range is not None  # (a trace-time choice: without it the loop is the work tile's)
+    lo, mine = (0, n_tiles) if not passing else mine_range
+    if passing:
+        for j in range(lo):
+            pass_tile(smem, plan, turn, it + j, leader)
+            pass_values(smem, plan, it + j, leader)
+    hi = lo + mine
+    if passing and mine == 0:  # none of this consumer's rows sees a key: zeros, LSE -inf (or the sink)
+        for j in range(hi, n_tiles):
+            pass_tile(smem, plan, turn, it + j, leader)
+            pass_values(smem, plan, it + j, leader)
+        if sched.persistent and leader:
+            hopper.mbarrier_arrive(bar_at(smem, plan.q_empty))
+        empty_tile(prob, sched, sink, row0, h, b)
+    else:
+        own = it + lo  # the ring iteration of this consumer's first key tile
+        # Its first tile: scores and softmax only; its PV product is issued with the next tile's scores.
+        parts = issue_scores(smem, plan, sched, descs, own, turn)
         ty.barrier_arrive(turn.next, TURN_THREADS)
-        cur, o = hopper.wgmma_wait(1, cur, o)          # S_j is ready, the PV product is not
-        release(smem, plan.k_ring, it + j, leader)
-        num, partial = tile_number(prob, j, m0, h, b)
-        vals = scores(prob, cur[0], row0, num * block_n, b, h, partial, slope, mask_rows)
-        st, p, alpha, moved = softmax.update(sm, st, vals)
+        parts = hopper.wgmma_wait(0, parts)
+        release(smem, plan.k_ring, own, leader)
+        num, partial = tile_number(prob, lo, m0, h, b)
+        mask_rows = mask_row_pointers(prob, parts[0], row0, b, h)
+        vals = scores(prob, parts[0], row0, num * block_n, b, h, partial, slope, mask_rows)
+        st, p, alpha, moved = softmax.update(sm, softmax.initial_state(), vals)
         st = softmax.add_to_sums(st, alpha, [p])
-        o, pa = wait_pv(sched, o, pa, p)
-        release(smem, plan.v_ring, it + j - 1, leader)
-        o = rescale_o(o, alpha, moved)
         pa = pack_p(plan, sched, p)
+        o = ty.Fragment(tuple(ty.cast(0.0, ty.f32) for _ in range(plan.head_dim // 2)), ty.WARPGROUP,
+                        ty.wgmma_acc(plan.head_dim))
 
-    if sched.persistent and leader:  # every S product of this tile has completed: the next Q may land
-        hopper.mbarrier_arrive(bar_at(smem, plan.q_empty))
-    o = issue_pv(smem, plan, sched, descs, o, pa, it + n_tiles - 1)
-    o, pa = hopper.wgmma_wait(0, o, pa)
-    release(smem, plan.v_ring, it + n_tiles - 1, leader)
-    inv, lse = finish(sm, st, sched.return_lse, sink)
-    o = o.with_data(softmax.scale_rows(o.values, inv))
-    store_lse(prob, lse, row0, h, b)
-    store_direct(prob, sched, o, row0, h, b)
+        for jj in range(1, mine):
+            cur = issue_scores(smem, plan, sched, descs, own + jj, turn)
+            o = issue_pv(smem, plan, sched, descs, o, pa, own + jj - 1)
+            ty.barrier_arrive(turn.next, TURN_THREADS)
+            cur, o = hopper.wgmma_wait(1, cur, o)          # S_j is ready, the PV product is not
+            release(smem, plan.k_ring, own + jj, leader)
+            num, partial = tile_number(prob, lo + jj, m0, h, b)
+            vals = scores(prob, cur[0], row0, num * block_n, b, h, partial, slope, mask_rows)
+            st, p, alpha, moved = softmax.update(sm, st, vals)
+            st = softmax.add_to_sums(st, alpha, [p])
+            o, pa = wait_pv(sched, o, pa, p)
+            release(smem, plan.v_ring, own + jj - 1, leader)
+            o = rescale_o(o, alpha, moved)
+            pa = pack_p(plan, sched, p)
+
+        # The turns of the tiles past this consumer's range go before its epilogue, so the others do not
+        # wait for it; while it holds its last V stage the producer gets at most STAGES K tiles further
+        # (it loads K and V in turn), so more than that are passed after the last V is given back.
+        if passing:
+            split = ty.select(n_tiles - hi <= plan.stages, n_tiles, hi)
+            for j in range(hi, split):
+                pass_tile(smem, plan, turn, it + j, leader)
+        if sched.persistent and leader:  # every S product of this tile has completed: the next Q may land
+            hopper.mbarrier_arrive(bar_at(smem, plan.q_empty))
+        o = issue_pv(smem, plan, sched, descs, o, pa, own + mine - 1)
+        o, pa = hopper.wgmma_wait(0, o, pa)
+        release(smem, plan.v_ring, own + mine - 1, leader)
+        if passing:
+            for j in range(split, n_tiles):
+                pass_tile(smem, plan, turn, it + j, leader)
+            for j in range(hi, n_tiles):
+                pass_values(smem, plan, it + j, leader)
+        inv, lse = finish(sm, st, sched.return_lse, sink)
+        o = o.with_data(softmax.scale_rows(o.values, inv))
+        store_lse(prob, lse, row0, h, b)
+        store_direct(prob, sched, o, row0, h, b)
 
 
 @ty.func

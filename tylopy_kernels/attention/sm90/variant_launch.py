@@ -21,7 +21,33 @@ from tylopy_kernels.attention.sm90.variant_tiles import KernelVariant
 
 SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 2, "EXPONENT": "shared", "RESCALE_THRESHOLD": 8.0,
             "PV_WAIT": "pinned", "PERSISTENT": False}
+HOPPER_SMS = 132
 BLOCK_M = 128  # = block masks' BLOCK_SIZE: a query tile of the block mask is one CTA's work tile
+
+
+def default_schedule(variant, head_dim) -> dict:
+    """SCHEDULE with what measured faster for this kind of variant (``docs/performance.md``,
+    "Variant forward schedules"):
+
+    * D=64 with only builtins that fit 3 consumers' registers without spills (causal of either
+      alignment, windows, softcap, sinks): three consumers of 64 rows (query tiles of 192), each
+      computing only the key tiles its own rows see and passing the others (``forward_variant``):
+      1.07-1.10x causal and sinks, 1.00-1.06x softcap. ALiBi (72 bytes of spills at 3 consumers),
+      float or bool masks (244-388 bytes), user mods (their registers are the user's) and block
+      masks (tiles of BLOCK_M rows) keep two;
+    * D=128 and a window bounded on the left: PERSISTENT. Every work tile is a few key tiles long,
+      so the CTA's start (Q load, first S product) and its direct store are a large share; a
+      persistent CTA loads the next tile's Q and keys while its consumers finish (1.02-1.09x).
+      Causal variants without a window keep one tile per CTA: their tiles' lengths differ up to
+      N / 128, and the heads order of the persistent loop balances them worse than the hardware's
+      CTA dispatch (0.96x softcap D=128 N=8k)."""
+    sched = dict(SCHEDULE)
+    if head_dim == 64 and not (variant.alibi or variant.attn_mask or variant.score_mod or variant.mask_mod
+                               or variant.block_mask is not None):
+        sched["CONSUMERS"] = 3
+    elif head_dim == 128 and variant.window[0] >= 0:
+        sched["PERSISTENT"] = True
+    return sched
 
 _placeholders: dict = {}
 _BM_SHAPES = ((1, 1, 1), (1, 1, 1, 1), (1, 1, 1), (1, 1, 1, 1))
@@ -83,20 +109,30 @@ def variant_args(variant, tensors, B, H, n_q, n_k, device):
 def plan_variant_launch(io: ForwardTensors, call: VariantCall, make_map=None, schedule=None) -> Launch:
     """The grid, arguments and constexprs of one launch of ``io`` (q, k, v, out and lse, which is
     required; the mask travels in ``call``) (``make_map(t, dims, strides, box)`` builds a tensor map;
-    ``schedule``: overrides of SCHEDULE, e.g. {"PERSISTENT": True}, whose grid is the SM count or
-    ``schedule["SM_COUNT"]``)."""
+    ``schedule``: overrides of ``default_schedule``'s, e.g. {"PERSISTENT": True}, whose grid is the SM
+    count or ``schedule["SM_COUNT"]``)."""
     q, k, v, out, lse, _ = io
     variant, tensors, scale = call
     B, H, n_q, D = q.shape
     n_k = k.shape[2]
     make_map = make_map or device_map
+    sched = dict(default_schedule(variant, D), **(schedule or {}))
+    unknown = sorted(set(sched) - set(SCHEDULE) - {"SM_COUNT"})
+    if unknown:
+        raise ValueError(f"attention variant forward: schedule expects keys among {sorted(SCHEDULE)}, but got "
+                         f"{unknown}")
+    sms = sched.pop("SM_COUNT", None)
+    block_m = 64 * sched["CONSUMERS"]
+    if variant.block_mask is not None and block_m != BLOCK_M:
+        raise ValueError(f"attention variant forward: a block mask expects CONSUMERS=2 (query tiles of {BLOCK_M} "
+                         f"rows, the block mask's), but got CONSUMERS={sched['CONSUMERS']}")
     (kk, k_batched), (vv, v_batched) = _kv_view(q, k), _kv_view(q, v)
     if kk.shape[1] != vv.shape[1] or k_batched != v_batched:
         kk, vv, k_batched = k, v, True
     # What the layouts and the variant decide is kept per signature (shapes, strides, dtypes, device,
     # the Variant object, the sign of the scale): a repeated call only maps its buffers again.
     key = (id(variant), q.shape, q.stride(), kk.shape, kk.stride(), vv.shape, vv.stride(), q.dtype, q.device,
-           scale <= 0, tuple((t.shape, t.stride(), t.dtype) for t in tensors))
+           scale <= 0, tuple((t.shape, t.stride(), t.dtype) for t in tensors), block_m, sched["BLOCK_N"])
     kept = _signatures.get(key)
     aligned = not (q.data_ptr() | kk.data_ptr() | vv.data_ptr()) & 15  # per call: only layouts are kept
     if kept is not None and kept[0] is variant and (aligned or kept[3]):
@@ -109,8 +145,8 @@ def plan_variant_launch(io: ForwardTensors, call: VariantCall, make_map=None, sc
         if copy:
             q, kk, vv = q.contiguous(), kk.contiguous(), vv.contiguous()
             order = _coord_order(q)
-        geoms = [_map_geometry(t, rows, order) for t, rows in ((q, BLOCK_M), (kk, SCHEDULE["BLOCK_N"]),
-                                                               (vv, SCHEDULE["BLOCK_N"]))]
+        geoms = [_map_geometry(t, rows, order) for t, rows in ((q, block_m), (kk, sched["BLOCK_N"]),
+                                                               (vv, sched["BLOCK_N"]))]
         kvar = None
     maps = [make_map(t, *g) for t, g in zip((q, kk, vv), geoms)]
     kv_group = H // kk.shape[1]
@@ -121,23 +157,17 @@ def plan_variant_launch(io: ForwardTensors, call: VariantCall, make_map=None, sc
         kvar = KernelVariant.of(variant, meta, scaled_first=scale <= 0, n_q=n_q, n_k=n_k)
         if aligned:
             _signatures.put(key, (variant, order, geoms, copy, kvar))
-    num_m = (n_q + BLOCK_M - 1) // BLOCK_M
+    num_m = (n_q + block_m - 1) // block_m
     args = (*maps, out.view(torch.int16), lse, n_q, n_k, H, B, kv_group, int(k_batched), float(scale),
             out.stride(0), out.stride(1), out.stride(2), variant.diag(n_q, n_k), left, right,
             float(variant.softcap or 1.0), *tensor_args)
-    sched = dict(SCHEDULE, **(schedule or {}))
-    unknown = sorted(set(sched) - set(SCHEDULE) - {"SM_COUNT"})
-    if unknown:
-        raise ValueError(f"attention variant forward: schedule expects keys among {sorted(SCHEDULE)}, but got "
-                         f"{unknown}")
-    sms = sched.pop("SM_COUNT", None)
     cx = dict(sched, DTYPE=ty.bf16 if q.dtype == torch.bfloat16 else ty.f16, HEAD_DIM=D, RETURN_LSE=True,
               COORD_ORDER=order, VARIANT=kvar)
     Plan(D, cx["BLOCK_N"], cx["STAGES"], cx["CONSUMERS"], False)
     if cx["PERSISTENT"]:
-        if sms is None:
+        if sms is None:  # a tensor off the GPU (the emulator) gets an H100/H200's count, the grid its GPU run has
             from tylopy_kernels.attention.sm90.launch import sm_count
-            sms = sm_count(q.device)
+            sms = sm_count(q.device) if q.is_cuda else HOPPER_SMS
         return Launch((max(1, min(num_m * H * B, sms)),), args, cx)
     return Launch((num_m, H, B), args, cx)
 

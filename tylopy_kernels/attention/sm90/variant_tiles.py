@@ -104,9 +104,11 @@ class VariantProblem:
 
 
 @ty.func
-def key_range(prob, m0):
-    """[first key tile, end tile) that query rows m0 .. m0 + block_m - 1 may see (causal, window)."""
+def key_range(prob, m0, rows=None):
+    """(first key tile, tile count) that query rows m0 .. m0 + rows - 1 (default: the work tile's
+    block_m) may see (causal, window)."""
     vp = prob.variant
+    rows = prob.block_m if rows is None else rows
     hi = prob.n_k
     if vp.has_right_bound:
         reach = ty.cast(0, ty.i32)
@@ -114,7 +116,7 @@ def key_range(prob, m0):
             reach = vp.right
             if vp.v.causal:
                 reach = ty.minimum(reach, 0)
-        hi = ty.maximum(ty.minimum(hi, m0 + prob.block_m + vp.diag + reach), 0)
+        hi = ty.maximum(ty.minimum(hi, m0 + rows + vp.diag + reach), 0)
     lo = ty.cast(0, ty.i32)
     if vp.has_window_left:
         lo = ty.maximum(m0 + vp.diag - vp.left, 0)
@@ -175,6 +177,25 @@ def tile_number(prob, j, m0, h, b):
         return num, is_partial
     first, n_tiles = key_range(prob, m0)
     return first + j, ty.cast(1, ty.i1)
+
+
+@ty.func
+def consumer_tiles(prob, m0, row0, n_tiles):
+    """(first, count) of the work tile's visited key tiles (numbered 0 .. n_tiles - 1) that one
+    consumer's 64 rows from row0 may see, or None where they are all of them: with causal or window
+    bounds and query tiles of 192 rows, a consumer's rows see fewer tiles than the tile's (the first
+    consumer none past its diagonal); the others it only passes on. A block mask's lists are the
+    tile's; with query tiles of 128 rows and 128-key tiles a consumer could pass a tile only under a
+    window whose left reach ends in the tile's second half, not worth the registers the passing
+    code costs there (4 bytes of spills at D=128, persistent)."""
+    vp = prob.variant
+    if vp.v.block_mask is not None or not (vp.has_right_bound or vp.has_window_left) or prob.block_m <= 128:
+        return None
+    first, _ = key_range(prob, m0)
+    mine, count = key_range(prob, row0, 64)
+    lo = ty.minimum(ty.maximum(mine - first, 0), n_tiles)
+    hi = ty.minimum(ty.maximum(mine + count - first, lo), n_tiles)
+    return lo, hi - lo
 
 
 def variant_key_row(prob, j, m0, h, b):
