@@ -3,7 +3,7 @@
     python3 tools/variant_schedules.py --variants sliding_window softcap --d 64 128 --n 2048 8192 \
         --schedule CONSUMERS=3 --schedule PERSISTENT=True --schedule CONSUMERS=3,PERSISTENT=True
 
-Each schedule is an override of ``variant_launch.SCHEDULE`` for that head dim, passed to
+Each schedule overrides ``variant_launch.default_schedule``'s choice for the variant and head dim, passed to
 ``launch_variant`` (the same kernel and launch the public call makes, without its checks and
 autograd); every schedule's output is compared with the default's first (the largest difference
 is printed), then timed (CUDA-event medians after warm-up, the benchmark's timer). The FA3-class
@@ -30,7 +30,7 @@ FORWARD_VARIANTS = ("sliding_window", "softcap", "alibi", "sinks", "causal")
 
 def _keywords(spec, x):
     kw = libs._tylopy_kwargs(spec, x)
-    if spec.variant == "causal":  # the dense kernel's variant: the variant kernel with causal masking only
+    if spec.variant == "causal":  # tylopy.attention sends plain causal to the dense kernel; time the variant kernel
         kw = {"is_causal": True, "window_size": (-1, -1)}
     return kw
 

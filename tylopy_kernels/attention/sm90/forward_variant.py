@@ -60,6 +60,14 @@ def pass_values(smem, plan, j, leader):
 
 
 @ty.func
+def pass_tiles(smem, plan, turn, first, end, leader):
+    """Pass ring iterations first .. end - 1 whole: K (with the turn), then V."""
+    for j in range(first, end):
+        pass_tile(smem, plan, turn, j, leader)
+        pass_values(smem, plan, j, leader)
+
+
+@ty.func
 def variant_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles):
     """One work tile for one consumer: 64 query rows against the key tiles they see among the
     n_tiles the work tile visits (``k``: the CTA's tile count so far, the Q buffer's phase; ``it``:
@@ -84,14 +92,10 @@ def variant_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles):
     passing = mine_range is not None  # (a trace-time choice: without it the loop is the work tile's)
     lo, mine = (0, n_tiles) if not passing else mine_range
     if passing:
-        for j in range(lo):
-            pass_tile(smem, plan, turn, it + j, leader)
-            pass_values(smem, plan, it + j, leader)
+        pass_tiles(smem, plan, turn, it, it + lo, leader)
     hi = lo + mine
     if passing and mine == 0:  # none of this consumer's rows sees a key: zeros, LSE -inf (or the sink)
-        for j in range(hi, n_tiles):
-            pass_tile(smem, plan, turn, it + j, leader)
-            pass_values(smem, plan, it + j, leader)
+        pass_tiles(smem, plan, turn, it + hi, it + n_tiles, leader)
         if sched.persistent and leader:
             hopper.mbarrier_arrive(bar_at(smem, plan.q_empty))
         empty_tile(prob, sched, sink, row0, h, b)

@@ -153,10 +153,13 @@ class HopperOptions:
     schedule: Optional[dict] = None
 
 
+EMULATED_SMS = 132  # an H100/H200's SM count: the persistent grid of a plan built without a GPU
+
+
 class MapTarget(NamedTuple):
     """What a plan is built for: ``make_map(t, dims, strides, box)`` builds a tensor map (None: a
     device map; the emulator passes TensorMapSpec), ``sm_count`` sizes the persistent grid (None:
-    132) and ``l2_bytes`` the head groups of the "lpt" order."""
+    EMULATED_SMS) and ``l2_bytes`` the head groups of the "lpt" order."""
 
     make_map: Optional[Callable] = None
     sm_count: Optional[int] = None
@@ -198,7 +201,7 @@ def plan_launch(tensors: ForwardTensors, options: HopperOptions, target: MapTarg
     kv_bytes = 2 * n_k * D * q.element_size()
     fit = max(1, min(B * H, int(l2_bytes * L2_SHARE) // max(kv_bytes, 1)))
     head_group_log2 = max(g for g in range(fit.bit_length()) if (B * H) % (1 << g) == 0 and (1 << g) <= fit)
-    grid = (min(num_m * H * B, sm_count or 132),) if sched["PERSISTENT"] else (num_m, H, B)
+    grid = (min(num_m * H * B, sm_count or EMULATED_SMS),) if sched["PERSISTENT"] else (num_m, H, B)
     args = (*maps, out.view(torch.int16), lse_t, mask_t, n_q, n_k, H, B, kv_group, int(k_batched), head_group_log2,
             scale, int(is_causal), out.stride(0), out.stride(1), out.stride(2), ms[0], ms[1], ms[2], ms[3])
     cx = dict(sched, DTYPE=ty.bf16 if q.dtype == torch.bfloat16 else ty.f16, HEAD_DIM=D,

@@ -14,14 +14,14 @@ import tylopy as ty
 
 from tylopy_kernels.attention.common import ForwardTensors, VariantCall
 from tylopy_kernels.attention.sm90.forward_variant import attention_variant_fwd_sm90
-from tylopy_kernels.attention.sm90.launch import (Launch, _coord_order, _fits, _kv_view, _map_geometry, device_map)
+from tylopy_kernels.attention.sm90.launch import (EMULATED_SMS, Launch, _coord_order, _fits, _kv_view, _map_geometry,
+                                                  device_map, sm_count)
 from tylopy_kernels.attention.sm90.mods import AUX_NDIM, AUX_SLOTS
 from tylopy_kernels.attention.sm90.tiles import Plan
 from tylopy_kernels.attention.sm90.variant_tiles import KernelVariant
 
 SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 2, "EXPONENT": "shared", "RESCALE_THRESHOLD": 8.0,
             "PV_WAIT": "pinned", "PERSISTENT": False}
-HOPPER_SMS = 132
 BLOCK_M = 128  # = block masks' BLOCK_SIZE: a query tile of the block mask is one CTA's work tile
 
 
@@ -32,12 +32,12 @@ def default_schedule(variant, head_dim) -> dict:
     * D=64 with only builtins that fit 3 consumers' registers without spills (causal of either
       alignment, windows, softcap, sinks): three consumers of 64 rows (query tiles of 192), each
       computing only the key tiles its own rows see and passing the others (``forward_variant``):
-      1.07-1.10x causal and sinks, 1.00-1.06x softcap. ALiBi (72 bytes of spills at 3 consumers),
+      window 1.12-1.14x, causal 1.11-1.15x, sinks 1.07-1.10x, softcap 1.00-1.06x. ALiBi (72 bytes of spills at 3 consumers),
       float or bool masks (244-388 bytes), user mods (their registers are the user's) and block
       masks (tiles of BLOCK_M rows) keep two;
     * D=128 and a window bounded on the left: PERSISTENT. Every work tile is a few key tiles long,
       so the CTA's start (Q load, first S product) and its direct store are a large share; a
-      persistent CTA loads the next tile's Q and keys while its consumers finish (1.02-1.09x).
+      persistent CTA loads the next tile's Q and keys while its consumers finish (1.04-1.08x).
       Causal variants without a window keep one tile per CTA: their tiles' lengths differ up to
       N / 128, and the heads order of the persistent loop balances them worse than the hardware's
       CTA dispatch (0.96x softcap D=128 N=8k)."""
@@ -165,9 +165,8 @@ def plan_variant_launch(io: ForwardTensors, call: VariantCall, make_map=None, sc
               COORD_ORDER=order, VARIANT=kvar)
     Plan(D, cx["BLOCK_N"], cx["STAGES"], cx["CONSUMERS"], False)
     if cx["PERSISTENT"]:
-        if sms is None:  # a tensor off the GPU (the emulator) gets an H100/H200's count, the grid its GPU run has
-            from tylopy_kernels.attention.sm90.launch import sm_count
-            sms = sm_count(q.device) if q.is_cuda else HOPPER_SMS
+        if sms is None:  # a tensor off the GPU (the emulator) gets the grid an H100/H200 run has
+            sms = sm_count(q.device) if q.is_cuda else EMULATED_SMS
         return Launch((max(1, min(num_m * H * B, sms)),), args, cx)
     return Launch((num_m, H, B), args, cx)
 

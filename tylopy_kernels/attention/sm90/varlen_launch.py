@@ -87,7 +87,7 @@ def _layout(tensors: ForwardTensors, docs: PackedDocs, options: HopperOptions, s
                      for t, rows in ((qb, block_m), (kb, sched["BLOCK_N"]), (vb, sched["BLOCK_N"])))
     n_docs = docs.cu_q.shape[0] - 1
     num_m = (docs.max_q + block_m - 1) // block_m
-    grid = (max(1, min(num_m * H * n_docs, sm_count or 132)),) if sched["PERSISTENT"] else (num_m, H, n_docs)
+    grid = (max(1, min(num_m * H * n_docs, sm_count or dense.EMULATED_SMS)),) if sched["PERSISTENT"] else (num_m, H, n_docs)
     cx = dict(sched, DTYPE=ty.bf16 if q.dtype == torch.bfloat16 else ty.f16, HEAD_DIM=D, RETURN_LSE=lse is not None,
               COORD_ORDER=order, SEQUSED_Q=docs.seqused_q is not None, SEQUSED_K=docs.seqused_k is not None)
     Plan(D, cx["BLOCK_N"], cx["STAGES"], cx["CONSUMERS"], False)  # fails early on too much smem
