@@ -66,7 +66,7 @@ def emulate_backward(q, k, v, dout, variant, tensors, scale, score_mod_bwd=None)
     return got
 
 
-FAST = ["softcap", "score_mod", "sinks"]
+FAST = ["softcap", "score_mod", "sinks", "alibi-causal"]
 ALL = list(variant_cases(torch.Generator(), 1, 1, 1, 1))
 
 
@@ -82,7 +82,8 @@ def test_variant_backward_small(name):
 # Every run takes these at the ragged size (the combined case covers softcap, ALiBi and sinks; the
 # float mask stands for the Boolean one, the two-sided window for the bottom-right one); the rest,
 # like head dim 128, under the exhaustive marker.
-RAGGED_EVERY_RUN = ("softcap-alibi-sinks-causal", "score_mod", "mask_mod", "window-both-sides", "float-mask")
+RAGGED_EVERY_RUN = ("softcap-alibi-sinks-causal", "score_mod", "mask_mod", "window-both-sides", "float-mask",
+                    "alibi-causal")
 
 
 @pytest.mark.slow
@@ -90,7 +91,7 @@ RAGGED_EVERY_RUN = ("softcap-alibi-sinks-causal", "score_mod", "mask_mod", "wind
 @pytest.mark.parametrize("name", [n if n in RAGGED_EVERY_RUN else pytest.param(n, marks=pytest.mark.exhaustive)
                                   for n in ALL])
 def test_variant_backward_ragged_gqa(name, D):
-    B, H, H_kv, n_q, n_k = (2 if name == "alibi-bh" else 1), 2, 1, 300, 430
+    B, H, H_kv, n_q, n_k = (2 if name in ("alibi-bh", "alibi-causal") else 1), 2, 1, 300, 430
     q, k, v, dout, g = inputs(B, H, H_kv, n_q, n_k, D, seed=D)
     variant, tensors = V.make_variant(B, H, n_q, n_k, q.device, **variant_cases(g, B, H, n_q, n_k)[name])
     got = emulate_backward(q, k, v, dout, variant, tensors, 1 / math.sqrt(D))
@@ -204,21 +205,24 @@ SPILLS = pytest.mark.xfail(strict=True, reason="8-52 bytes of spills: float mask
 
 @pytest.mark.slow
 @pytest.mark.parametrize("D", [64, pytest.param(128, marks=pytest.mark.exhaustive)])
-@pytest.mark.parametrize("name", ["softcap", "alibi-window", "score_mod-sinks", "mask_mod-block", "bool-mask",
-                                  "float-mask"])
+@pytest.mark.parametrize("name", ["softcap", "alibi-window", "alibi-causal", "score_mod-sinks", "mask_mod-block",
+                                  "bool-mask", "float-mask"])
 def test_variant_backward_assembles_without_spills(name, D, request):
     if name == "float-mask" or (D == 128 and name in ("bool-mask", "alibi-window")):
         request.applymarker(SPILLS)
     from tylopy_kernels.attention.block_mask import create_block_mask
     from tylopy_kernels.attention.sm90.backward_variant import attention_bwd_variant_sm90
     kw = {"softcap": dict(softcap=10.0), "alibi-window": dict(alibi_slopes=torch.rand(2), window_size=(10, 10)),
+          "alibi-causal": dict(alibi_slopes=torch.rand(2), is_causal=True),
           "score_mod-sinks": dict(score_mod=gated_bias, sinks=torch.rand(2)),
           "mask_mod-block": dict(block_mask=create_block_mask(lambda b, h, q, kv: kv <= q, 1, 1, 256, 256)),
           "bool-mask": dict(attn_mask=torch.rand(256, 256) > 0.5),
           "float-mask": dict(attn_mask=torch.randn(256, 256))}[name]
     variant, _ = V.make_variant(1, 2, 256, 256, None, **kw)
     cx = dict(HEAD_DIM=D, BLOCK_M=128 if D == 64 else 64, DQ_ORDER="serial", HAS_MASK=variant.attn_mask == "bool")
-    report = attention_bwd_variant_sm90.compile(VARIANT=kernel_variant(variant), **cx, **OPEN_DTYPES).report
+    from tylopy_kernels.attention.sm90.variant_tiles import KernelVariant
+    kv = KernelVariant.of(variant, [], n_q=256, n_k=256, fold_alibi=D == 64)  # (as the launcher makes it)
+    report = attention_bwd_variant_sm90.compile(VARIANT=kv, **cx, **OPEN_DTYPES).report
     assert report.spill_stores == 0 and report.spill_loads == 0, str(report)
 
 

@@ -94,15 +94,16 @@ def test_alibi_per_batch_and_head_with_sinks_d64():
 @pytest.mark.slow
 def test_alibi_distances_convert_without_cvt_below_2_to_the_22():
     """ALiBi's |row + N_k - N - col| reaches the f32 score by the exponent trick (no cvt per score);
-    sequences of 2^22 tokens or more take a specialization that converts with cvt."""
+    sequences of 2^22 tokens or more take a specialization that converts with cvt. (Non-causal: the
+    causal forward folds ALiBi instead, below.)"""
     from tylopy_kernels.attention.sm90.variant_launch import open_dtypes
     from tylopy_kernels.attention.sm90.variant_tiles import WIDE_POSITIONS, KernelVariant
     q = torch.zeros(1, 2, 256, 64, dtype=torch.bfloat16)
-    variant, tensors = V.make_variant(1, 2, 256, 256, q.device, is_causal=True, alibi_slopes=torch.ones(2))
+    variant, tensors = V.make_variant(1, 2, 256, 256, q.device, alibi_slopes=torch.ones(2))
     plan = plan_variant_launch(ForwardTensors(q, q, q, q.clone(), torch.zeros(1, 2, 256)),
                                VariantCall(variant, tensors, 0.125), make_map=_spec)
     cx = dict(plan.constexprs)
-    assert not cx["VARIANT"].wide_positions
+    assert not cx["VARIANT"].wide_positions and not cx["VARIANT"].alibi_fold
     wide = KernelVariant.of(variant, [], n_q=256, n_k=WIDE_POSITIONS)
     assert wide.wide_positions and wide != cx["VARIANT"]
     assert wide.__tylopy_fingerprint__() != cx["VARIANT"].__tylopy_fingerprint__()
@@ -111,6 +112,51 @@ def test_alibi_distances_convert_without_cvt_below_2_to_the_22():
         cx["VARIANT"] = kv
         counts.append(attention_variant_fwd_sm90.compile(**cx, **open_dtypes(plan)).ptx.count("cvt.rn.f32.s32"))
     assert counts[0] == 0 and counts[1] >= 64
+
+
+@pytest.mark.parametrize("causal, align, n, nk, window, fold", [
+    (True, "top_left", 256, 256, None, True), (True, "top_left", 300, 200, None, False),
+    (True, "bottom_right", 300, 200, None, True), (False, "top_left", 256, 256, (-1, 0), True),
+    (False, "top_left", 256, 256, (-1, 3), False), (True, "top_left", 256, 256, (4096, 4096), True)])
+def test_alibi_folds_where_every_visible_key_is_left_of_its_zero(causal, align, n, nk, window, fold):
+    from tylopy_kernels.attention.sm90.variant_tiles import KernelVariant, alibi_foldable
+    kw = dict(is_causal=causal, causal_align=align, alibi_slopes=torch.ones(2))
+    if window is not None:
+        kw["window_size"] = window
+    variant, _ = V.make_variant(1, 2, n, nk, "cpu", **kw)
+    assert alibi_foldable(variant, n, nk) is fold
+    kv = KernelVariant.of(variant, [], n_q=n, n_k=nk, fold_alibi=True)
+    assert kv.alibi_fold is fold and KernelVariant.of(variant, [], n_q=n, n_k=nk).alibi_fold is False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("D, extra", [(64, {}), (128, dict(causal_align="bottom_right"))])
+def test_alibi_folded_causal_with_sinks_lse_and_ragged_tiles(D, extra):
+    """Causal ALiBi with the row part kept out of the softmax: the output, the LSE (the row part taken
+    off again) and the sinks (compared with the shifted scores) match the float64 reference; the
+    kernel has no cvt per score (one per tile and one per row at most)."""
+    slopes = torch.tensor([[0.75, 0.0625]])
+    q, k, v = qkv(H=2, Hkv=1, D=D, seed=21)
+    check(q, k, v, is_causal=True, alibi_slopes=slopes, sinks=torch.tensor([0.5, -1.0]), **extra)
+    out, lse, variant, tensors = emulate(q, k, v, is_causal=True, alibi_slopes=slopes, **extra)
+    assert variant.alibi
+
+
+@pytest.mark.slow
+def test_alibi_folded_with_softcap_and_window_d64():
+    check(*qkv(D=64, H=2, Hkv=2, seed=23), is_causal=True, window_size=(150, 0), softcap=4.0,
+          alibi_slopes=torch.tensor([0.3, 0.05]))
+
+
+def test_folded_alibi_takes_no_cvt_per_score():
+    from tylopy_kernels.attention.sm90.variant_launch import open_dtypes
+    q = torch.zeros(1, 2, 256, 64, dtype=torch.bfloat16)
+    variant, tensors = V.make_variant(1, 2, 256, 256, q.device, is_causal=True, alibi_slopes=torch.ones(2))
+    plan = plan_variant_launch(ForwardTensors(q, q, q, q.clone(), torch.zeros(1, 2, 256)),
+                               VariantCall(variant, tensors, 0.125), make_map=_spec)
+    assert plan.constexprs["VARIANT"].alibi_fold
+    ptx = attention_variant_fwd_sm90.compile(**plan.constexprs, **open_dtypes(plan)).ptx
+    assert ptx.count("cvt.rn.f32.s32") <= 8
 
 
 @pytest.mark.slow
@@ -236,7 +282,7 @@ def test_default_schedules():
     from tylopy_kernels.attention.sm90.variant_launch import SCHEDULE, default_schedule
 
     def sched(D, **kw):
-        return default_schedule(V.make_variant(1, 2, 300, 300, "cpu", **kw)[0], D)
+        return default_schedule(V.make_variant(1, 2, 300, 300, "cpu", **kw)[0], D, 300, 300)
     assert sched(64, is_causal=True, window_size=(100, 0)) == dict(SCHEDULE, CONSUMERS=3)
     assert sched(128, is_causal=True, window_size=(100, 0))["PERSISTENT"] is True
     assert sched(128, window_size=(100, 100))["PERSISTENT"] is True
@@ -246,6 +292,9 @@ def test_default_schedules():
     for kw in (dict(alibi_slopes=torch.ones(2)), dict(attn_mask=torch.zeros(300, 300)),
                dict(score_mod=lambda s, b, h, q, k: s * 2.0)):
         assert sched(64, **kw)["CONSUMERS"] == 2, kw
+    assert sched(64, is_causal=True, alibi_slopes=torch.ones(2))["CONSUMERS"] == 3  # (folded: no spills)
+    unfolded = V.make_variant(1, 2, 300, 200, "cpu", is_causal=True, alibi_slopes=torch.ones(2))[0]
+    assert default_schedule(unfolded, 64, 300, 200)["CONSUMERS"] == 2  # (top-left, N > N_k: keys right of 0)
     q = torch.zeros(1, 2, 300, 64, dtype=torch.bfloat16)
     mod = _doc_mod()
     variant, tensors = V.make_variant(1, 2, 300, 300, q.device, mask_mod=mod,
@@ -374,6 +423,7 @@ SPILL_CASES = {
     "window": lambda: dict(is_causal=True, window_size=(100, 0)),
     "softcap": lambda: dict(is_causal=True, softcap=30.0),
     "alibi-sinks": lambda: dict(alibi_slopes=torch.ones(2), sinks=torch.zeros(2)),
+    "alibi-causal": lambda: dict(is_causal=True, alibi_slopes=torch.ones(2)),
     "float-mask": lambda: dict(attn_mask=torch.zeros(N, NK)),
     "bool-mask": lambda: dict(attn_mask=torch.ones(N, NK, dtype=torch.bool)),
     "score_mod": lambda: dict(score_mod=_bias_mod()),

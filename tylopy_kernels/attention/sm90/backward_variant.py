@@ -182,6 +182,7 @@ class TileArgs:
         self.key0, self.m0, self.hq, self.b = where
         self.full = None      # a block mask's full-tile flag (with mask_mod), or None
         self.slope = None     # ALiBi's slope of this (batch, query head), or None
+        self.folded = False   # ALiBi alone and folded (``alibi_terms``)
         self.bits = None      # the Boolean attn_mask's words, or None
 
 
@@ -230,18 +231,46 @@ def element_indices(ta):
 @ty.func
 def plain_exponents(s, ta):
     """Without a transform: x c log2(e) - L log2(e) per register (one FMA, as the dense kernel),
-    -inf where the Boolean attn_mask drops the pair."""
+    -inf where the Boolean attn_mask drops the pair. Folded ALiBi (``alibi_terms``) adds one FADD."""
     vals = list(s.values)
     scale_log2 = ta.prob.scale * LOG2E
+    folded = alibi_terms(ta) if ta.folded else None
     out = []
     for j in range(len(vals) // 4):
         lse = column_stats(ta.smem, ta.lay.lse + ta.stage * ta.lay.stat_bytes, j)
         for e in range(4):
             i = 4 * j + e
-            arg = ty.fma(vals[i], scale_log2, -lse[e & 1])
+            if folded is None:
+                arg = ty.fma(vals[i], scale_log2, -lse[e & 1])
+            else:
+                arg = alibi_exponent(vals[i], ta, folded, j, e, lse)
             keep = element_keep(ta, i, False, True, None, None, None)
             out.append(arg if keep is None else ty.select(keep, arg, NEG_INF))
     return out
+
+
+def alibi_terms(ta):
+    """ALiBi folded (``KernelVariant.alibi_fold``: every visible key j of query i has distance
+    d = i + N_k - N - j >= 0), in log2 units: -slope d = slope (j - k0) - slope (i + N_k - N - k0)
+    with k0 this consumer's first key row, each part within a tile of 0 near the diagonal (where
+    the weights that count are). Returns (the key part of this thread's two rows, the query part of
+    its first column, -slope log2(e)'s factor for the others): per element one FADD beside the
+    dense kernel's FMA, where the distance costs an IADD, an FADD and an FFMA and the transform
+    path waits for dP^T before its exponents."""
+    fv = ta.prob.variant.fwd
+    warp = ty.warp_idx() & 3
+    lane = ty.lane_id()
+    slope_log2 = ta.slope * LOG2E
+    rows = [slope_log2 * ty.cast(16 * warp + (lane >> 2) + 8 * h, ty.f32) for h in range(2)]
+    first = -slope_log2 * ty.cast(ta.m0 + 2 * (lane & 3) + (fv.n_k - fv.n_q) - ta.key0, ty.f32)
+    return rows, first, slope_log2
+
+
+def alibi_exponent(x, ta, folded, j, e, lse):
+    """x c log2(e) - L log2(e) plus folded ALiBi (``alibi_terms``) for register 4 j + e."""
+    rows, first, slope_log2 = folded
+    col = ty.fma(-slope_log2, float(8 * j + (e & 1)), first) - lse[e & 1]
+    return ty.fma(x, ta.prob.scale * LOG2E, col) + rows[((4 * j + e) >> 1) & 1]
 
 
 @ty.func
@@ -311,7 +340,14 @@ def score_grads(s, dp, smem, lay, prob, cfg, stage, key0, m0, hq, b, it, bits):
         ta.slope = vb.fwd.variant.slopes[b, hq]
     need = tile_needs_masks(vb, key0, m0, cfg.block_m, ta.full)
     with_grad = transform_has_slope(key) or vb.score_mod_bwd is not None
-    if with_grad or key.transforms_scores:
+    # ALiBi alone, folded, is a constant per row and per column: the plain path takes it (alibi_terms)
+    kv = vb.fwd.variant.kv
+    # ALiBi alone, folded, is a constant per row and per column (alibi_terms): at D=64 the plain path
+    # takes it, its exponents overlapping the dP^T product as the dense kernel's do. (At D=128 the
+    # folded terms spill 24-28 bytes in either path: there ALiBi stays a transform.)
+    ta.folded = key.alibi and kv.alibi_fold and cfg.head_dim == 64 and not (
+        key.softcap or key.score_mod is not None or key.attn_mask == "float" or kv.scaled_first)
+    if (with_grad or key.transforms_scores) and not ta.folded:
         # dS needs t' beside P: wait for dP^T first and finish each element at once.
         dp = hopper.wgmma_wait(0, dp)
         p_words, ds_words = fused_words(s, dp, ta)

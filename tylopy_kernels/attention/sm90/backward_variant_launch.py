@@ -162,7 +162,9 @@ def _variant_step(step, q, variant, tensors, score_mod_bwd):
     tensor_args, meta = variant_args(variant, tensors, B, H, n_q, n_k, dev)
     left, right = variant.window
     cx = dict(step.constexprs)
-    cx.update(VARIANT=KernelVariant.of(variant, meta, n_q=n_q, n_k=n_k), SCORE_MOD_BWD=score_mod_bwd)
+    # ALiBi folds at head dim 64 only (``backward_variant.score_grads``: at 128 its terms spill)
+    kvar = KernelVariant.of(variant, meta, n_q=n_q, n_k=n_k, fold_alibi=cx["HEAD_DIM"] == 64)
+    cx.update(VARIANT=kvar, SCORE_MOD_BWD=score_mod_bwd)
     args = (*head, bits, work, count, n_q, n_k, H, group, n_pad, scale, work_stride, n_kv_tiles, H_kv, *dk_s, *dv_s,
             *mb_s, variant.diag(n_q, n_k), left, right, float(variant.softcap or 1.0), *tensor_args)
     return Step(attention_bwd_variant_sm90, step.grid, args, cx)

@@ -26,8 +26,9 @@ from tylopy_kernels.attention.sm90.consumer import (ROWS, TURN_THREADS, Turn, de
 from tylopy_kernels.attention.sm90.forward import _threads, init_barriers, producer
 from tylopy_kernels.attention.sm90.tiles import (REGISTER_SPLIT, Output, Plan, Problem, Schedule, Sizes, bar_at,
                                                 next_tile, skip_tile, tiles_of_this_cta)
-from tylopy_kernels.attention.sm90.variant_tiles import (NEG_INF, VariantProblem, consumer_tiles, finish,
-                                                        mask_row_pointers, scores, tile_number, variant_tile_at)
+from tylopy_kernels.attention.sm90.variant_tiles import (NEG_INF, VariantProblem, alibi_row_shift, consumer_tiles,
+                                                        finish, mask_row_pointers, scores, tile_number,
+                                                        variant_tile_at)
 
 
 @ty.func
@@ -147,7 +148,8 @@ def variant_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles):
                 pass_tile(smem, plan, turn, it + j, leader)
             for j in range(hi, n_tiles):
                 pass_values(smem, plan, it + j, leader)
-        inv, lse = finish(sm, st, sched.return_lse, sink)
+        shift = [alibi_row_shift(slope, r) for r in range(2)] if kvv.alibi_fold else None
+        inv, lse = finish(sm, st, sched.return_lse, sink, shift)
         o = o.with_data(softmax.scale_rows(o.values, inv))
         store_lse(prob, lse, row0, h, b)
         store_direct(prob, sched, o, row0, h, b)

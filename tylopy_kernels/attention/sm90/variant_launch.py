@@ -18,23 +18,24 @@ from tylopy_kernels.attention.sm90.launch import (EMULATED_SMS, Launch, _coord_o
                                                   device_map, sm_count)
 from tylopy_kernels.attention.sm90.mods import AUX_NDIM, AUX_SLOTS
 from tylopy_kernels.attention.sm90.tiles import Plan
-from tylopy_kernels.attention.sm90.variant_tiles import KernelVariant
+from tylopy_kernels.attention.sm90.variant_tiles import KernelVariant, alibi_foldable
 
 SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 2, "EXPONENT": "shared", "RESCALE_THRESHOLD": 8.0,
             "PV_WAIT": "pinned", "PERSISTENT": False}
 BLOCK_M = 128  # = block masks' BLOCK_SIZE: a query tile of the block mask is one CTA's work tile
 
 
-def default_schedule(variant, head_dim) -> dict:
+def default_schedule(variant, head_dim, n_q=0, n_k=0) -> dict:
     """SCHEDULE with what measured faster for this kind of variant (``docs/performance.md``,
     "Variant forward schedules"):
 
     * D=64 with only builtins that fit 3 consumers' registers without spills (causal of either
-      alignment, windows, softcap, sinks): three consumers of 64 rows (query tiles of 192), each
-      computing only the key tiles its own rows see and passing the others (``forward_variant``):
-      window 1.12-1.14x, causal 1.11-1.15x, sinks 1.07-1.10x, softcap 1.00-1.06x. ALiBi (72 bytes of spills at 3 consumers),
-      float or bool masks (244-388 bytes), user mods (their registers are the user's) and block
-      masks (tiles of BLOCK_M rows) keep two;
+      alignment, windows, softcap, sinks, ALiBi where it folds: ``variant_tiles.alibi_foldable`` for
+      these lengths): three consumers of 64 rows (query tiles of 192), each computing only the key
+      tiles its own rows see and passing the others (``forward_variant``): window 1.12-1.14x, causal
+      1.11-1.15x, sinks 1.07-1.10x, softcap 1.00-1.06x. ALiBi that does not fold (68 bytes of spills
+      at 3 consumers), float or bool masks (244-388 bytes), user mods (their registers are the
+      user's) and block masks (tiles of BLOCK_M rows) keep two;
     * D=128 and a window bounded on the left: PERSISTENT. Every work tile is a few key tiles long,
       so the CTA's start (Q load, first S product) and its direct store are a large share; a
       persistent CTA loads the next tile's Q and keys while its consumers finish (1.04-1.08x).
@@ -42,7 +43,8 @@ def default_schedule(variant, head_dim) -> dict:
       N / 128, and the heads order of the persistent loop balances them worse than the hardware's
       CTA dispatch (0.96x softcap D=128 N=8k)."""
     sched = dict(SCHEDULE)
-    if head_dim == 64 and not (variant.alibi or variant.attn_mask or variant.score_mod or variant.mask_mod
+    alibi = variant.alibi and not alibi_foldable(variant, n_q, n_k)
+    if head_dim == 64 and not (alibi or variant.attn_mask or variant.score_mod or variant.mask_mod
                                or variant.block_mask is not None):
         sched["CONSUMERS"] = 3
     elif head_dim == 128 and variant.window[0] >= 0:
@@ -116,7 +118,7 @@ def plan_variant_launch(io: ForwardTensors, call: VariantCall, make_map=None, sc
     B, H, n_q, D = q.shape
     n_k = k.shape[2]
     make_map = make_map or device_map
-    sched = dict(default_schedule(variant, D), **(schedule or {}))
+    sched = dict(default_schedule(variant, D, n_q, n_k), **(schedule or {}))
     unknown = sorted(set(sched) - set(SCHEDULE) - {"SM_COUNT"})
     if unknown:
         raise ValueError(f"attention variant forward: schedule expects keys among {sorted(SCHEDULE)}, but got "
@@ -154,7 +156,7 @@ def plan_variant_launch(io: ForwardTensors, call: VariantCall, make_map=None, sc
     tensor_args, meta = variant_args(variant, tensors, B, H, n_q, n_k, q.device)
     if kvar is None:
         # the folded form keeps maxima of raw scores, which needs scale > 0: else scale first
-        kvar = KernelVariant.of(variant, meta, scaled_first=scale <= 0, n_q=n_q, n_k=n_k)
+        kvar = KernelVariant.of(variant, meta, scaled_first=scale <= 0, n_q=n_q, n_k=n_k, fold_alibi=True)
         if aligned:
             _signatures.put(key, (variant, order, geoms, copy, kvar))
     num_m = (n_q + block_m - 1) // block_m

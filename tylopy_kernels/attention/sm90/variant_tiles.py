@@ -40,10 +40,13 @@ class KernelVariant:
     aux_meta: tuple                       # per aux slot: (ndim, is_bool)
     scaled_first: bool = False            # scale the scores before the softmax even without a transform
     wide_positions: bool = False          # ALiBi distances may reach 2^22: convert them with cvt (``alibi_distance``)
+    alibi_fold: bool = False              # ALiBi as slope * column, its row part kept out of the softmax (``alibi_columns``)
     live: Variant = field(compare=False, default=None)
 
     @staticmethod
-    def of(variant: Variant, aux_meta, scaled_first=False, n_q=0, n_k=0) -> "KernelVariant":
+    def of(variant: Variant, aux_meta, scaled_first=False, n_q=0, n_k=0, fold_alibi=False) -> "KernelVariant":
+        """``fold_alibi``: the kernel can take ALiBi folded (the forward) where every visible key lies
+        left of the distance's zero (``alibi_foldable``)."""
         def blank(ref):
             return None if ref is None else replace(ref, mod_id="")
         left, right = variant.window
@@ -51,11 +54,12 @@ class KernelVariant:
                       block_mask=None if variant.block_mask is None else (variant.block_mask[0],),
                       score_mod=blank(variant.score_mod), mask_mod=blank(variant.mask_mod))
         wide = bool(variant.alibi) and max(n_q, n_k) >= WIDE_POSITIONS
-        return KernelVariant(key, tuple(aux_meta), bool(scaled_first), wide, variant)
+        fold = fold_alibi and alibi_foldable(variant, n_q, n_k)
+        return KernelVariant(key, tuple(aux_meta), bool(scaled_first), wide and not fold, fold, variant)
 
     def __tylopy_fingerprint__(self):
         parts = [repr(replace(self.key, score_mod=None, mask_mod=None)), repr(self.aux_meta), repr(self.scaled_first),
-                 repr(self.wide_positions)]
+                 repr(self.wide_positions), repr(self.alibi_fold)]
         for ref in (self.key.score_mod, self.key.mask_mod):
             if ref is not None:
                 code = ref.code
@@ -70,6 +74,22 @@ class KernelVariant:
     @property
     def transforms(self) -> bool:
         return self.key.transforms_scores or self.scaled_first
+
+
+def alibi_foldable(variant: Variant, n_q: int, n_k: int) -> bool:
+    """Whether every key a query row sees lies at or left of the row's ALiBi zero (key j of query i has
+    distance i + N_k - N - j >= 0): then -slope |distance| = slope j - slope (i + N_k - N), and the row
+    part, the same for all of a row's keys, can stay out of the softmax (``alibi_columns``)."""
+    if not variant.alibi:
+        return False
+    right = variant.window[1]
+    if variant.causal:
+        reach = min(right, 0) if right >= 0 else 0
+    elif right >= 0:
+        reach = right
+    else:
+        return False
+    return variant.diag(n_q, n_k) + reach <= n_k - n_q
 
 
 class VariantProblem:
@@ -247,24 +267,78 @@ def softcap_tanh(vp, x):
     return ty.fma(r * -2.0, r, 1.0)
 
 
-def _transform(prob, x, b, h, row, col, mask_val, slope):
-    """Steps 2-5 of ``variants.score_transform`` on one scaled score."""
+def _transform(prob, x, b, h, row, col, mask_val, alibi):
+    """Steps 2-5 of ``variants.score_transform`` on one scaled score (``alibi``: ``_after_softcap``'s)."""
     vp = prob.variant
     if vp.v.softcap:
         x = vp.softcap * softcap_tanh(vp, x)
-    return _after_softcap(prob, x, b, h, row, col, mask_val, slope)
+    return _after_softcap(prob, x, b, h, row, col, mask_val, alibi)
 
 
-def _after_softcap(prob, x, b, h, row, col, mask_val, slope):
-    """Steps 3-5 (score_mod, ALiBi, the float mask) on a capped score."""
+class FoldedBias:
+    """ALiBi's term of one score, folded (``alibi_columns``), where ``_transform`` takes a slope."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _folded(prob, raw, b, h, row, col, mask_val, bias):
+    """``_transform`` of a raw score with ALiBi folded into ``bias`` (``alibi_columns``): with no
+    softcap or score_mod before it, scale and bias are one FFMA."""
+    vp = prob.variant
+    if not vp.v.softcap and vp.v.score_mod is None:
+        x = ty.fma(raw, prob.scale, bias)
+        return x if mask_val is None else x + mask_val
+    return _transform(prob, raw * prob.scale, b, h, row, col, mask_val, FoldedBias(bias))
+
+
+def _after_softcap(prob, x, b, h, row, col, mask_val, alibi):
+    """Steps 3-5 (score_mod, ALiBi, the float mask) on a capped score; ``alibi``: the slope of this
+    (batch, head), or its term folded (``FoldedBias``)."""
     vp = prob.variant
     if vp.v.score_mod is not None:
         x = mods.call_traced("score_mod", vp.kv.live.score_mod, vp.kv.live, vp.aux, (x, b, h, row, col))
-    if vp.v.alibi:
-        x = ty.fma(-slope, ty.abs(alibi_distance(prob, row, col)), x)
+    if isinstance(alibi, FoldedBias):
+        x = x + alibi.value
+    elif vp.v.alibi:
+        x = ty.fma(-alibi, ty.abs(alibi_distance(prob, row, col)), x)
     if mask_val is not None:
         x = x + mask_val
     return x
+
+
+def alibi_columns(prob, s, row0, col0, slope):
+    """ALiBi folded (``KernelVariant.alibi_fold``): where every visible key j of row i has distance
+    d = i + N_k - N - j >= 0, -slope d = slope (j - c) - slope (i - row0) with c = row0 + N_k - N. The
+    second term is the same for all of a row's keys: the softmax is blind to it, so the scores take only
+    the first, and the LSE and a sink take the second (``alibi_row_shift``). Per thread and tile that is
+    one FFMA per column (a cvt per tile) where the distance costs an IADD, an FADD and an FFMA per score;
+    j - c stays within a tile of 0 near the diagonal, where the largest weights are, so the float
+    rounding of the far keys' biases never meets a weight that counts. Returns {column offset from the
+    thread's first column: bias}."""
+    lay = s.layout
+    lane = ty.lane_id()
+    warp = ty.warp_idx() & 3
+    steps = {}
+    for i in range(len(s.values)):
+        step = lay.coord(0, 0, i)[1] - lay.coord(0, 0, 0)[1]
+        for w, ln in ((0, 31), (3, 5)):  # the columns are the lane's first plus a fixed step (checked)
+            assert lay.coord(w, ln, i)[1] - lay.coord(w, ln, 0)[1] == step, lay.name
+        steps[i] = step
+    first = col0 + lay.coord(warp, lane, 0)[1] - row0 - (prob.n_k - prob.n_q)
+    base = slope * ty.cast(first, ty.f32)
+    bias = {}
+    for step in sorted(set(steps.values())):
+        bias[step] = base if step == 0 else ty.fma(slope, float(step), base)
+    return [bias[steps[i]] for i in range(len(s.values))]
+
+
+def alibi_row_shift(slope, r):
+    """slope (i - row0) of this thread's row r (0 or 1) of the accumulator: what folded ALiBi
+    (``alibi_columns``) left in row i's scores, to be taken off its LSE and added to its sink."""
+    lane = ty.lane_id()
+    warp = ty.warp_idx() & 3
+    return slope * ty.cast(16 * warp + (lane >> 2) + 8 * r, ty.f32)
 
 
 def alibi_distance(prob, row, col):
@@ -298,6 +372,7 @@ def scores(prob, s, row0, col0, b, h, is_partial, slope, mask_rows):
         if vp.v.mask_mod is not None:
             need = need | is_partial
     if vp.kv.transforms:
+        bias = alibi_columns(prob, s, row0, col0, slope) if vp.kv.alibi_fold else None
         out = []
         for i in range(len(vals)):
             row = rows[slots[i]]
@@ -305,7 +380,10 @@ def scores(prob, s, row0, col0, b, h, is_partial, slope, mask_rows):
             mval = None
             if vp.v.attn_mask == "float":
                 mval = _mask_at(prob, mask_rows[slots[i]], row, col)
-            out.append(_transform(prob, vals[i] * prob.scale, b, h, row, col, mval, slope))
+            if bias is not None:
+                out.append(_folded(prob, vals[i], b, h, row, col, mval, bias[i]))
+            else:
+                out.append(_transform(prob, vals[i] * prob.scale, b, h, row, col, mval, slope))
         vals = out
     if need:
         vals = _apply_masks(prob, s, vals, rows, slots, col0, b, h, is_partial, mask_rows)
@@ -372,9 +450,15 @@ def _apply_masks(prob, s, vals, rows, slots, col0, b, h, is_partial, mask_rows):
 
 
 @ty.func
-def finish(sm, state, want_lse, sink):
-    """``softmax.finish`` with an optional sink logit (natural units) in every row's normalizer:
-    l += 2^(sink log2 e - R), R = m c - ffma lo the row's reference (``softmax`` module text)."""
+def finish(sm, state, want_lse, sink, shift=None):
+    """``softmax.finish`` with an optional sink logit (natural units) in every row's normalizer.
+    The row's sums are relative to its reference R = m c - ffma lo (``softmax`` module text); a sink
+    far above every score (a row whose keys all carry a large ALiBi distance) would overflow
+    2^(sink log2 e - R), so the sums move to the larger of R and the sink first:
+    T = max(R, sink log2 e), l' = l 2^(R - T) + 2^(sink log2 e - T), 1/l' scaled by 2^(R - T) for the
+    output (accumulated against R), LSE = (T + log2 l') ln 2. ``shift``: per row, what the scores
+    carried above their true value (folded ALiBi, ``alibi_row_shift``): the sink is compared with the
+    scores after it, the LSE is given without it."""
     inv, lse = [], []
     for r in range(2):
         l = state["l"][r]
@@ -383,12 +467,21 @@ def finish(sm, state, want_lse, sink):
         m = state["m"][r]
         m_use = ty.select(m == NEG_INF, 0.0, m)
         lo = ty.select(state["ffma"], state["lo"][r], 0.0)
-        if sink is not None:
+        if sink is None:
+            ok = l > 0.0  # false for 0 and NaN
+            inv.append(ty.select(ok, ty.rcp(l), 0.0))
+            val = ty.fma(m_use, sm.scale, (ty.log2(l) - lo) * 0.6931471805599453) if want_lse else None
+        else:
             ref = ty.fma(m_use, sm.c, -lo)
-            l = l + ty.exp2(ty.fma(sink, LOG2E, -ref))
-        ok = l > 0.0  # false for 0 and NaN
-        inv.append(ty.select(ok, ty.rcp(l), 0.0))
+            s_log2 = (sink if shift is None else sink + shift[r]) * LOG2E
+            top = ty.maximum(ref, s_log2)
+            down = ty.exp2(ref - top)
+            l = ty.fma(l, down, ty.exp2(s_log2 - top))
+            ok = l > 0.0  # false for 0 and NaN (a sink of -inf in a row without keys)
+            inv.append(ty.select(ok, down * ty.rcp(l), 0.0))
+            val = (top + ty.log2(l)) * 0.6931471805599453 if want_lse else None
         if want_lse:
-            val = ty.fma(m_use, sm.scale, (ty.log2(l) - lo) * 0.6931471805599453)
+            if shift is not None:
+                val = val - shift[r]
             lse.append(ty.select(ok, val, NEG_INF))
     return inv, (lse if want_lse else None)

@@ -39,6 +39,7 @@ def variant_cases(g, B, H, n_q, n_k):
     return {
         "softcap": dict(softcap=12.0),
         "alibi-bh": dict(alibi_slopes=torch.rand(B, H, generator=g)),
+        "alibi-causal": dict(alibi_slopes=torch.rand(B, H, generator=g) + 0.05, is_causal=True),  # (folded)
         "causal-bottom-right-window": dict(is_causal=True, causal_align="bottom_right", window_size=(70, -1)),
         "window-both-sides": dict(window_size=(90, 40)),
         "sinks": dict(sinks=torch.randn(H, generator=g)),
