@@ -132,20 +132,15 @@ def test_operator_only_for_autograd_meta_or_compile():
 
 # -- in-place K/V: expand views and grouped heads in the portable plans ---------------------------------------
 
-def _arg(launch, index):
-    return launch.args[index]
-
-
 def test_portable_forward_reads_expand_views_and_groups_in_place():
     q = torch.randn(2, 8, 20, 32).to(torch.bfloat16)
     one = torch.randn(2, 1, 30, 32).to(torch.bfloat16)
     out = torch.empty_like(q)
     for k, group in ((one.expand(2, 8, 30, 32), 1), (one, 8)):
         launch = plan_forward(ForwardTensors(q, k, k, out), ForwardOptions(scale=0.5))
-        assert _arg(launch, 1).data_ptr() == one.data_ptr()  # the caller's storage: no copy
-        assert _arg(launch, 10) == group  # kv_group
-        k_stride_h = _arg(launch, 17)
-        assert k_stride_h == (0 if group == 1 else one.stride(1))
+        assert launch.args["k"].data_ptr() == one.data_ptr()  # the caller's storage: no copy
+        assert launch.args["kv_group"] == group
+        assert launch.args["k"].stride(1) == (0 if group == 1 else one.stride(1))  # the kernel reads k's strides
     assert launch.grid == (1, 8, 2)  # (query blocks of 64 rows, heads, batch)
 
 
@@ -158,7 +153,8 @@ def test_portable_backward_reads_expand_views_in_place():
     names = [s.kernel.name for s in steps]
     assert names == ["attention_bwd_preprocess_portable", "attention_bwd_dkdv_portable", "attention_bwd_dq_portable"]
     for step in steps[1:]:
-        assert step.args[1].data_ptr() == one.data_ptr() and step.args[2].data_ptr() == one.data_ptr()
+        assert step.args["k"].data_ptr() == one.data_ptr() and step.args["v"].data_ptr() == one.data_ptr()
+        assert step.args["k"].stride(1) == 0
     assert steps[1].grid == (math.ceil(30 / 64), 4, 1)
 
 
@@ -184,7 +180,7 @@ def test_portable_plans_copy_what_they_cannot_read_in_place():
         plan_backward_portable(BackwardTensors(q, q, q, q, scalar, lse, *grads), BackwardOptions(0.5))
     one_head = torch.randn(1, 1, 20, 32).to(torch.bfloat16).expand(1, 2, 20, 32)
     steps = plan_backward_portable(BackwardTensors(q, q, q, q, one_head, lse, *grads), BackwardOptions(0.5))
-    assert steps[0].args[1].data_ptr() == one_head.data_ptr()  # read in place
+    assert steps[0].args["dout"].data_ptr() == one_head.data_ptr()  # read in place
     odd = torch.randn(1, 2, 20, 36).to(torch.bfloat16)[..., :32]  # rows of 72 bytes: not 16-byte aligned
     launch = plan_forward(ForwardTensors(odd, q, q, torch.empty_like(q)), ForwardOptions(scale=0.5))
-    assert launch.args[0].data_ptr() != odd.data_ptr() and launch.args[1].data_ptr() == q.data_ptr()
+    assert launch.args["q"].data_ptr() != odd.data_ptr() and launch.args["k"].data_ptr() == q.data_ptr()

@@ -305,7 +305,7 @@ def _check_emulated_case(case, schedule=None, model_change=None):
     from tylopy_kernels.attention.testing import rules as rules
     from tylopy_kernels.attention.testing import scenarios as S
     from tylopy_kernels.attention.testing.reference import AttentionInputs
-    from tylopy_kernels.attention import _nonpositive_scale
+    from tylopy_kernels.attention.dispatch import _nonpositive_scale
     q, k, v, mask = C.make_inputs(case, "cpu")
     query, scale = _nonpositive_scale(q, case.resolved_scale)
     out = torch.full(q.shape, float("nan"), dtype=q.dtype)

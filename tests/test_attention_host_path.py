@@ -3,12 +3,15 @@ and CPU tensors stand in for CUDA ones. A call like an earlier one (same shapes,
 device, options) reuses its checks and its launch plan; these tests hold that reuse to giving
 exactly the launch the full path gives, and to noticing whatever would change it.
 """
+from types import MappingProxyType
+
 import pytest
 import torch
 
 import tylopy as ty
 
 from tylopy_kernels import attention as A
+from tylopy_kernels.attention import dispatch
 from tylopy_kernels.attention.sm90 import launch as HL
 
 
@@ -73,15 +76,18 @@ def test_a_kept_plan_holds_no_tensor_of_the_call(hopper_host):
     assert len(HL._repeats) == 1 and all(r() is None for r in refs)
 
 
-def test_editing_the_schedule_in_place_replans(hopper_host, monkeypatch):
+def test_the_schedule_tables_are_read_only_and_a_replaced_one_replans(hopper_host, monkeypatch):
     q, k, v = qkv(n=4096)
     launch(q, k, v)
     launch(q, k, v)
     assert _last_constexprs[0]["EXPONENT"] == HL.SCHEDULE["EXPONENT"]
-    monkeypatch.setitem(HL.SCHEDULE, "EXPONENT", "fast")
+    for table in (HL.SCHEDULE, HL.SCHEDULE_128, HL.LENGTH_TABLE, HL.MASKED_SCHEDULE, HL.LENGTH_TABLE[(64, False)][0][1]):
+        with pytest.raises(TypeError):
+            table["EXPONENT"] = "fast"
+    monkeypatch.setattr(HL, "SCHEDULE", MappingProxyType(dict(HL.SCHEDULE, EXPONENT="fast")))
     launch(q, k, v)
     assert _last_constexprs[0]["EXPONENT"] == "fast"
-    monkeypatch.setitem(HL.LENGTH_TABLE, (64, False), [(8192, {"CONSUMERS": 2})])
+    monkeypatch.setattr(HL, "LENGTH_TABLE", MappingProxyType({**HL.LENGTH_TABLE, (64, False): ((8192, {"CONSUMERS": 2}),)}))
     launch(q, k, v)
     assert _last_constexprs[0]["CONSUMERS"] == 2
 
@@ -147,7 +153,7 @@ def test_the_entry_point_launches_the_kept_plan_and_leaves_autograd_to_the_opera
     the full path; an input that requires grad still goes through the autograd operator."""
     from tylopy_kernels.attention import autograd
     monkeypatch.setattr(A, "_checked", ty.PlanCache("test signatures"))
-    monkeypatch.setattr(A, "_capability", lambda index: (9, 0))
+    monkeypatch.setattr(dispatch, "_capability", lambda index: (9, 0))
     q, k, v = qkv()
     A._checked.put(A._signature(q, k, v, None, 0.0, False, None, False), A._Known(0.125, True))  # as if checked
     out_first = A.attention(q, k, v)

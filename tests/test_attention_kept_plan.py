@@ -6,11 +6,14 @@ every launch of a kept plan is seen by ``ty.observe`` (``scenarios.recorded_laun
 that a call ran the Hopper kernel cannot be fooled by the second call of a test.
 A fake sm_90 driver takes the launches; CPU tensors stand in for CUDA ones.
 """
+from types import MappingProxyType
+
 import pytest
 import torch
 
 import tylopy as ty
 from tylopy_kernels import attention as A
+from tylopy_kernels.attention import dispatch
 from tylopy_kernels.attention.portable import launch as PLaunch
 from tylopy_kernels.attention.sm90 import launch as HL
 from tylopy_kernels.attention.testing import scenarios as S
@@ -23,7 +26,7 @@ def routes(hopper_host, monkeypatch):  # noqa: F811
     """Fresh signature and plan caches, sm_90, and a log of the route each call takes."""
     log = []
     monkeypatch.setattr(A, "_checked", ty.PlanCache("test signatures"))
-    monkeypatch.setattr(A, "_capability", lambda index: (9, 0))
+    monkeypatch.setattr(dispatch, "_capability", lambda index: (9, 0))
     planned = HL.launch_hopper
     monkeypatch.setattr(HL, "launch_hopper", lambda *a, **kw: log.append("hopper planned") or planned(*a, **kw))
     monkeypatch.setattr(PLaunch, "launch_forward", lambda *a, **kw: log.append("portable"))
@@ -100,9 +103,9 @@ def test_a_second_call_records_its_launch(routes):
 
 
 def test_a_kept_plan_whose_launch_declines_falls_back_to_the_full_path(routes, monkeypatch):
-    """An edited schedule table makes the kept plan decline; the call then plans again as a first call."""
+    """A replaced schedule table makes the kept plan decline; the call then plans again as a first call."""
     q, k, v = qkv()
     assert [_call(routes, (q, k, v, {}))[0] for _ in range(2)] == ["hopper planned", "hopper kept plan"]
-    monkeypatch.setitem(HL.SCHEDULE, "EXPONENT", "fast")
+    monkeypatch.setattr(HL, "SCHEDULE", MappingProxyType(dict(HL.SCHEDULE, EXPONENT="fast")))
     route, launches = _call(routes, (q, k, v, {}))
     assert route == "hopper planned" and ("EXPONENT", "'fast'") in launches[0][0]

@@ -4,7 +4,10 @@ A launcher that passes K's strides (or K's tensor-map geometry) for V reads V at
 K and V share a layout every other test still passes. Here they never do: each tensor sits in its
 own buffer with its own padding and dimension order, and K/V heads are grouped (GQA), so a head, a
 row or a batch stride taken from the wrong tensor reads other numbers (or the NaN padding). Each
-kernel is also run with the launcher mutated to use K's strides for V, and the check must fail.
+kernel is also run mutated to read V with K's strides, and the check must fail: the Hopper one with
+its launcher mapping V with K's geometry, the portable one with its kernel reading V's pointer
+through K's strides (its launcher passes each tensor whole, strides included: the kernel is where
+one tensor's strides can still be taken for another's).
 
 * portable kernel (per-tensor strides): Q a (B, n_q, H, D) buffer seen as (B, H, n_q, D); K a
   (B, H_kv, n_k, D) buffer padded along keys and head dim; V an (n_k, B, H_kv, D) buffer permuted.
@@ -14,6 +17,7 @@ kernel is also run with the launcher mutated to use K's strides for V, and the c
 """
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import math
 
@@ -24,6 +28,7 @@ from tylopy.emulate.errors import MemoryAccessError
 from tylopy.runtime.tensormap import TensorMapSpec
 
 PL = pytest.importorskip("tylopy_kernels.attention.portable.launch")
+F = pytest.importorskip("tylopy_kernels.attention.portable.forward")
 L = pytest.importorskip("tylopy_kernels.attention.sm90.launch")
 from tylopy_kernels.attention.sm90.forward import attention_fwd_sm90  # noqa: E402
 from tylopy_kernels.attention.testing.reference import HOPPER, PORTABLE  # noqa: E402
@@ -48,6 +53,19 @@ def _mutated(module, name, old, new):
     return scope[name]
 
 
+def _mutated_kernel(module, name, old, new, tmp_path):
+    """Kernel ``module.name`` from a copy of its module with ``old`` replaced by ``new`` (a kernel is
+    traced from its file's text, so the copy is a file and a module of its own)."""
+    src = inspect.getsource(module)
+    assert src.count(old) == 1, f"the mutation no longer applies: {old!r} is not once in {module.__name__}"
+    path = tmp_path / f"mutated_{module.__name__.rsplit('.', 1)[1]}.py"
+    path.write_text(src.replace(old, new))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mutated = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mutated)
+    return getattr(mutated, name)
+
+
 # -- the portable kernel: strides per tensor ------------------------------------------------------------
 
 def run_portable(plan_forward):
@@ -64,9 +82,12 @@ def test_portable_q_k_v_in_three_layouts():
     run_portable(PL.plan_forward)
 
 
-def test_portable_v_read_with_k_strides_is_caught():
-    mutated = _mutated(PL, "plan_forward", "*row_strides(v, packed)", "*row_strides(k, packed)")
-    _caught_by(run_portable, mutated, "portable-v-with-k-strides")
+def test_portable_v_read_with_k_strides_is_caught(tmp_path, monkeypatch):
+    kernel = _mutated_kernel(F, "attention_fwd_portable", "head_rows(prob.v, seq.b, kv_head,",
+                             "head_rows(type(prob.v)('v', prob.v.spec, prob.v.ptr, prob.k.shape, prob.k.stride), "
+                             "seq.b, kv_head,", tmp_path)
+    monkeypatch.setattr(PL, "attention_fwd_portable", kernel)  # (plan_forward launches the module's global)
+    _caught_by(run_portable, PL.plan_forward, "portable-v-with-k-strides")
 
 
 # -- the Hopper kernel: one coordinate order, a tensor map per tensor ------------------------------------

@@ -2,6 +2,7 @@
 signature and the kept launch carries the same bytes as a fresh plan; a new signature, an edited
 schedule table or a base address off 16 bytes plans again; nothing here needs a GPU."""
 import ctypes
+from types import MappingProxyType
 
 import pytest
 import torch
@@ -78,9 +79,11 @@ def test_a_new_signature_plans_its_own_shape(host, change):
     assert len(VL._shapes) == 2
 
 
-def test_an_edited_schedule_table_plans_again(host, monkeypatch):
+def test_a_replaced_schedule_table_plans_again(host, monkeypatch):
     VL.launch_varlen_hopper(*_call())
-    monkeypatch.setitem(VL.SCHEDULE, 64, dict(VL.SCHEDULE[64], STAGES=3))
+    with pytest.raises(TypeError):
+        VL.SCHEDULE[64]["STAGES"] = 3  # (read-only)
+    monkeypatch.setattr(VL, "SCHEDULE", MappingProxyType({**VL.SCHEDULE, 64: dict(VL.SCHEDULE[64], STAGES=3)}))
     VL.launch_varlen_hopper(*_call())
     assert len(VL._shapes) == 2
     assert [k for k in VL._shapes._entries][-1][-1] == tuple(VL.SCHEDULE[64].items())

@@ -44,12 +44,13 @@ def test_streaming_attention_kernel_n128(capsys):
     q, k, v = qkv(1, 1, n, seed=8)
     out, lse = torch.zeros_like(q), torch.zeros(1, 1, n)
     t0 = time.perf_counter()
+    no_mask = torch.zeros(1, dtype=torch.uint8).as_strided((1, 1, 1, 1), (0, 0, 0, 0))
+    i16 = torch.int16
     mod.streaming_attention_fwd.emulate(
-        q.view(torch.int16), k.view(torch.int16), v.view(torch.int16), out.view(torch.int16), lse,
-        torch.zeros(16, dtype=torch.uint8), n, n, 1, 1 / math.sqrt(D), 0,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], 0, 0, 0, 0,
-        grid=(-(-n // (mod.ROWS_PER_WARP * warps)), 1, 1), DTYPE=ty.bf16, HEAD_DIM=D, BLOCK_N=64, WARPS=warps,
-        HAS_MASK=False, RETURN_LSE=True, ASYNC_COPY=True)  # the cp.async path, as the GPU runs it
+        q=q.view(i16), k=k.view(i16), v=v.view(i16), out=out.view(i16), lse=lse, mask=no_mask,
+        scale=1 / math.sqrt(D), causal=0, grid=(-(-n // (mod.ROWS_PER_WARP * warps)), 1, 1), DTYPE=ty.bf16,
+        HEAD_DIM=D, BLOCK_N=64, WARPS=warps, HAS_MASK=False, RETURN_LSE=True,
+        ASYNC_COPY=True)  # the cp.async path, as the GPU runs it
     dt = time.perf_counter() - t0
     err = (out.double() - sdpa(q, k, v, False)).abs().max().item()
     with capsys.disabled():

@@ -228,12 +228,12 @@ def test_portable_attention_cp_async_path_equals_its_ld_st_path(causal, emulated
     results = []
     for async_copy in (True, False):
         out, lse = torch.full_like(q, float("nan")), torch.full((1, 1, n), float("nan"))
+        no_mask = torch.zeros(1, dtype=torch.uint8).as_strided((1, 1, 1, 1), (0, 0, 0, 0))
+        i16 = torch.int16
         portable.streaming_attention_fwd.emulate(
-            q.view(torch.int16), k.view(torch.int16), v.view(torch.int16), out.view(torch.int16), lse,
-            torch.zeros(16, dtype=torch.uint8), n, n, 1, 1 / math.sqrt(d), causal,
-            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], 0, 0, 0, 0,
-            grid=(-(-n // 32), 1, 1), DTYPE=ty.bf16, HEAD_DIM=d, BLOCK_N=32, WARPS=2, HAS_MASK=False,
-            RETURN_LSE=True, ASYNC_COPY=async_copy)
+            q=q.view(i16), k=k.view(i16), v=v.view(i16), out=out.view(i16), lse=lse, mask=no_mask,
+            scale=1 / math.sqrt(d), causal=causal, grid=(-(-n // 32), 1, 1), DTYPE=ty.bf16, HEAD_DIM=d, BLOCK_N=32,
+            WARPS=2, HAS_MASK=False, RETURN_LSE=True, ASYNC_COPY=async_copy)
         results.append((out, lse))
     (o1, l1), (o2, l2) = results
     assert torch.equal(o1.view(torch.int16), o2.view(torch.int16)) and torch.equal(l1, l2)

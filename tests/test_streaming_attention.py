@@ -302,16 +302,12 @@ def test_emulated_kernel_matches_the_references(name):
     n_k = k.shape[2]
     out = torch.full(q.shape, float("nan"), dtype=q.dtype)
     lse = torch.full((B, H, n_q), float("nan"))
-    if mask is not None:
-        ms = list(mask.view(torch.uint8).expand(B, H, n_q, n_k).stride())
-        mask_t = mask.view(torch.uint8)
-    else:
-        ms, mask_t = [0, 0, 0, 0], torch.zeros(16, dtype=torch.uint8)
+    mask_t = pl.mask_view(mask, (B, H, n_q, n_k)) if mask is not None else pl.unused("cpu", torch.uint8, 4)
     rows = sa.ROWS_PER_WARP * case.warps
+    i16 = torch.int16
     sa.streaming_attention_fwd.emulate(
-        q.view(torch.int16), k.view(torch.int16), v.view(torch.int16), out.view(torch.int16), lse, mask_t,
-        n_q, n_k, H, scale, int(case.causal), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-        *out.stride()[:3], *ms, grid=((n_q + rows - 1) // rows, H, B),
+        q=q.view(i16), k=k.view(i16), v=v.view(i16), out=out.view(i16), lse=lse, mask=mask_t, scale=scale,
+        causal=int(case.causal), grid=((n_q + rows - 1) // rows, H, B),
         DTYPE=ty.bf16 if q.dtype == torch.bfloat16 else ty.f16, HEAD_DIM=D, BLOCK_N=case.block_n, WARPS=case.warps,
         HAS_MASK=mask is not None, RETURN_LSE=True, ASYNC_COPY=False)
     assert torch.isfinite(out).all() and not torch.isnan(lse).any()

@@ -249,14 +249,14 @@ def host_layers(calls=300):
     dout = torch.randn_like(q)
     out_g = ty.attention(qg, kg, vg, is_causal=True)
     lse = torch.randn(B, H, N, device="cuda")
-    import tylopy_kernels.attention as TA
+    from tylopy_kernels.attention import dispatch as TA
     from tylopy_kernels.attention.common import BackwardTensors
     from tylopy_kernels.attention.sm90.backward_launch import HopperBackwardOptions, plan_backward_hopper
     bt = BackwardTensors(q, k, v, out, dout, lse, *(torch.empty_like(t) for t in (q, k, v)), None)
     steps = plan_backward_hopper(bt, HopperBackwardOptions(scale, True))
     backward = (("causal backward only (autograd.grad)", lambda: torch.autograd.grad(out_g, (qg, kg, vg), dout,
                                                                                     retain_graph=True)),
-                ("causal backward body (attention.backward)", lambda: TA.backward(
+                ("causal backward body (dispatch.backward)", lambda: TA.backward(
                     ForwardTensors(q, k, v, out, lse, None), dout, None, True, scale)),
                 ("plan_backward_hopper", lambda: plan_backward_hopper(bt, HopperBackwardOptions(scale, True))),
                 *((f"backward step {n} {st.kernel.name}", st.launch) for n, st in enumerate(steps)))

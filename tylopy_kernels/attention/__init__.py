@@ -25,79 +25,12 @@ without one.
 """
 from __future__ import annotations
 
-import functools
-import math
-
 import torch
 
-from tylopy_kernels.attention.common import check_token_tensor, rejecter
+from tylopy_kernels.attention.checks import _fail, check_inputs
 from tylopy_kernels.attention.conventions import SdpaOptions, autocast_inputs, is_nested, nested_attention
+from tylopy_kernels.attention.dispatch import _tma_strides_ok, forward
 from tylopy_kernels.attention.fp8 import fp8_attention, is_fp8_call, reject_variant
-
-HOPPER_HEAD_DIMS = (64, 128)
-BLOCK_M = 128
-
-
-_fail = rejecter("attention")
-
-
-def check_inputs(query, key, value, attn_mask, is_causal, scale, enable_gqa=False):
-    """Validate like SDPA; returns (B, H, n_q, n_k, D, scale)."""
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        check_token_tensor(_fail, name, t, 4, "(batch, heads, seq, head_dim)")
-    if key.dtype != query.dtype or value.dtype != query.dtype:
-        _fail(TypeError, "key/value", f"the query's dtype {query.dtype}", f"{key.dtype} and {value.dtype}")
-    if key.device != query.device or value.device != query.device:
-        _fail(ValueError, "key/value", f"the query's device {query.device}", f"{key.device} and {value.device}")
-    B, H, n_q, D = query.shape
-    if key.shape[0] != B or value.shape[0] != B:
-        _fail(ValueError, "key/value batch", B, f"{key.shape[0]} and {value.shape[0]}")
-    if not isinstance(enable_gqa, bool):
-        _fail(TypeError, "enable_gqa", "a bool", type(enable_gqa).__name__)
-    if enable_gqa:
-        h_kv = key.shape[1]
-        if value.shape[1] != h_kv or h_kv == 0 or H % h_kv:
-            _fail(ValueError, "key/value heads", f"one count that divides the {H} query heads (enable_gqa=True)",
-                  f"{key.shape[1]} and {value.shape[1]}")
-    elif key.shape[1] != H or value.shape[1] != H:
-        _fail(ValueError, "key/value heads", f"{H} (or enable_gqa=True for fewer)",
-              f"{key.shape[1]} and {value.shape[1]}")
-    if key.shape[3] != D or value.shape[3] != D:
-        _fail(ValueError, "key/value head_dim", D, f"{key.shape[3]} and {value.shape[3]}")
-    n_k = key.shape[2]
-    if value.shape[2] != n_k:
-        _fail(ValueError, "value", f"as many rows as key ({n_k})", value.shape[2])
-    if D not in (16, 32, 64, 128):
-        _fail(ValueError, "query head_dim", "16, 32, 64 or 128", D)
-    if not isinstance(is_causal, bool):
-        _fail(TypeError, "is_causal", "a bool", type(is_causal).__name__)
-    if is_causal and n_q != n_k:
-        _fail(ValueError, "is_causal", "equal query and key lengths (rectangular causal is ambiguous)",
-              f"{n_q} queries and {n_k} keys")
-    if is_causal and attn_mask is not None:
-        _fail(ValueError, "attn_mask", "None when is_causal=True (as SDPA)", "a mask")
-    if attn_mask is not None:
-        if not isinstance(attn_mask, torch.Tensor):
-            _fail(TypeError, "attn_mask", "a torch.Tensor of dtype torch.bool", type(attn_mask).__name__)
-        if attn_mask.dtype != torch.bool:
-            _fail(TypeError, "attn_mask", "dtype torch.bool (True = take part)", attn_mask.dtype)
-        if attn_mask.device != query.device:
-            _fail(ValueError, "attn_mask", f"the query's device {query.device}", attn_mask.device)
-        if attn_mask.dim() > 4:
-            _fail(ValueError, "attn_mask", "at most 4 dimensions", attn_mask.dim())
-        try:
-            torch.broadcast_shapes(attn_mask.shape, (B, H, n_q, n_k))
-            attn_mask.expand(B, H, n_q, n_k)  # raises when the shapes do not broadcast
-        except RuntimeError:
-            _fail(ValueError, "attn_mask", f"a shape broadcastable to {(B, H, n_q, n_k)}", tuple(attn_mask.shape))
-    if scale is None:
-        scale = 1.0 / math.sqrt(D)
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        _fail(TypeError, "scale", "a float or None", type(scale).__name__)
-    elif not (abs(scale) <= 1.7976931348623157e308 if isinstance(scale, int) else math.isfinite(scale)):
-        shown = scale if len(str(scale)) < 40 else f"an int of {len(str(abs(scale)))} digits"
-        _fail(ValueError, "scale", "a finite number", shown)  # (an int beyond the float range too)
-    return B, H, n_q, n_k, D, float(scale)
 
 
 def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
@@ -257,94 +190,6 @@ def _through_op(query, key, value) -> bool:
     return grad or query.device.type == "meta" or torch.compiler.is_compiling()
 
 
-def _nonpositive_scale(query, scale):
-    """The kernels keep the running maximum of raw scores, the maximum of scaled scores only for a
-    positive scale: softmax(c q k) = softmax(|c| (-q) k), and c = 0 weighs every key equally."""
-    if scale > 0:
-        return query, scale
-    return (torch.zeros_like(query), 1.0) if scale == 0 else (-query, -scale)
-
-
-def forward(query, key, value, attn_mask, is_causal, scale, return_lse, known=None):
-    """(out, lse or None, kept) on CUDA by the kernels: Hopper's where it applies, else the portable
-    one. ``known``: the ``_Known`` of this call's signature, when it has one: its ``strides_ok``
-    is used, and ``kept`` is the Hopper launch a call of the same signature can repeat (or None)."""
-    strides_ok = None if known is None else known.strides_ok
-    keep_plan = known is not None
-    B, H, n_q, D = query.shape
-    n_k = key.shape[2]
-    dev = query.device
-    out = torch.empty((B, H, n_q, D), dtype=query.dtype, device=dev)
-    lse = torch.empty((B, H, n_q), dtype=torch.float32, device=dev) if return_lse else None
-    if B * H * n_q == 0:
-        return out, lse, None
-    if n_k == 0:  # no keys: every row is empty, output zeros and LSE -inf, nothing to launch
-        out.zero_()
-        if lse is not None:
-            lse.fill_(float("-inf"))
-        return out, lse, None
-    if scale <= 0:
-        query, scale = _nonpositive_scale(query, scale)
-        keep_plan = False  # it maps a temporary
-    major, _ = _capability(dev.index)
-    if strides_ok is None:
-        strides_ok = _tma_strides_ok(query, key, value)
-    aligned = not (query.data_ptr() | key.data_ptr() | value.data_ptr()) & 15
-    if major == 9 and D in HOPPER_HEAD_DIMS and ((strides_ok and aligned) or D == 128):
-        from tylopy_kernels.attention.common import ForwardTensors
-        from tylopy_kernels.attention.sm90.launch import HopperOptions, launch_hopper
-        kept = launch_hopper(ForwardTensors(query, key, value, out, lse, attn_mask),  # copies what TMA cannot map
-                             HopperOptions(scale, is_causal))
-        return out, lse, kept if keep_plan else None
-    from tylopy_kernels.attention.portable.launch import launch_forward
-    launch_forward(query, key, value, out, lse, scale=scale, is_causal=is_causal, attn_mask=attn_mask)
-    return out, lse, None
-
-
-def backward(forward_tensors, dout, dlse, is_causal, scale):
-    """(dq, dk, dv) on CUDA: Hopper's backward kernels for D = 64 and 128 on sm_90 (without a
-    gradient of the LSE), the portable ones elsewhere. Deterministic throughout when
-    ``torch.use_deterministic_algorithms(True)`` is on (the portable kernels always are).
-    ``forward_tensors``: a ``ForwardTensors`` of the forward's query, key, value, out, lse and
-    attn_mask; ``dlse``: the LSE's gradient or None."""
-    query, key, value, out, lse, attn_mask = forward_tensors
-    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (query, key, value))
-    B, H, n_q, D = query.shape
-    if B * H * n_q == 0 or key.shape[2] == 0:
-        for t in (dq, dk, dv):
-            t.zero_()
-        return dq, dk, dv
-    if dout.stride(-1) != 1:  # e.g. the zero-stride gradient of out.sum()
-        dout = dout.contiguous()
-    q, s = _nonpositive_scale(query, scale)
-    launch = _hopper_backward(query, key, value, dlse)
-    if launch is not None:
-        from tylopy_kernels.attention.common import BackwardTensors
-        from tylopy_kernels.attention.sm90.backward_launch import HopperBackwardOptions
-        launch(BackwardTensors(q, key, value, out, dout, lse, dq, dk, dv, attn_mask),
-               HopperBackwardOptions(s, is_causal, torch.are_deterministic_algorithms_enabled()))
-    else:
-        from tylopy_kernels.attention.portable.backward_launch import launch_backward_portable
-        launch_backward_portable(q, key, value, out, dout, lse, dq, dk, dv, is_causal=is_causal, scale=s,
-                                 attn_mask=attn_mask, dlse=dlse)
-    if scale < 0:
-        dq.neg_()  # the kernels saw -query
-    elif scale == 0:
-        dq.zero_()
-    return dq, dk, dv
-
-
-def _hopper_backward(query, key, value, dlse):
-    """Hopper's ``launch_backward_hopper`` when it applies to this call, else None."""
-    if dlse is not None or query.shape[3] not in HOPPER_HEAD_DIMS or _capability(query.device.index)[0] != 9:
-        return None
-    try:
-        from tylopy_kernels.attention.sm90.backward_launch import launch_backward_hopper, supports
-    except ImportError:
-        return None
-    return launch_backward_hopper if supports(query, key, value) else None
-
-
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False, scale=None,
                      enable_gqa=False, return_lse=False, seqused_q=None, seqused_k=None, *, window_size=None,
                      softcap=None, alibi_slopes=None, sinks=None, score_mod=None, mask_mod=None, aux=None,
@@ -415,23 +260,6 @@ def _varlen_variant(q, k, v, lengths, call, options):
         variant_op(q1, k1, v1, vid, tensors, scale, False), None)
     out = out[0].transpose(0, 1)
     return (out, lse[0]) if return_lse else out
-
-
-@functools.lru_cache(maxsize=None)
-def _capability(device_index):
-    return torch.cuda.get_device_capability(device_index)
-
-
-def _tma_strides_ok(*tensors) -> bool:
-    """TMA needs 16-byte multiple, non-zero strides along the sequence (a zero stride over batch or
-    heads, an ``expand`` view, is mapped over its storage by the launcher) and, checked per call,
-    a 16-byte aligned base."""
-    for t in tensors:
-        for d in range(3):
-            stride = t.stride(d) * t.element_size()
-            if t.shape[d] > 1 and (stride % 16 or (stride == 0 and d == 2)):
-                return False
-    return True
 
 
 # Last: tylopy imports this module's entry points (tylopy/functions.py), so whichever package is

@@ -20,7 +20,7 @@ formulas). ``return_lse`` only says whether the caller sees lse: when it does no
 non-differentiable and its gradient never reaches the backward, so the fast backward runs; when
 it does, a gradient of lse is folded into the backward (the portable kernels take it).
 
-On CUDA the operators launch the kernels (``tylopy_kernels.attention.forward`` and ``backward``
+On CUDA the operators launch the kernels (``tylopy_kernels.attention.dispatch.forward`` and ``backward``
 pick Hopper's or the portable ones). On any other device they compute the same function with
 torch operations in the inputs' dtype: a reference, so ``torch.autograd.gradcheck`` can check the
 formula in float64 on the CPU through the very operators (``attention_op``, ``varlen_op``).
@@ -149,7 +149,7 @@ def _rows_contiguous(*tensors):
 def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], is_causal: bool, scale: float,
                    return_lse: bool) -> tuple[Tensor, Tensor]:
     if q.device.type == "cuda":
-        from tylopy_kernels.attention import forward
+        from tylopy_kernels.attention.dispatch import forward
         return forward(*_rows_contiguous(q, k, v), attn_mask, is_causal, scale, True)[:2]
     return reference_forward(q, k, v, attn_mask, is_causal, scale)
 
@@ -167,7 +167,7 @@ def _attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
                    attn_mask: Optional[Tensor], dlse: Optional[Tensor], is_causal: bool,
                    scale: float) -> tuple[Tensor, Tensor, Tensor]:
     if q.device.type == "cuda":
-        from tylopy_kernels.attention import backward
+        from tylopy_kernels.attention.dispatch import backward
         return backward(ForwardTensors(*_rows_contiguous(q, k, v), out, lse, attn_mask), dout, dlse, is_causal, scale)
     return reference_backward(ForwardTensors(q, k, v, out, lse, attn_mask), dout, dlse, is_causal, scale)
 

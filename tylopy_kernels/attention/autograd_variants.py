@@ -48,7 +48,7 @@ def kernel_refusal(q, k, v, variant) -> Optional[str]:
     """Why the Hopper variant kernel does not take this call (None: it does)."""
     if q.device.type != "cuda":
         return f"the inputs are on {q.device.type}, not a CUDA device"
-    from tylopy_kernels.attention import _capability
+    from tylopy_kernels.attention.dispatch import _capability
     major, minor = _capability(q.device.index)
     if major != 9:
         return f"the variant kernel needs Hopper (sm_90), but this GPU is sm_{major}{minor}"

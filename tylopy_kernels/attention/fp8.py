@@ -53,7 +53,7 @@ def reject_variant(given):
 def check_fp8(qkv, attn_mask, dropout_p, is_causal, scale, enable_gqa, descales, traced=False):
     """Validate an FP8 call (``qkv`` = (query, key, value)); returns the softmax scale. ``traced``:
     the operator runs it later, so the device is not required to be CUDA here."""
-    from tylopy_kernels.attention import check_inputs
+    from tylopy_kernels.attention.checks import check_inputs
     query, key, value = qkv
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
@@ -142,7 +142,7 @@ def _run_fp8(qkv, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse
         if sig is not None:
             _checked.put(sig, known)
     scale = known
-    from tylopy_kernels.attention import _capability
+    from tylopy_kernels.attention.dispatch import _capability
     major, minor = _capability(query.device.index)
     if major != 9:
         _fail(NotImplementedError, "query", "a tensor on a Hopper GPU (sm_90) for float8 inputs",

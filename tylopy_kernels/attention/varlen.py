@@ -43,7 +43,8 @@ import torch
 
 from tylopy.runtime.plancache import PlanCache
 
-from tylopy_kernels.attention import _fail, _nonpositive_scale
+from tylopy_kernels.attention.checks import _fail
+from tylopy_kernels.attention.dispatch import _nonpositive_scale
 from tylopy_kernels.attention.common import ForwardTensors, PackedDocs, check_token_tensor
 
 HEAD_DIMS = (16, 32, 64, 128)

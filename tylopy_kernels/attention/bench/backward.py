@@ -270,7 +270,7 @@ def main(argv=None):
         data = {"rows": rows}
         if args.plot:
             plot(rows, args.plot)
-    write_results("attention_backward", dict(data, schedule={str(d): s for d, s in SCHEDULE.items()}), args.output)
+    write_results("attention_backward", dict(data, schedule={str(d): dict(s) for d, s in SCHEDULE.items()}), args.output)
     return 0
 
 

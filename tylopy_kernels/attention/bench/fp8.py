@@ -69,15 +69,17 @@ def _inputs(b, n, d, seed):
 
 @contextlib.contextmanager
 def fp8_schedule(changes):
-    """The FP8 launcher's defaults with ``changes`` while inside (restored after)."""
+    """The FP8 launcher's defaults with ``changes`` while inside (the read-only table replaced, then
+    put back)."""
+    from types import MappingProxyType
+
     from tylopy_kernels.attention.sm90 import fp8_launch
-    saved = dict(fp8_launch.SCHEDULE)
-    fp8_launch.SCHEDULE.update(changes)
+    saved = fp8_launch.SCHEDULE
+    fp8_launch.SCHEDULE = MappingProxyType(dict(saved, **changes))
     try:
         yield
     finally:
-        fp8_launch.SCHEDULE.clear()
-        fp8_launch.SCHEDULE.update(saved)
+        fp8_launch.SCHEDULE = saved
 
 
 def _variant(changes, causal):

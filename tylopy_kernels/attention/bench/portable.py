@@ -73,18 +73,16 @@ def _with_register_cap(q, k, v, causal, bn, warps, regs):
     import torch
 
     from tylopy_kernels.attention.portable import forward as sa
+    from tylopy_kernels.attention.portable import launch as pl
     B, H, n, D = q.shape
     out = torch.empty_like(q)
-    from tylopy_kernels.attention.common import placeholder
-    from tylopy_kernels.attention.portable.launch import compiled_for
-    ck = compiled_for(q.device, DTYPE=sa.ty.bf16 if q.dtype == torch.bfloat16 else sa.ty.f16, HEAD_DIM=D,
-                         BLOCK_N=bn, WARPS=warps or sa.DEFAULT_WARPS, HAS_MASK=False, RETURN_LSE=False,
-                         ASYNC_COPY=True, MAX_REGISTERS=regs)
-    rows = sa.ROWS_PER_WARP * (warps or sa.DEFAULT_WARPS)
-    dummy8, dummy32 = placeholder(q.device, torch.uint8), placeholder(q.device, torch.float32)
-    ck(((n + rows - 1) // rows, H, B), q.view(torch.int16), k.view(torch.int16), v.view(torch.int16),
-       out.view(torch.int16), dummy32, dummy8, n, n, H, 1.0 / math.sqrt(D), int(causal),
-       *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], 0, 0, 0, 0)
+    cx = dict(DTYPE=pl.dtype_of(q), HEAD_DIM=D, BLOCK_N=bn, WARPS=warps or sa.DEFAULT_WARPS, HAS_MASK=False,
+              RETURN_LSE=False, ASYNC_COPY=True, MAX_REGISTERS=regs)
+    rows = sa.ROWS_PER_WARP * cx["WARPS"]
+    args = dict(q=pl.token_view(q), k=pl.token_view(k), v=pl.token_view(v), out=pl.token_view(out),
+                lse=pl.unused(q.device, torch.float32, 3), mask=pl.unused(q.device, torch.uint8, 4),
+                scale=1.0 / math.sqrt(D), causal=int(causal))
+    pl.Launch(sa.streaming_attention_fwd, ((n + rows - 1) // rows, H, B), args, cx).run()
     return out
 
 

@@ -321,7 +321,7 @@ def ring_attention(q, k, v, group=None, is_causal=False, scale=None, load_balanc
     ring = ring_of(group)
     scale = check_ring_inputs(q, k, v, is_causal, scale, load_balance, enable_gqa, ring.world)
     if q.device.type == "cuda":  # what the kernels accept (dtype, head dim, heads, devices), on the local shard
-        from tylopy_kernels.attention import check_inputs
+        from tylopy_kernels.attention.checks import check_inputs
         check_inputs(q, k, v, None, False, scale, enable_gqa)
     zigzag = load_balance and is_causal and ring.world > 1
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):

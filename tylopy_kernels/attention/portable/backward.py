@@ -27,22 +27,33 @@ every one of them deterministic (no atomics: the same inputs give the same bits)
    dQ += dS K, K by ``ldmatrix.trans``. Recomputing costs two of the seven products, and buys
    a bitwise reproducible dQ without an fp32 accumulator in global memory.
 
-Masks are those of the forward (``portable.py``): keys past n_k, causal (key j kept for query
+Masks are those of the forward (``forward.py``): keys past n_k, causal (key j kept for query
 i when j <= i + n_k - n_q), a Boolean mask read through strides; queries past n_q are zero
 filled and masked, so memory past every end (NaN included) is never used. A query row whose
 keys are all masked has L = -inf and gets P = 0 (its exponent offset is taken as 0). Packed
 variable-length batches (``VARLEN``) take per-sequence offsets from cu_q/cu_k as the forward.
 
+Parameters as the forward's: each tensor is one ``ty.tensor`` parameter carrying its own shape
+and strides. q, k, v, out, dout, dq, dk and dv are ``TOKENS`` (B, H, N, D) (packed: (B, H,
+total, D) views of batch stride 0), the LSE, delta and the LSE gradient ``ROW_STATS`` (B, H,
+n_q) (packed: (B, H, total)), the mask a ``MASK``; n_q and n_k are the row counts of q and k.
+
 Run and check::
 
-    tylopy dump tylopy_kernels/attention/portable/backward.py:attention_bwd_dkdv_portable -D HEAD_DIM=128
+    tylopy dump tylopy_kernels/attention/portable/backward.py:attention_bwd_dkdv_portable -D HEAD_DIM=128 \
+        -D BLOCK_M=32 -D KV_SMEM=True     # the launcher's D = 128 schedule (BLOCK_M, KV_SMEM below)
     python -m pytest -q tests/test_attention_backward_portable.py      # emulator + ptxas, no GPU
 """
 
-import tylopy as ty
+from typing import Any, NamedTuple
 
-from tylopy_kernels.attention.portable.forward import (NEG_INF, ROWS_PER_WARP, STAGES, Smem, copy_kv, copy_tile, load_q, mask_scores, maybe_mask,
-                       pv_tile, score_tile, shared_bytes, store_output, swizzled_offset, tiled, zero_atom)
+from tylopy_kernels.attention.portable.forward import (MASK, NEG_INF, ROW_STATS, ROWS_PER_WARP, STAGES, TOKENS, Copier,
+                                                       Problem, Schedule, Smem, copy_kv, copy_tile, head_rows, load_q,
+                                                       mask_scores, maybe_mask, pv_tile, score_tile, sequence,
+                                                       shared_bytes, store_output, swizzled_offset, tiled, visible,
+                                                       zero_atom)
+
+import tylopy as ty
 
 LOG2E = 1.4426950408889634
 HEAD_DIMS = (16, 32, 64, 128)
@@ -61,41 +72,45 @@ def _threads(WARPS=WARPS, **_):
     return 32 * WARPS
 
 
-def seq_bounds(cu_q, cu_k, b, n_q, n_k, varlen):
-    """(first query row, first key row, n_q, n_k) of batch entry or sequence ``b``."""
-    if varlen:
-        q_start = cu_q[b]
-        k_start = cu_k[b]
-        return q_start, k_start, cu_q[b + 1] - q_start, cu_k[b + 1] - k_start
-    return 0, 0, n_q, n_k
+class Grad(NamedTuple):
+    """What the gradient kernels read besides the forward's inputs: the output gradient dO and,
+    per query row, the forward's LSE L and delta (TensorArgs; delta has L's layout)."""
+
+    dout: Any
+    lse: Any
+    delta: Any
+
+
+def row_stats(grad, b, h, start):
+    """(L, delta) ``Rows`` of head h of batch entry b from query row start on. delta is read at L's
+    offsets: the launcher allocates it like L, and a second offset, recomputed for every query head
+    of the dK/dV loop, cost that kernel 23 registers (ptxas, D = 64 with a mask)."""
+    lse = head_rows(grad.lse, b, h, start)
+    return lse, lse._replace(t=grad.delta)
 
 
 # -- 1. delta = rowsum(dO * O) ------------------------------------------------------------------------------
 
 @ty.kernel(threads=PRE_THREADS, arch="sm_80", noalias=True)
 def attention_bwd_preprocess_portable(
-    out: ty.ptr(ty.i16), dout: ty.ptr(ty.i16), dlse: ty.ptr(ty.f32), delta: ty.ptr(ty.f32), cu_q: ty.ptr(ty.i32),
-    n_q: ty.i32, o_stride_b: ty.i64, o_stride_h: ty.i64, o_stride_n: ty.i64,
-    do_stride_b: ty.i64, do_stride_h: ty.i64, do_stride_n: ty.i64, lse_stride_b: ty.i64, lse_stride_h: ty.i64,
+    out: TOKENS, dout: TOKENS, dlse: ROW_STATS, delta: ROW_STATS, cu_q: ty.ptr(ty.i32),
     DTYPE: ty.constexpr = ty.bf16, HEAD_DIM: ty.constexpr = 64, HAS_DLSE: ty.constexpr = False,
     VARLEN: ty.constexpr = False,
 ):
     """Grid (row blocks of PRE_THREADS * 8 / D rows, heads, batch or sequences); delta and dlse
-    have the LSE's layout ((B, H, n_q), or (H, total) packed)."""
+    have the LSE's layout ((B, H, n_q), or (B, H, total) packed, batch stride 0)."""
     lanes = HEAD_DIM // 8  # lanes per row, one 16-byte chunk each
-    b = ty.block_idx(2)
-    h64 = ty.cast(ty.block_idx(1), ty.i64)
-    b64 = ty.cast(b, ty.i64)
-    q_start, _, n_rows, _ = seq_bounds(cu_q, cu_q, b, n_q, n_q, VARLEN)
+    seq = sequence((cu_q, cu_q), out, out, VARLEN)
+    h = ty.block_idx(1)
     idx = ty.block_idx(0) * PRE_THREADS + ty.thread_idx()
     row = idx // lanes
-    col = ty.cast((idx % lanes) * 8, ty.i64)
-    ok = row < n_rows
-    r64 = ty.cast(q_start + row, ty.i64)
-    o_words = ty.load(ty.ptr_cast(out, ty.b32) + ((b64 * o_stride_b + h64 * o_stride_h + r64 * o_stride_n + col) >> 1),
-                      vec=4, mask=ok)
-    d_words = ty.load(ty.ptr_cast(dout, ty.b32) + ((b64 * do_stride_b + h64 * do_stride_h + r64 * do_stride_n + col)
-                                                   >> 1), vec=4, mask=ok)
+    col = (idx % lanes) * 8
+    ok = row < seq.n_q
+    at = seq.q_start + row  # (the rows from the head's first on: one row offset for every tensor)
+    o_words = ty.load(ty.ptr_cast(out.ptr, ty.b32) + (head_rows(out, seq.b, h, 0).offset(at, col) >> 1), vec=4,
+                      mask=ok)
+    d_words = ty.load(ty.ptr_cast(dout.ptr, ty.b32) + (head_rows(dout, seq.b, h, 0).offset(at, col) >> 1), vec=4,
+                      mask=ok)
     acc = ty.cast(0.0, ty.f32)
     for w in range(4):
         o_lo, o_hi = ty.unpack2(o_words[w], DTYPE)
@@ -105,11 +120,10 @@ def attention_bwd_preprocess_portable(
     while m < lanes:  # the row's lanes are adjacent: a butterfly over the low bits of the lane
         acc = acc + ty.shfl_xor(acc, m)
         m = m * 2
-    at = b64 * lse_stride_b + h64 * lse_stride_h + r64
     if ok & ((idx % lanes) == 0):
         if HAS_DLSE:
-            acc = acc - dlse[at]
-        delta[at] = acc
+            acc = acc - ty.load(head_rows(dlse, seq.b, h, 0).address(at))
+        ty.store(head_rows(delta, seq.b, h, 0).address(at), acc)
 
 
 # -- shared pieces of the two gradient kernels -------------------------------------------------------------
@@ -164,24 +178,33 @@ class DkdvSmem:
         self.total = self.k + (2 * self.kv.tile_bytes if kv_smem else 0)
 
 
+class QueryTile(NamedTuple):
+    """The ``Rows`` a dK/dV step streams for one query head: Q and dO (their ``n``: the queries that
+    exist), and the LSE and delta per query row."""
+
+    q: Any
+    dout: Any
+    lse: Any
+    delta: Any
+
+
 @ty.func
-def copy_query_tile(src, lay, smem, stage_off, bases, strides, lse_ptr, delta_ptr, lse_base, m0, n_q, tid, threads,
-                    async_copy):
-    """Start copying query tile ``m0`` (Q, dO, L, delta) into a stage; rows past n_q become zeros."""
-    q, dout = src
+def copy_query_tile(src, lay, cp, stage_off, m0):
+    """Start copying query tile ``m0`` of ``src`` (``QueryTile``: Q, dO, L, delta) into a stage;
+    rows past the queries that exist become zeros."""
     d = lay.tile.head_dim
-    copy_tile(q, bases[0], strides[0], smem, stage_off + lay.q, m0, n_q, tid, lay.block_m, d, threads, async_copy)
-    copy_tile(dout, bases[1], strides[1], smem, stage_off + lay.do, m0, n_q, tid, lay.block_m, d, threads, async_copy)
+    copy_tile(src.q, cp, stage_off + lay.q, m0, lay.block_m, d)
+    copy_tile(src.dout, cp, stage_off + lay.do, m0, lay.block_m, d)
+    tid = cp.tid
     if tid < lay.block_m:
-        ok = m0 + tid < n_q
-        at = lse_base + ty.cast(m0 + tid, ty.i64)
-        for src_ptr, off in ((lse_ptr, lay.lse), (delta_ptr, lay.delta)):
-            dst = smem + (stage_off + off + 4 * tid)
-            if async_copy:
-                ty.cp_async(dst, src_ptr + at, 4, src_bytes=ty.select(ok, 4, 0))
+        ok = m0 + tid < src.q.n
+        for stats, off in ((src.lse, lay.lse), (src.delta, lay.delta)):
+            dst = cp.smem + (stage_off + off + 4 * tid)
+            if cp.async_copy:
+                ty.cp_async(dst, stats.address(m0 + tid), 4, src_bytes=ty.select(ok, 4, 0))
             else:
-                ty.store(ty.ptr_cast(dst, ty.f32), ty.load(src_ptr + at, mask=ok))
-    if async_copy:
+                ty.store(ty.ptr_cast(dst, ty.f32), ty.load(stats.address(m0 + tid), mask=ok))
+    if cp.async_copy:
         ty.cp_async_commit()
 
 
@@ -207,130 +230,108 @@ def kv_operands(smem, off, warp, lane, head_dim):
 
 
 @ty.func
-def mask_keys_on_rows(s, row0, col0, lane, n_q, n_k, causal, causal_off, mask_args, has_mask, block_m):
-    """S^T tiles that need it: queries past n_q, keys past n_k, the causal diagonal, a user mask."""
-    if has_mask:
-        s = mask_scores(s, row0, col0, lane, n_q, n_k, causal, causal_off, mask_args, has_mask, True)
+def mask_keys_on_rows(s, vis, row0, col0, lane, block_m):
+    """S^T tiles that need it (``vis``: ``Visible``): queries past n_q, keys past n_k, the causal
+    diagonal, a user mask."""
+    if vis.mask is not None:
+        s = mask_scores(s, vis, row0, col0, lane, True)
     else:
-        needs = (col0 + block_m > n_q) | (row0 + ROWS_PER_WARP > n_k) | \
-                ((causal != 0) & (row0 + (ROWS_PER_WARP - 1) > col0 + causal_off))
+        needs = (col0 + block_m > vis.n_q) | (row0 + ROWS_PER_WARP > vis.n_k) | \
+                ((vis.causal != 0) & (row0 + (ROWS_PER_WARP - 1) > col0 + vis.causal_off))
         if needs:
-            s = mask_scores(s, row0, col0, lane, n_q, n_k, causal, causal_off, mask_args, has_mask, True)
+            s = mask_scores(s, vis, row0, col0, lane, True)
     return s
 
 
 @ty.func
-def dkdv_rows(q, k, v, dout, lse, delta, dk, dv, mask, seq, n_q, n_k, hk, kv_group, scale, causal, strides,
-              DTYPE, HEAD_DIM, BLOCK_M, WARPS, HAS_MASK, KV_SMEM, ASYNC_COPY):
-    """The CTA's 16 x WARPS keys of key/value head ``hk``: dK and dV summed over the group's query heads."""
-    qs, ks, vs, dos, dks, dvs, ls, ms = strides
-    threads = 32 * WARPS
-    lay = DkdvSmem(BLOCK_M, HEAD_DIM, WARPS, KV_SMEM)
-    smem = shared_bytes(lay.total)
-    atom = ty.MmaSyncAtom(DTYPE)
-    tid = ty.thread_idx()
+def dkdv_rows(prob, grad, dst, seq, hk, sched):
+    """The CTA's 16 x WARPS keys of key/value head ``hk`` of sequence ``seq`` (``Seq``): dK and dV,
+    summed over the group's query heads, into ``dst`` = (dk, dv) TensorArgs."""
+    dk, dv = dst
+    block_m, head_dim, dtype = sched.block, sched.head_dim, sched.dtype
+    lay = DkdvSmem(block_m, head_dim, sched.warps, sched.kv_smem)
+    cp = Copier(shared_bytes(lay.total), ty.thread_idx(), sched.threads, sched.async_copy)
+    atom = ty.MmaSyncAtom(dtype)
     lane = ty.lane_id()
     warp = ty.warp_idx()
-    n0 = ty.block_idx(0) * (ROWS_PER_WARP * WARPS)
+    n0 = ty.block_idx(0) * sched.rows
     row0 = n0 + warp * ROWS_PER_WARP
-    b, q_start, k_start = seq
-    b64 = ty.cast(b, ty.i64)
-    q0 = ty.cast(q_start, ty.i64)
-    k0 = ty.cast(k_start, ty.i64)
-    hk64 = ty.cast(hk, ty.i64)
-    c = scale * LOG2E
-    causal_off = n_k - n_q
+    c = prob.scale * LOG2E
+    causal_off = seq.n_k - seq.n_q
     first = 0
-    if causal != 0:
-        first = ty.maximum(n0 - causal_off, 0) // BLOCK_M  # earlier queries see none of these keys
-    n_tiles = ty.maximum((n_q + (BLOCK_M - 1)) // BLOCK_M - first, 0)
-    total = n_tiles * kv_group
+    if prob.causal != 0:
+        first = ty.maximum(n0 - causal_off, 0) // block_m  # earlier queries see none of these keys
+    n_tiles = ty.maximum((seq.n_q + (block_m - 1)) // block_m - first, 0)
+    total = n_tiles * prob.kv_group
 
-    k_base = b64 * ks[0] + hk64 * ks[1] + k0 * ks[2]
-    v_base = b64 * vs[0] + hk64 * vs[1] + k0 * vs[2]
-    if KV_SMEM:
-        copy_tile(k, k_base, ks[2], smem, lay.k, n0, n_k, tid, lay.kv.block_n, HEAD_DIM, threads, ASYNC_COPY)
-        copy_tile(v, v_base, vs[2], smem, lay.v, n0, n_k, tid, lay.kv.block_n, HEAD_DIM, threads, ASYNC_COPY)
+    k_rows = head_rows(prob.k, seq.b, hk, seq.k_start, seq.n_k)
+    v_rows = head_rows(prob.v, seq.b, hk, seq.k_start, seq.n_k)
+    if sched.kv_smem:
+        copy_tile(k_rows, cp, lay.k, n0, lay.kv.block_n, head_dim)
+        copy_tile(v_rows, cp, lay.v, n0, lay.kv.block_n, head_dim)
         ka = None
         va = None
     else:
-        ka = load_q(k, k_base, ks[2], row0, n_k, lane, HEAD_DIM, DTYPE)
-        va = load_q(v, v_base, vs[2], row0, n_k, lane, HEAD_DIM, DTYPE)
-    dk_acc = [zero_atom() for _ in range(HEAD_DIM // 8)]
-    dv_acc = [zero_atom() for _ in range(HEAD_DIM // 8)]
-    src = (q, dout)
-    row_strides = (qs[2], dos[2])
+        ka = load_q(k_rows, row0, lane, head_dim, dtype)
+        va = load_q(v_rows, row0, lane, head_dim, dtype)
+    dk_acc = [zero_atom() for _ in range(head_dim // 8)]
+    dv_acc = [zero_atom() for _ in range(head_dim // 8)]
 
     def tile_at(it):
         """(query head, first query row) of step ``it``: the group's heads one after another."""
-        head = hk * kv_group + it // n_tiles
-        return head, (first + it % n_tiles) * BLOCK_M
+        head = hk * prob.kv_group + it // n_tiles
+        return head, (first + it % n_tiles) * block_m
 
     def issue(it, stage_off):
         head, m0 = tile_at(it)
-        h64 = ty.cast(head, ty.i64)
-        bases = (b64 * qs[0] + h64 * qs[1] + q0 * qs[2], b64 * dos[0] + h64 * dos[1] + q0 * dos[2])
-        copy_query_tile(src, lay, smem, stage_off, bases, row_strides, lse, delta, b64 * ls[0] + h64 * ls[1] + q0,
-                        m0, n_q, tid, threads, ASYNC_COPY)
+        src = QueryTile(head_rows(prob.q, seq.b, head, seq.q_start, seq.n_q),
+                        head_rows(grad.dout, seq.b, head, seq.q_start, seq.n_q),
+                        *row_stats(grad, seq.b, head, seq.q_start))
+        copy_query_tile(src, lay, cp, stage_off, m0)
 
     if total > 0:
         issue(0, 0)
     for it in range(total):
         stage_off = (it & 1) * lay.stage_bytes
-        if ASYNC_COPY:
+        if sched.async_copy:
             ty.cp_async_wait(0)
         ty.syncthreads()  # step it's tiles are visible; every warp is done with step it - 1's stage
         if it + 1 < total:
             issue(it + 1, ((it + 1) & 1) * lay.stage_bytes)
         head, m0 = tile_at(it)
-        mask_args = (mask, b64 * ms[0] + ty.cast(head, ty.i64) * ms[1], ms[2], ms[3])
-        nl = column_values(smem, stage_off + lay.lse, lane, BLOCK_M, exponent_offset)
-        dl = column_values(smem, stage_off + lay.delta, lane, BLOCK_M, lambda x: x)
-        kf = [atom.a_fragment(w) for w in kv_operands(smem, lay.k, warp, lane, HEAD_DIM)] if KV_SMEM else ka
-        s = score_tile(atom, kf, smem, stage_off + lay.q, lane, BLOCK_M, HEAD_DIM)  # S^T = K Q^T
-        s = mask_keys_on_rows(s, row0, m0, lane, n_q, n_k, causal, causal_off, mask_args, HAS_MASK, BLOCK_M)
+        vis = visible(prob, seq, head, sched.has_mask)
+        nl = column_values(cp.smem, stage_off + lay.lse, lane, block_m, exponent_offset)
+        dl = column_values(cp.smem, stage_off + lay.delta, lane, block_m, lambda x: x)
+        kf = [atom.a_fragment(w) for w in kv_operands(cp.smem, lay.k, warp, lane, head_dim)] if sched.kv_smem else ka
+        s = score_tile(atom, kf, cp.smem, stage_off + lay.q, lane, block_m, head_dim)  # S^T = K Q^T
+        s = mask_keys_on_rows(s, vis, row0, m0, lane, block_m)
         p = weights(s, nl, c, False)
-        vf = [atom.a_fragment(w) for w in kv_operands(smem, lay.v, warp, lane, HEAD_DIM)] if KV_SMEM else va
-        dp = score_tile(atom, vf, smem, stage_off + lay.do, lane, BLOCK_M, HEAD_DIM)  # dP^T = V dO^T
+        vf = [atom.a_fragment(w) for w in kv_operands(cp.smem, lay.v, warp, lane, head_dim)] if sched.kv_smem else va
+        dp = score_tile(atom, vf, cp.smem, stage_off + lay.do, lane, block_m, head_dim)  # dP^T = V dO^T
         ds = grad_scores(p, dp, dl, False)
-        dv_acc = pv_tile(atom, p, dv_acc, smem, stage_off + lay.do, lane, BLOCK_M, HEAD_DIM)  # += P^T dO
-        dk_acc = pv_tile(atom, ds, dk_acc, smem, stage_off + lay.q, lane, BLOCK_M, HEAD_DIM)  # += dS^T Q
+        dv_acc = pv_tile(atom, p, dv_acc, cp.smem, stage_off + lay.do, lane, block_m, head_dim)  # += P^T dO
+        dk_acc = pv_tile(atom, ds, dk_acc, cp.smem, stage_off + lay.q, lane, block_m, head_dim)  # += dS^T Q
 
-    store_output(tiled(scaled(dk_acc, scale)), None, dk, None, row0, n_k,
-                 b64 * dks[0] + hk64 * dks[1] + k0 * dks[2], dks[2], 0, lane, DTYPE, False)
-    store_output(tiled(dv_acc), None, dv, None, row0, n_k, b64 * dvs[0] + hk64 * dvs[1] + k0 * dvs[2], dvs[2], 0,
-                 lane, DTYPE, False)
+    store_output(tiled(scaled(dk_acc, prob.scale)), head_rows(dk, seq.b, hk, seq.k_start, seq.n_k), row0, lane, dtype)
+    store_output(tiled(dv_acc), head_rows(dv, seq.b, hk, seq.k_start, seq.n_k), row0, lane, dtype)
 
 
 @ty.kernel(threads=_threads, arch="sm_80", noalias=True)
 def attention_bwd_dkdv_portable(
-    q: ty.ptr(ty.i16), k: ty.ptr(ty.i16), v: ty.ptr(ty.i16), dout: ty.ptr(ty.i16),
-    lse: ty.ptr(ty.f32), delta: ty.ptr(ty.f32), dk: ty.ptr(ty.i16), dv: ty.ptr(ty.i16), mask: ty.ptr(ty.u8),
-    cu_q: ty.ptr(ty.i32), cu_k: ty.ptr(ty.i32),
-    n_q: ty.i32, n_k: ty.i32, kv_group: ty.i32, scale: ty.f32, causal: ty.i32,
-    q_stride_b: ty.i64, q_stride_h: ty.i64, q_stride_n: ty.i64,
-    k_stride_b: ty.i64, k_stride_h: ty.i64, k_stride_n: ty.i64,
-    v_stride_b: ty.i64, v_stride_h: ty.i64, v_stride_n: ty.i64,
-    do_stride_b: ty.i64, do_stride_h: ty.i64, do_stride_n: ty.i64,
-    dk_stride_b: ty.i64, dk_stride_h: ty.i64, dk_stride_n: ty.i64,
-    dv_stride_b: ty.i64, dv_stride_h: ty.i64, dv_stride_n: ty.i64,
-    lse_stride_b: ty.i64, lse_stride_h: ty.i64,
-    m_stride_b: ty.i64, m_stride_h: ty.i64, m_stride_q: ty.i64, m_stride_k: ty.i64,
+    q: TOKENS, k: TOKENS, v: TOKENS, dout: TOKENS, lse: ROW_STATS, delta: ROW_STATS, dk: TOKENS, dv: TOKENS,
+    mask: MASK, cu_q: ty.ptr(ty.i32), cu_k: ty.ptr(ty.i32), kv_group: ty.i32, scale: ty.f32, causal: ty.i32,
     DTYPE: ty.constexpr = ty.bf16, HEAD_DIM: ty.constexpr = 64, BLOCK_M: ty.constexpr = 64,
     WARPS: ty.constexpr = WARPS, HAS_MASK: ty.constexpr = False, KV_SMEM: ty.constexpr = False,
     ASYNC_COPY: ty.constexpr = True, VARLEN: ty.constexpr = False,
 ):
-    """Grid (key blocks of 16 x WARPS, key/value heads, batch or sequences); delta has L's layout."""
-    b = ty.block_idx(2)
-    q_start, k_start, seq_q, seq_k = seq_bounds(cu_q, cu_k, b, n_q, n_k, VARLEN)
-    strides = ((q_stride_b, q_stride_h, q_stride_n), (k_stride_b, k_stride_h, k_stride_n),
-               (v_stride_b, v_stride_h, v_stride_n), (do_stride_b, do_stride_h, do_stride_n),
-               (dk_stride_b, dk_stride_h, dk_stride_n), (dv_stride_b, dv_stride_h, dv_stride_n),
-               (lse_stride_b, lse_stride_h), (m_stride_b, m_stride_h, m_stride_q, m_stride_k))
-    args = (q, k, v, dout, lse, delta, dk, dv, mask, (b, q_start, k_start), seq_q, seq_k, ty.block_idx(1), kv_group,
-            scale, causal, strides, DTYPE, HEAD_DIM, BLOCK_M, WARPS, HAS_MASK, KV_SMEM, ASYNC_COPY)
+    """Grid (key blocks of 16 x WARPS, key/value heads, batch or sequences); delta has L's layout
+    (and is read at L's offsets)."""
+    sched = Schedule(DTYPE, HEAD_DIM, BLOCK_M, WARPS, HAS_MASK, async_copy=ASYNC_COPY, kv_smem=KV_SMEM)
+    seq = sequence((cu_q, cu_k), q, k, VARLEN)
+    args = (Problem(q, k, v, mask, kv_group, scale, causal), Grad(dout, lse, delta), (dk, dv), seq, ty.block_idx(1),
+            sched)
     if VARLEN:
-        if ty.block_idx(0) * (ROWS_PER_WARP * WARPS) < seq_k:  # else past the sequence's last key
+        if ty.block_idx(0) * sched.rows < seq.n_k:  # else past the sequence's last key
             dkdv_rows(*args)
     else:
         dkdv_rows(*args)
@@ -339,98 +340,75 @@ def attention_bwd_dkdv_portable(
 # -- 3. dQ --------------------------------------------------------------------------------------------------
 
 @ty.func
-def dq_rows(q, k, v, dout, lse, delta, dq, mask, seq, n_q, n_k, h, kv_group, scale, causal, strides,
-            DTYPE, HEAD_DIM, BLOCK_N, WARPS, HAS_MASK, ASYNC_COPY):
-    """The CTA's 16 x WARPS query rows of head ``h``: dQ = scale sum over key tiles of dS K."""
-    qs, ks, vs, dos, dqs, ls, ms = strides
-    threads = 32 * WARPS
-    rows = ROWS_PER_WARP * WARPS
-    lay = Smem(BLOCK_N, HEAD_DIM, STAGES)
-    smem = shared_bytes(lay.total)
-    atom = ty.MmaSyncAtom(DTYPE)
-    tid = ty.thread_idx()
+def dq_rows(prob, grad, dq, seq, h, sched):
+    """The CTA's 16 x WARPS query rows of head ``h`` of sequence ``seq`` (``Seq``): dQ = scale
+    times the sum over key tiles of dS K, into the ``dq`` TensorArg."""
+    block_n, head_dim, dtype = sched.block, sched.head_dim, sched.dtype
+    rows = sched.rows
+    lay = Smem(block_n, head_dim, STAGES)
+    cp = Copier(shared_bytes(lay.total), ty.thread_idx(), sched.threads, sched.async_copy)
+    atom = ty.MmaSyncAtom(dtype)
     lane = ty.lane_id()
     warp = ty.warp_idx()
     m0 = (ty.grid_dim(0) - 1 - ty.block_idx(0)) * rows  # longest rows first under causal masking
     row0 = m0 + warp * ROWS_PER_WARP
-    b, q_start, k_start = seq
-    b64 = ty.cast(b, ty.i64)
-    h64 = ty.cast(h, ty.i64)
-    hk64 = ty.cast(h // kv_group, ty.i64)
-    q0 = ty.cast(q_start, ty.i64)
-    k0 = ty.cast(k_start, ty.i64)
-    c = scale * LOG2E
-    causal_off = n_k - n_q
-    kv_end = n_k
-    if causal != 0:
-        kv_end = ty.minimum(n_k, ty.maximum(m0 + rows + causal_off, 0))
-    n_tiles = (kv_end + (BLOCK_N - 1)) // BLOCK_N
-    k_base = b64 * ks[0] + hk64 * ks[1] + k0 * ks[2]
-    v_base = b64 * vs[0] + hk64 * vs[1] + k0 * vs[2]
-    mask_args = (mask, b64 * ms[0] + h64 * ms[1], ms[2], ms[3])
+    n_q = seq.n_q
+    c = prob.scale * LOG2E
+    vis = visible(prob, seq, h, sched.has_mask)
+    kv_end = seq.n_k
+    if prob.causal != 0:
+        kv_end = ty.minimum(seq.n_k, ty.maximum(m0 + rows + vis.causal_off, 0))
+    n_tiles = (kv_end + (block_n - 1)) // block_n
+    kv_head = h // prob.kv_group
+    kv = (head_rows(prob.k, seq.b, kv_head, seq.k_start, seq.n_k), head_rows(prob.v, seq.b, kv_head, seq.k_start,
+                                                                             seq.n_k))
 
-    qa = load_q(q, b64 * qs[0] + h64 * qs[1] + q0 * qs[2], qs[2], row0, n_q, lane, HEAD_DIM, DTYPE)
-    doa = load_q(dout, b64 * dos[0] + h64 * dos[1] + q0 * dos[2], dos[2], row0, n_q, lane, HEAD_DIM, DTYPE)
-    stat = b64 * ls[0] + h64 * ls[1] + q0
+    qa = load_q(head_rows(prob.q, seq.b, h, seq.q_start, n_q), row0, lane, head_dim, dtype)
+    doa = load_q(head_rows(grad.dout, seq.b, h, seq.q_start, n_q), row0, lane, head_dim, dtype)
+    lse, delta = row_stats(grad, seq.b, h, seq.q_start)
     nl = []
     dl = []
     for half in range(2):  # rows g and g + 8 of the warp's 16
         row = row0 + (lane >> 2) + 8 * half
-        at = stat + ty.cast(row, ty.i64)
-        nl.append(exponent_offset(ty.load(lse + at, mask=row < n_q)))
-        dl.append(ty.load(delta + at, mask=row < n_q))
-    nl = nl * (BLOCK_N // 8)  # per C atom: its two rows
-    dl = dl * (BLOCK_N // 8)
-    dq_acc = [zero_atom() for _ in range(HEAD_DIM // 8)]
+        nl.append(exponent_offset(ty.load(lse.address(row), mask=row < n_q)))
+        dl.append(ty.load(delta.address(row), mask=row < n_q))
+    nl = nl * (block_n // 8)  # per C atom: its two rows
+    dl = dl * (block_n // 8)
+    dq_acc = [zero_atom() for _ in range(head_dim // 8)]
 
-    copy_kv(k, v, k_base, v_base, ks[2], vs[2], smem, 0, lay, 0, n_k, tid, threads, ASYNC_COPY)
+    copy_kv(kv, cp, 0, lay, 0)
     for j in range(n_tiles):
         stage_off = (j & 1) * lay.stage_bytes
-        if ASYNC_COPY:
+        if sched.async_copy:
             ty.cp_async_wait(0)
         ty.syncthreads()
         if j + 1 < n_tiles:
-            copy_kv(k, v, k_base, v_base, ks[2], vs[2], smem, ((j + 1) & 1) * lay.stage_bytes, lay,
-                    (j + 1) * BLOCK_N, n_k, tid, threads, ASYNC_COPY)
-        s = score_tile(atom, qa, smem, stage_off, lane, BLOCK_N, HEAD_DIM)  # S = Q K^T
-        s = maybe_mask(s, row0, j * BLOCK_N, lane, n_q, n_k, causal, causal_off, mask_args, HAS_MASK, BLOCK_N)
+            copy_kv(kv, cp, ((j + 1) & 1) * lay.stage_bytes, lay, (j + 1) * block_n)
+        s = score_tile(atom, qa, cp.smem, stage_off, lane, block_n, head_dim)  # S = Q K^T
+        s = maybe_mask(s, vis, row0, j * block_n, lane, block_n)
         p = weights(s, nl, c, True)
-        dp = score_tile(atom, doa, smem, stage_off + lay.tile_bytes, lane, BLOCK_N, HEAD_DIM)  # dP = dO V^T
+        dp = score_tile(atom, doa, cp.smem, stage_off + lay.tile_bytes, lane, block_n, head_dim)  # dP = dO V^T
         ds = grad_scores(p, dp, dl, True)
-        dq_acc = pv_tile(atom, ds, dq_acc, smem, stage_off, lane, BLOCK_N, HEAD_DIM)  # += dS K
+        dq_acc = pv_tile(atom, ds, dq_acc, cp.smem, stage_off, lane, block_n, head_dim)  # += dS K
 
-    store_output(tiled(scaled(dq_acc, scale)), None, dq, None, row0, n_q, b64 * dqs[0] + h64 * dqs[1] + q0 * dqs[2],
-                 dqs[2], 0, lane, DTYPE, False)
+    store_output(tiled(scaled(dq_acc, prob.scale)), head_rows(dq, seq.b, h, seq.q_start, n_q), row0, lane, dtype)
 
 
 @ty.kernel(threads=_threads, arch="sm_80", noalias=True)
 def attention_bwd_dq_portable(
-    q: ty.ptr(ty.i16), k: ty.ptr(ty.i16), v: ty.ptr(ty.i16), dout: ty.ptr(ty.i16),
-    lse: ty.ptr(ty.f32), delta: ty.ptr(ty.f32), dq: ty.ptr(ty.i16), mask: ty.ptr(ty.u8),
-    cu_q: ty.ptr(ty.i32), cu_k: ty.ptr(ty.i32),
-    n_q: ty.i32, n_k: ty.i32, kv_group: ty.i32, scale: ty.f32, causal: ty.i32,
-    q_stride_b: ty.i64, q_stride_h: ty.i64, q_stride_n: ty.i64,
-    k_stride_b: ty.i64, k_stride_h: ty.i64, k_stride_n: ty.i64,
-    v_stride_b: ty.i64, v_stride_h: ty.i64, v_stride_n: ty.i64,
-    do_stride_b: ty.i64, do_stride_h: ty.i64, do_stride_n: ty.i64,
-    dq_stride_b: ty.i64, dq_stride_h: ty.i64, dq_stride_n: ty.i64,
-    lse_stride_b: ty.i64, lse_stride_h: ty.i64,
-    m_stride_b: ty.i64, m_stride_h: ty.i64, m_stride_q: ty.i64, m_stride_k: ty.i64,
+    q: TOKENS, k: TOKENS, v: TOKENS, dout: TOKENS, lse: ROW_STATS, delta: ROW_STATS, dq: TOKENS, mask: MASK,
+    cu_q: ty.ptr(ty.i32), cu_k: ty.ptr(ty.i32), kv_group: ty.i32, scale: ty.f32, causal: ty.i32,
     DTYPE: ty.constexpr = ty.bf16, HEAD_DIM: ty.constexpr = 64, BLOCK_N: ty.constexpr = 64,
     WARPS: ty.constexpr = WARPS, HAS_MASK: ty.constexpr = False, ASYNC_COPY: ty.constexpr = True,
     VARLEN: ty.constexpr = False,
 ):
-    """Grid (query blocks of 16 x WARPS, query heads, batch or sequences)."""
-    b = ty.block_idx(2)
-    q_start, k_start, seq_q, seq_k = seq_bounds(cu_q, cu_k, b, n_q, n_k, VARLEN)
-    strides = ((q_stride_b, q_stride_h, q_stride_n), (k_stride_b, k_stride_h, k_stride_n),
-               (v_stride_b, v_stride_h, v_stride_n), (do_stride_b, do_stride_h, do_stride_n),
-               (dq_stride_b, dq_stride_h, dq_stride_n), (lse_stride_b, lse_stride_h),
-               (m_stride_b, m_stride_h, m_stride_q, m_stride_k))
-    args = (q, k, v, dout, lse, delta, dq, mask, (b, q_start, k_start), seq_q, seq_k, ty.block_idx(1), kv_group,
-            scale, causal, strides, DTYPE, HEAD_DIM, BLOCK_N, WARPS, HAS_MASK, ASYNC_COPY)
+    """Grid (query blocks of 16 x WARPS, query heads, batch or sequences); delta has L's layout
+    (and is read at L's offsets)."""
+    sched = Schedule(DTYPE, HEAD_DIM, BLOCK_N, WARPS, HAS_MASK, async_copy=ASYNC_COPY)
+    seq = sequence((cu_q, cu_k), q, k, VARLEN)
+    args = (Problem(q, k, v, mask, kv_group, scale, causal), Grad(dout, lse, delta), dq, seq, ty.block_idx(1), sched)
     if VARLEN:
-        if (ty.grid_dim(0) - 1 - ty.block_idx(0)) * (ROWS_PER_WARP * WARPS) < seq_q:
+        if (ty.grid_dim(0) - 1 - ty.block_idx(0)) * sched.rows < seq.n_q:
             dq_rows(*args)
     else:
         dq_rows(*args)

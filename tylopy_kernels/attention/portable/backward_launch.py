@@ -1,4 +1,4 @@
-"""Host side of the portable attention backward (``backward_portable.py``): buffers and launches.
+"""Host side of the portable attention backward (``backward.py``): buffers and launches.
 
     launch_backward_portable(q, k, v, out, dout, lse, dq, dk, dv, is_causal=False, scale=0.125)
     plan_backward_portable(BackwardTensors(q, k, v, out, dout, lse, dq, dk, dv), BackwardOptions(0.125))
@@ -9,7 +9,8 @@ H_kv heads dividing H (dk, dv get the sum over each group); ``varlen=(cu_q, cu_k
 max_seqlen_k)`` takes packed (total, H, D) tensors and an LSE of shape (H, total_q). ``dlse``, a
 gradient of the returned LSE (same layout), is folded into delta. ``plan_backward_portable``
 returns the launches without running them, so the same plan runs in the emulator on CPU
-tensors (``Launch.run(emulate=True)``). Every launch is deterministic.
+tensors (``Launch.run(emulate=True)``). Every launch is deterministic. Each ``Launch`` names its
+arguments by kernel parameter, one per tensor (the kernels read shapes and strides from them).
 """
 from __future__ import annotations
 
@@ -19,11 +20,12 @@ from typing import Optional
 import torch
 
 from tylopy_kernels.attention.portable.backward import (BLOCK_M, BLOCK_N, HEAD_DIMS, KV_SMEM, PRE_THREADS, WARPS,
-                                attention_bwd_dkdv_portable, attention_bwd_dq_portable,
-                                attention_bwd_preprocess_portable)
-from tylopy_kernels.attention.common import BackwardTensors, mask_and_lse_args, placeholder, rejecter  # noqa: F401 (BackwardTensors: re-exported)
+                                                        attention_bwd_dkdv_portable, attention_bwd_dq_portable,
+                                                        attention_bwd_preprocess_portable)
+from tylopy_kernels.attention.common import BackwardTensors, placeholder, rejecter  # noqa: F401 (BackwardTensors: re-exported)
 from tylopy_kernels.attention.portable.forward import ROWS_PER_WARP
-from tylopy_kernels.attention.portable.launch import MAX_GRID_YZ, Launch, aligned, dtype_of, row_strides
+from tylopy_kernels.attention.portable.launch import (MAX_GRID_YZ, Launch, aligned, dtype_of, mask_view, stats_view,
+                                                      token_view, unused)
 
 
 _fail = rejecter("attention backward")
@@ -93,40 +95,35 @@ def plan_backward_portable(tensors: BackwardTensors, options: BackwardOptions) -
             t.zero_()
         return []
     lse = lse.contiguous()
-    lse_strides = (0, lse.stride(0)) if packed else (lse.stride(0), lse.stride(1))
-    delta = torch.empty_like(lse)
-    dlse_t = placeholder(dev, torch.float32) if dlse is None else dlse.to(torch.float32).contiguous()
+    delta = torch.empty_like(lse)  # L's layout: the gradient kernels read it at L's offsets
+    f32 = torch.float32
+    seqs = B if packed else None
+    dlse_t = unused(dev, f32, 3) if dlse is None else stats_view(dlse.to(f32).contiguous(), seqs)
     q, k, v, out, dout = (aligned(t) for t in (q, k, v, out, dout))
     if attn_mask is not None and not packed:
-        mask_t, ms, _ = mask_and_lse_args(attn_mask, None, B, H, n_q, n_k, dev)
+        mask = mask_view(attn_mask, (B, H, n_q, n_k))
     else:
-        mask_t, ms = placeholder(dev, torch.uint8), (0, 0, 0, 0)
-    i16 = torch.int16
+        mask = unused(dev, torch.uint8, 4)
     dtype = dtype_of(q)
     common = dict(DTYPE=dtype, HEAD_DIM=D, WARPS=WARPS, HAS_MASK=attn_mask is not None,
                   ASYNC_COPY=options.async_copy, VARLEN=packed)
     rows = ROWS_PER_WARP * WARPS
-    strides = {name: row_strides(t, packed) for name, t in (("q", q), ("k", k), ("v", v), ("out", out),
-                                                             ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv))}
-    scalars = (n_q, n_k, H // H_kv, float(scale), int(is_causal))
+    views = {name: token_view(x, seqs) for name, x in (("q", q), ("k", k), ("v", v), ("out", out),
+                                                          ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv))}
+    stats = dict(lse=stats_view(lse, seqs), delta=stats_view(delta, seqs))
+    inputs = dict(q=views["q"], k=views["k"], v=views["v"], dout=views["dout"], **stats, mask=mask, cu_q=cu_q,
+                  cu_k=cu_k, kv_group=H // H_kv, scale=float(scale), causal=int(is_causal))
     pre_rows = PRE_THREADS * 8 // D
     launches = [Launch(attention_bwd_preprocess_portable, (-(-n_q // pre_rows), H, B),
-                       (out.view(i16), dout.view(i16), dlse_t, delta, cu_q, n_q, *strides["out"], *strides["dout"],
-                        *lse_strides), dict(DTYPE=dtype, HEAD_DIM=D, HAS_DLSE=dlse is not None, VARLEN=packed))]
+                       dict(out=views["out"], dout=views["dout"], dlse=dlse_t, delta=stats["delta"], cu_q=cu_q),
+                       dict(DTYPE=dtype, HEAD_DIM=D, HAS_DLSE=dlse is not None, VARLEN=packed))]
     if n_k > 0:
-        launches.append(Launch(
-            attention_bwd_dkdv_portable, (-(-n_k // rows), H_kv, B),
-            (q.view(i16), k.view(i16), v.view(i16), dout.view(i16), lse, delta, dk.view(i16), dv.view(i16), mask_t,
-             cu_q, cu_k, *scalars, *strides["q"], *strides["k"], *strides["v"], *strides["dout"], *strides["dk"],
-             *strides["dv"], *lse_strides, *ms),
-            dict(common, BLOCK_M=BLOCK_M[D], KV_SMEM=KV_SMEM[D])))
+        launches.append(Launch(attention_bwd_dkdv_portable, (-(-n_k // rows), H_kv, B),
+                               dict(inputs, dk=views["dk"], dv=views["dv"]),
+                               dict(common, BLOCK_M=BLOCK_M[D], KV_SMEM=KV_SMEM[D])))
     if n_q > 0:
-        launches.append(Launch(
-            attention_bwd_dq_portable, (-(-n_q // rows), H, B),
-            (q.view(i16), k.view(i16), v.view(i16), dout.view(i16), lse, delta, dq.view(i16), mask_t, cu_q, cu_k,
-             *scalars, *strides["q"], *strides["k"], *strides["v"], *strides["dout"], *strides["dq"], *lse_strides,
-             *ms),
-            dict(common, BLOCK_N=BLOCK_N[D])))
+        launches.append(Launch(attention_bwd_dq_portable, (-(-n_q // rows), H, B), dict(inputs, dq=views["dq"]),
+                               dict(common, BLOCK_N=BLOCK_N[D])))
     return [launch for launch in launches if launch.grid[0] > 0]
 
 

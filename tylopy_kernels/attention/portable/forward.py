@@ -5,8 +5,8 @@ writes ``out = softmax(scale * q k^T + mask) v`` and optionally the row log-sum-
 N x N scores living only in registers, one 16 x BLOCK_N tile per warp at a time. It is the
 fallback of ``tylopy.attention`` wherever the Hopper kernel does not apply (head dims 16 and 32,
 pre-Hopper GPUs, tensors TMA cannot describe, packed variable-length batches), and
-``streaming_attention()`` (``portable_launch.py``, the host side) calls it directly. Its
-backward is ``backward_portable.py``.
+``streaming_attention()`` (``launch.py``, the host side) calls it directly. Its backward is
+``backward.py``.
 
 The algorithm, per warp (one warp owns BM = 16 query rows; a CTA of ``WARPS`` warps owns
 16 * WARPS rows and shares each key/value tile between them):
@@ -62,9 +62,18 @@ mask is Boolean and broadcastable to (B, H, n_q, n_k), True = take part; it is r
 uint8 view whose broadcast dims have stride 0 (no copy). Batch and heads are grid dimensions
 (at most 65535 each).
 
-Variable-length batches (``VARLEN=True``): q, k, v are (total, H, D) packed sequences; grid
-z walks the sequences, ``cu_q[b]``/``cu_k[b]`` (int32 prefix sums) give each one's first row
-and length, and a CTA whose rows start past its sequence's end returns at once.
+Parameters: each tensor is one ``ty.tensor`` parameter, its pointer, shape and strides taken from
+the torch tensor at launch, so a kernel reads every tensor through its own strides. q, k, v and
+out are ``TOKENS`` (B, H, N, D) tensors of 16-bit elements (bf16 or fp16 bits seen as int16: the
+DTYPE constexpr says which; 64-bit offsets; the last dim contiguous), the LSE is a ``ROW_STATS``
+(B, H, n_q) f32 tensor and the mask a ``MASK`` (B, H, n_q, n_k) uint8 tensor; n_q and n_k are the
+row counts of q and k. A tensor a specialization does not read (no mask, no LSE) is a placeholder.
+
+Variable-length batches (``VARLEN=True``): q, k, v are (total, H, D) packed sequences, passed as
+(B, H, total, D) views whose batch stride is 0 (the LSE (H, total) as (B, H, total)): sequence b
+is batch entry b, every entry the same rows; grid z walks the sequences, ``cu_q[b]``/``cu_k[b]``
+(int32 prefix sums) give each one's first row and length, and a CTA whose rows start past its
+sequence's end returns at once.
 
 Arch: the kernel is written for sm_80 (mma.sync, ldmatrix, cp.async). The launcher compiles it
 for the device's own arch when tylopy knows it (sm_80, sm_86, sm_89, sm_90), because the core's
@@ -88,6 +97,7 @@ Run and check::
 
 import dataclasses
 import math
+from typing import Any, NamedTuple
 
 import tylopy as ty
 
@@ -106,6 +116,15 @@ ROWS_PER_WARP = 16
 STAGES = 2
 MAX_GRID_YZ = 65535
 STATIC_SMEM_LIMIT = 48 * 1024
+
+# The tensor parameters (the backward's too). Tokens: 16-bit elements (the kernels read 32-bit words and
+# 16-byte chunks, so bf16 and fp16 both travel as int16 and DTYPE says which), offsets in 64 bits (B x H x
+# N x D passes 2^31 elements in long batches), the head dim contiguous (checked at launch; the word loads
+# and cp.async need it). Row statistics: the LSE, delta and the LSE gradient. The mask is not contiguous:
+# its broadcast dims, the key dim included, have stride 0.
+TOKENS = ty.tensor(ty.i16, 4, index=ty.i64, contiguous=True)
+ROW_STATS = ty.tensor(ty.f32, 3, index=ty.i64, contiguous=True)
+MASK = ty.tensor(ty.u8, 4, index=ty.i64)
 
 
 # -- shared memory: swizzled K/V tiles ---------------------------------------------------------------
@@ -165,41 +184,122 @@ def v_operand_row_chunk(lane, kk: int, d_pair: int):
     return 16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1), 2 * d_pair + (lane >> 4)
 
 
+# -- rows of a tensor parameter and the copies into shared memory -----------------------------------------
+
+class Rows(NamedTuple):
+    """The rows of one (batch entry, head) of a tensor parameter from a first row on (a plain holder
+    of IR values): ``t`` the TensorArg ((B, H, N, D) tokens or (B, H, N) row statistics), ``base``
+    the element offset of the first row (i64) and ``n`` the rows that exist (i32; rows at or past
+    it are never read or stored; None where the caller bounds them)."""
+
+    t: Any
+    base: Any
+    n: Any = None
+
+    def offset(self, row, col=None):
+        """The element offset of (row, col), or of row for row statistics (64-bit)."""
+        off = self.base + times_stride(row, self.t.stride[2])
+        return off if col is None else off + ty.cast(col, ty.i64)
+
+    def address(self, row, col=None):
+        return self.t.ptr + self.offset(row, col)
+
+
+def times_stride(i, stride):
+    """i * stride in 64 bits; a contiguous dim's stride is the constant 1 and multiplies nothing."""
+    i = ty.cast(i, ty.i64)
+    return i if isinstance(stride, int) and stride == 1 else i * stride
+
+
+def head_offset(t, b, h):
+    """The element offset of head ``h`` of batch entry ``b`` of tensor ``t`` (64-bit)."""
+    return times_stride(b, t.stride[0]) + times_stride(h, t.stride[1])
+
+
+def head_rows(t, b, h, start, n=None) -> Rows:
+    """Rows ``start`` .. of head ``h`` of batch entry ``b`` of tensor ``t`` (``n`` of them exist)."""
+    return Rows(t, head_offset(t, b, h) + times_stride(start, t.stride[2]), n)
+
+
+def seq_len(t):
+    """The rows of a (B, H, N, D) tensor, as the i32 the kernels count rows in."""
+    return ty.cast(t.shape[2], ty.i32)
+
+
+class Seq(NamedTuple):
+    """Where one sequence lies: ``b`` its batch coordinate (of packed sequences too: their views'
+    batch stride is 0), its first query and key rows, and its n_q queries and n_k keys."""
+
+    b: Any
+    q_start: Any
+    k_start: Any
+    n_q: Any
+    n_k: Any
+
+
+def sequence(cu, q, k, varlen) -> Seq:
+    """Batch entry or packed sequence ``block_idx(2)``: ``cu`` = (cu_q, cu_k), the int32 prefix
+    sums read with ``varlen``; else q's and k's rows. (Packed sequences keep b, times the views'
+    batch stride 0, as the kernels always did: with the constant 0 instead, ptxas spills 16 bytes
+    of the D = 64 forward to fit it in 128 registers.)"""
+    b = ty.block_idx(2)
+    if varlen:
+        cu_q, cu_k = cu
+        q_start = cu_q[b]
+        k_start = cu_k[b]
+        return Seq(b, q_start, k_start, cu_q[b + 1] - q_start, cu_k[b + 1] - k_start)
+    return Seq(b, 0, 0, seq_len(q), seq_len(k))
+
+
+class Copier(NamedTuple):
+    """Who copies tiles into the shared memory ``smem``: the CTA's ``threads`` threads (this one
+    ``tid``), with 16-byte ``cp.async`` copies (``async_copy``) or ld.global / st.shared."""
+
+    smem: Any
+    tid: Any
+    threads: int
+    async_copy: bool
+
+
 @ty.func
-def copy_chunk(src, src_base, src_stride, smem, tile_off, key0, n_k, idx, head_dim, async_copy):
-    """Copy 16-byte chunk ``idx`` of a BLOCK_N x D tile; rows at or past n_k become zeros."""
+def copy_chunk(src, cp, tile_off, key0, idx, head_dim):
+    """Copy 16-byte chunk ``idx`` of a tile of ``src`` (``Rows``) from row key0 on; rows at or past
+    src.n become zeros."""
     chunks = head_dim // 8
     row = idx >> int(math.log2(chunks))
     chunk = idx & (chunks - 1)
     key = key0 + row
+    n_k = src.n  # (keys, or the dK/dV kernel's queries)
     ok = key < n_k
-    g = src + (src_base + ty.cast(key, ty.i64) * src_stride + ty.cast(chunk * 8, ty.i64))
+    g = src.address(key, chunk * 8)
     off = tile_off + swizzled_offset(row, chunk, head_dim)
-    if async_copy:
+    if cp.async_copy:
         # src_bytes 0 reads nothing and zero-fills the 16 bytes (the zfill form CUTLASS and Triton use for tails).
-        ty.cp_async(smem + off, g, 16, src_bytes=ty.select(ok, 16, 0), cache="cg")
+        ty.cp_async(cp.smem + off, g, 16, src_bytes=ty.select(ok, 16, 0), cache="cg")
     else:
-        ty.store(ty.ptr_cast(smem + off, ty.i16), ty.load(g, vec=8, mask=ok))
+        ty.store(ty.ptr_cast(cp.smem + off, ty.i16), ty.load(g, vec=8, mask=ok))
 
 
 @ty.func
-def copy_tile(src, src_base, src_stride, smem, tile_off, key0, n_k, tid, block_n, head_dim, threads, async_copy):
+def copy_tile(src, cp, tile_off, key0, block_n, head_dim):
+    """Copy the block_n x D tile of ``src`` from row key0 on to byte ``tile_off`` of shared memory."""
     total = block_n * head_dim // 8
-    if total >= threads:
-        for it in range(total // threads):
-            copy_chunk(src, src_base, src_stride, smem, tile_off, key0, n_k, tid + it * threads, head_dim, async_copy)
+    if total >= cp.threads:
+        for it in range(total // cp.threads):
+            copy_chunk(src, cp, tile_off, key0, cp.tid + it * cp.threads, head_dim)
     else:
-        if tid < total:
-            copy_chunk(src, src_base, src_stride, smem, tile_off, key0, n_k, tid, head_dim, async_copy)
+        if cp.tid < total:
+            copy_chunk(src, cp, tile_off, key0, cp.tid, head_dim)
 
 
 @ty.func
-def copy_kv(k, v, k_base, v_base, k_stride, v_stride, smem, stage_off, lay, key0, n_k, tid, threads, async_copy):
-    """Start copying key tile ``key0`` (K and V) into the stage at ``stage_off``; one cp.async group."""
-    copy_tile(k, k_base, k_stride, smem, stage_off, key0, n_k, tid, lay.block_n, lay.head_dim, threads, async_copy)
-    copy_tile(v, v_base, v_stride, smem, stage_off + lay.tile_bytes, key0, n_k, tid, lay.block_n, lay.head_dim,
-              threads, async_copy)
-    if async_copy:
+def copy_kv(kv, cp, stage_off, lay, key0):
+    """Start copying key tile ``key0`` of ``kv`` = (K rows, V rows) into the stage at ``stage_off``;
+    one cp.async group."""
+    k_rows, v_rows = kv
+    copy_tile(k_rows, cp, stage_off, key0, lay.block_n, lay.head_dim)
+    copy_tile(v_rows, cp, stage_off + lay.tile_bytes, key0, lay.block_n, lay.head_dim)
+    if cp.async_copy:
         ty.cp_async_commit()
 
 
@@ -246,11 +346,31 @@ def pv_tile(atom, p, o, smem, v_off, lane, block_n, head_dim):
     return o
 
 
+class Visible(NamedTuple):
+    """Which (query, key) pairs of one (batch entry, head) take part: keys below ``n_k`` (queries
+    below ``n_q`` in S^T tiles), under ``causal`` (0/1) the keys at or before query +
+    ``causal_off``, and with a Boolean mask (``mask``: its ``Rows`` of this (batch entry, head),
+    indexed by query and key; None without HAS_MASK) the pairs it keeps."""
+
+    n_q: Any
+    n_k: Any
+    causal: Any
+    causal_off: Any
+    mask: Any = None
+
+
+def visible(prob, seq, h, has_mask) -> Visible:
+    """The pairs head ``h`` of sequence ``seq`` sees (``prob``: the launch's ``Problem``)."""
+    mask = Rows(prob.mask, head_offset(prob.mask, seq.b, h)) if has_mask else None
+    return Visible(seq.n_q, seq.n_k, prob.causal, seq.n_k - seq.n_q, mask)
+
+
 @ty.func
-def mask_scores(s, row0, col0, lane, n_q, n_k, causal, causal_off, mask_args, has_mask, keys_on_rows=False):
+def mask_scores(s, vis, row0, col0, lane, keys_on_rows=False):
     """-inf where a key is past n_k, in the query's future (causal: key > query + causal_off), or
-    dropped by the mask. ``keys_on_rows``: the tile is S^T (rows are keys, columns queries, as in
-    the backward's dK/dV kernel), and queries past n_q are masked too."""
+    dropped by the mask (``vis``: ``Visible``). ``keys_on_rows``: the tile is S^T (rows are keys,
+    columns queries, as in the backward's dK/dV kernel), and queries past n_q are masked too."""
+    n_q, n_k, causal, causal_off = vis.n_q, vis.n_k, vis.causal, vis.causal_off
     vals = []
     for i in range(len(s)):
         r, c = s.layout.coord(0, lane, i)
@@ -258,31 +378,32 @@ def mask_scores(s, row0, col0, lane, n_q, n_k, causal, causal_off, mask_args, ha
         ok = (key < n_k) & ((causal == 0) | (key <= query + causal_off))
         if keys_on_rows:
             ok = ok & (query < n_q)
-        if has_mask:
-            mask, m_base, m_stride_q, m_stride_k = mask_args
-            flag = ty.load(mask + (m_base + ty.cast(query, ty.i64) * m_stride_q + ty.cast(key, ty.i64) * m_stride_k),
-                           mask=ok & (query < n_q))
+        if vis.mask is not None:
+            m = vis.mask  # the mask's strides: stride 0 along its broadcast dims
+            flag = ty.load(m.t.ptr + (m.base + ty.cast(query, ty.i64) * m.t.stride[2] + ty.cast(key, ty.i64) *
+                                      m.t.stride[3]), mask=ok & (query < n_q))
             ok = ok & (flag != 0)
         vals.append(ty.select(ok, s.values[i], NEG_INF))
     return s.with_data(vals)
 
 
 @ty.func
-def maybe_mask(s, row0, col0, lane, n_q, n_k, causal, causal_off, mask_args, has_mask, block_n):
+def maybe_mask(s, vis, row0, col0, lane, block_n):
     """Mask only the tiles that need it: the ragged last tile, the causal diagonal, a user mask."""
-    if has_mask:
-        s = mask_scores(s, row0, col0, lane, n_q, n_k, causal, causal_off, mask_args, has_mask)
+    if vis.mask is not None:
+        s = mask_scores(s, vis, row0, col0, lane)
     else:
-        needs_mask = (col0 + block_n > n_k) | ((causal != 0) & (col0 + (block_n - 1) > row0 + causal_off))
+        needs_mask = (col0 + block_n > vis.n_k) | ((vis.causal != 0) & (col0 + (block_n - 1) > row0 + vis.causal_off))
         if needs_mask:
-            s = mask_scores(s, row0, col0, lane, n_q, n_k, causal, causal_off, mask_args, has_mask)
+            s = mask_scores(s, vis, row0, col0, lane)
     return s
 
 
 @ty.func
-def load_q(q, q_base, q_stride, row0, n_q, lane, head_dim, dtype):
-    """This warp's 16 x D block of Q as D/16 A fragments; rows past n_q read as zeros."""
-    words = ty.ptr_cast(q, ty.b32)
+def load_q(src, row0, lane, head_dim, dtype):
+    """This warp's 16 x D block of ``src`` (``Rows`` of Q, or of K, V, dO) as D/16 A fragments;
+    rows past src.n read as zeros."""
+    words = ty.ptr_cast(src.t.ptr, ty.b32)
     atom = ty.MmaSyncAtom(dtype)
     frags = []
     for kk in range(head_dim // 16):
@@ -290,32 +411,36 @@ def load_q(q, q_base, q_stride, row0, n_q, lane, head_dim, dtype):
         for r in range(4):
             row, col = ty.MMA_SYNC_A.coord(0, lane, 2 * r)  # the low half of a_r; the high half is col + 1
             qrow = row0 + row
-            offset = q_base + ty.cast(qrow, ty.i64) * q_stride + ty.cast(col + 16 * kk, ty.i64)
-            regs.append(ty.load(words + (offset >> 1), mask=qrow < n_q))
+            offset = src.offset(qrow, col + 16 * kk)
+            regs.append(ty.load(words + (offset >> 1), mask=qrow < src.n))
         frags.append(atom.a_fragment(regs))
     return frags
 
 
 @ty.func
-def store_output(o, lse, out, lse_ptr, row0, n_q, o_base, o_stride, lse_base, lane, dtype, return_lse):
-    """Rows < n_q only: each lane packs its two adjacent columns into one b32 store."""
-    words = ty.ptr_cast(out, ty.b32)
+def store_output(o, dst, row0, lane, dtype):
+    """Rows < dst.n of ``dst`` (``Rows``) only: each lane packs its two adjacent columns into one b32 store."""
+    words = ty.ptr_cast(dst.t.ptr, ty.b32)
     vals = o.values
     for half in range(2):  # rows g and g + 8 of the warp's 16
         r, _ = o.layout.coord(0, lane, 2 * half)
         row = row0 + r
-        if row < n_q:
+        if row < dst.n:
             for i in range(2 * half, len(vals), 4):
                 _, c = o.layout.coord(0, lane, i)
-                offset = o_base + ty.cast(row, ty.i64) * o_stride + ty.cast(c, ty.i64)
+                offset = dst.offset(row, c)
                 words[offset >> 1] = ty.pack2(vals[i], vals[i + 1], dtype)
-    if return_lse:
-        if (lane & 3) == 0:
-            for slot in range(len(lse)):
-                r, _ = lse.layout.coord(0, lane, slot)
-                row = row0 + r
-                if row < n_q:
-                    lse_ptr[lse_base + ty.cast(row, ty.i64)] = lse.values[slot]
+
+
+@ty.func
+def store_lse(lse, dst, row0, lane):
+    """The row LSE into ``dst`` (``Rows`` of the (B, H, n_q) LSE), rows < dst.n; one lane of four."""
+    if (lane & 3) == 0:
+        for slot in range(len(lse)):
+            r, _ = lse.layout.coord(0, lane, slot)
+            row = row0 + r
+            if row < dst.n:
+                dst.t.ptr[dst.offset(row)] = lse.values[slot]
 
 
 # -- the kernels ------------------------------------------------------------------------------------------
@@ -335,122 +460,127 @@ def shared_bytes(nbytes: int):
     return ty.dynamic_shared(ty.u8, nbytes, align=128)
 
 
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """The compile-time options the helpers read (the kernels' constexprs, by name): ``block``
+    is the rows of a streamed tile (keys in the forward and dQ kernels, queries in the dK/dV one)."""
+
+    dtype: Any
+    head_dim: int
+    block: int
+    warps: int
+    has_mask: bool = False
+    return_lse: bool = False
+    async_copy: bool = True
+    kv_smem: bool = False
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def rows(self) -> int:
+        """The CTA's query rows (dK/dV: its key rows), 16 per warp."""
+        return ROWS_PER_WARP * self.warps
+
+
+class Problem(NamedTuple):
+    """One launch's inputs and how they are read (a plain holder of IR values): the q, k, v and
+    mask TensorArgs, ``kv_group`` query heads per key/value head (query head h reads K/V head
+    h // kv_group), the softmax scale and causal (0/1)."""
+
+    q: Any
+    k: Any
+    v: Any
+    mask: Any
+    kv_group: Any
+    scale: Any
+    causal: Any
+
+
 @ty.func
-def attend_rows(q, k, v, out, lse_ptr, mask, seq, n_q, n_k, h, kv_group, scale, causal, strides,
-                DTYPE, HEAD_DIM, BLOCK_N, WARPS, HAS_MASK, RETURN_LSE, ASYNC_COPY):
-    """The CTA's WARPS x 16 query rows of head ``h`` of sequence ``seq`` = (batch, first query row,
-    first key row); ``strides`` = (q, k, v, out: (b, h, n) each; lse: (b, h); mask: (b, h, q, k))."""
-    qs, ks, vs, os_, ls, ms = strides
-    threads = 32 * WARPS
-    rows = ROWS_PER_WARP * WARPS
-    lay = Smem(BLOCK_N, HEAD_DIM, STAGES)
-    smem = shared_bytes(lay.total)
-    atom = ty.MmaSyncAtom(DTYPE)
-    tid = ty.thread_idx()
+def attend_rows(prob, dst, seq, h, sched):
+    """The CTA's WARPS x 16 query rows of head ``h`` of sequence ``seq`` (``Seq``) into ``dst`` =
+    (out, lse) TensorArgs (lse written with RETURN_LSE)."""
+    out, lse_out = dst
+    block_n, head_dim = sched.block, sched.head_dim
+    rows = sched.rows
+    lay = Smem(block_n, head_dim, STAGES)
+    cp = Copier(shared_bytes(lay.total), ty.thread_idx(), sched.threads, sched.async_copy)
+    atom = ty.MmaSyncAtom(sched.dtype)
     lane = ty.lane_id()
     warp = ty.warp_idx()
     # Longest query blocks first: under causal masking the last blocks carry the most tiles.
     m0 = (ty.grid_dim(0) - 1 - ty.block_idx(0)) * rows
     row0 = m0 + warp * ROWS_PER_WARP
-    causal_off = n_k - n_q
-    kv_end = n_k
-    if causal != 0:
-        kv_end = ty.minimum(n_k, ty.maximum(m0 + rows + causal_off, 0))  # stop at the diagonal
-    n_tiles = (kv_end + (BLOCK_N - 1)) // BLOCK_N
-    b, q_start, k_start = seq
-    b64 = ty.cast(b, ty.i64)
-    h64 = ty.cast(h, ty.i64)
-    hk64 = ty.cast(h // kv_group, ty.i64)
-    q0 = ty.cast(q_start, ty.i64)
-    k0 = ty.cast(k_start, ty.i64)
-    k_base = b64 * ks[0] + hk64 * ks[1] + k0 * ks[2]
-    v_base = b64 * vs[0] + hk64 * vs[1] + k0 * vs[2]
-    mask_args = (mask, b64 * ms[0] + h64 * ms[1], ms[2], ms[3])
+    vis = visible(prob, seq, h, sched.has_mask)
+    kv_end = seq.n_k
+    if prob.causal != 0:
+        kv_end = ty.minimum(seq.n_k, ty.maximum(m0 + rows + vis.causal_off, 0))  # stop at the diagonal
+    n_tiles = (kv_end + (block_n - 1)) // block_n
+    kv_head = h // prob.kv_group
+    kv = (head_rows(prob.k, seq.b, kv_head, seq.k_start, seq.n_k), head_rows(prob.v, seq.b, kv_head, seq.k_start,
+                                                                             seq.n_k))
 
-    qa = load_q(q, b64 * qs[0] + h64 * qs[1] + q0 * qs[2], qs[2], row0, n_q, lane, HEAD_DIM, DTYPE)
-    state = ty.SoftmaxState(tiled([zero_atom() for _ in range(BLOCK_N // 8)]), partial_sum=True)
-    o = [zero_atom() for _ in range(HEAD_DIM // 8)]
+    qa = load_q(head_rows(prob.q, seq.b, h, seq.q_start, seq.n_q), row0, lane, head_dim, sched.dtype)
+    state = ty.SoftmaxState(tiled([zero_atom() for _ in range(block_n // 8)]), partial_sum=True)
+    o = [zero_atom() for _ in range(head_dim // 8)]
 
-    copy_kv(k, v, k_base, v_base, ks[2], vs[2], smem, 0, lay, 0, n_k, tid, threads, ASYNC_COPY)
+    copy_kv(kv, cp, 0, lay, 0)
     for j in range(n_tiles):
         stage_off = (j & 1) * lay.stage_bytes
-        if ASYNC_COPY:
+        if sched.async_copy:
             ty.cp_async_wait(0)
         ty.syncthreads()  # tile j is visible, and every warp is done with tile j - 1's buffer
         if j + 1 < n_tiles:
-            copy_kv(k, v, k_base, v_base, ks[2], vs[2], smem, ((j + 1) & 1) * lay.stage_bytes, lay,
-                    (j + 1) * BLOCK_N, n_k, tid, threads, ASYNC_COPY)
-        s = score_tile(atom, qa, smem, stage_off, lane, BLOCK_N, HEAD_DIM)
-        s = maybe_mask(s, row0, j * BLOCK_N, lane, n_q, n_k, causal, causal_off, mask_args, HAS_MASK, BLOCK_N)
-        upd = ty.softmax_update(state, s, scale)
+            copy_kv(kv, cp, ((j + 1) & 1) * lay.stage_bytes, lay, (j + 1) * block_n)
+        s = score_tile(atom, qa, cp.smem, stage_off, lane, block_n, head_dim)
+        s = maybe_mask(s, vis, row0, j * block_n, lane, block_n)
+        upd = ty.softmax_update(state, s, prob.scale)
         state = upd.state
         o = atoms_of(tiled(o) * upd.rescale)
-        o = pv_tile(atom, upd.weights, o, smem, stage_off + lay.tile_bytes, lane, BLOCK_N, HEAD_DIM)
+        o = pv_tile(atom, upd.weights, o, cp.smem, stage_off + lay.tile_bytes, lane, block_n, head_dim)
 
     result = ty.softmax_normalize(tiled(o), state)
-    lse = ty.softmax_lse(state, scale) if RETURN_LSE else None
-    o_base = b64 * os_[0] + h64 * os_[1] + q0 * os_[2]
-    lse_base = b64 * ls[0] + h64 * ls[1] + q0
-    store_output(result, lse, out, lse_ptr, row0, n_q, o_base, os_[2], lse_base, lane, DTYPE, RETURN_LSE)
+    lse = ty.softmax_lse(state, prob.scale) if sched.return_lse else None
+    store_output(result, head_rows(out, seq.b, h, seq.q_start, seq.n_q), row0, lane, sched.dtype)
+    if sched.return_lse:
+        store_lse(lse, head_rows(lse_out, seq.b, h, seq.q_start, seq.n_q), row0, lane)
 
 
 @ty.kernel(threads=_threads, arch="sm_80", max_registers=_max_registers, noalias=True)
 def streaming_attention_fwd(
-    q: ty.ptr(ty.i16), k: ty.ptr(ty.i16), v: ty.ptr(ty.i16), out: ty.ptr(ty.i16),
-    lse_ptr: ty.ptr(ty.f32), mask: ty.ptr(ty.u8),
-    n_q: ty.i32, n_k: ty.i32, n_heads: ty.i32, scale: ty.f32, causal: ty.i32,
-    q_stride_b: ty.i64, q_stride_h: ty.i64, q_stride_n: ty.i64,
-    k_stride_b: ty.i64, k_stride_h: ty.i64, k_stride_n: ty.i64,
-    v_stride_b: ty.i64, v_stride_h: ty.i64, v_stride_n: ty.i64,
-    o_stride_b: ty.i64, o_stride_h: ty.i64, o_stride_n: ty.i64,
-    m_stride_b: ty.i64, m_stride_h: ty.i64, m_stride_q: ty.i64, m_stride_k: ty.i64,
+    q: TOKENS, k: TOKENS, v: TOKENS, out: TOKENS, lse: ROW_STATS, mask: MASK, scale: ty.f32, causal: ty.i32,
     DTYPE: ty.constexpr = ty.bf16, HEAD_DIM: ty.constexpr = 64, BLOCK_N: ty.constexpr = 64,
     WARPS: ty.constexpr = DEFAULT_WARPS, HAS_MASK: ty.constexpr = False, RETURN_LSE: ty.constexpr = False,
     ASYNC_COPY: ty.constexpr = True, MAX_REGISTERS: ty.constexpr = DEFAULT_MAX_REGISTERS,
 ):
-    """One CTA: WARPS x 16 query rows of one (batch, head), as many K/V heads as Q heads, LSE
-    (B, H, n_q) contiguous; ASYNC_COPY=False copies with ld/st. ``attention_fwd_portable`` is the
-    general form (grouped heads, LSE strides, packed sequences)."""
-    lse_strides = (ty.cast(n_heads, ty.i64) * ty.cast(n_q, ty.i64), ty.cast(n_q, ty.i64))
-    strides = ((q_stride_b, q_stride_h, q_stride_n), (k_stride_b, k_stride_h, k_stride_n),
-               (v_stride_b, v_stride_h, v_stride_n), (o_stride_b, o_stride_h, o_stride_n), lse_strides,
-               (m_stride_b, m_stride_h, m_stride_q, m_stride_k))
-    attend_rows(q, k, v, out, lse_ptr, mask, (ty.block_idx(2), 0, 0), n_q, n_k, ty.block_idx(1), 1, scale, causal,
-                strides, DTYPE, HEAD_DIM, BLOCK_N, WARPS, HAS_MASK, RETURN_LSE, ASYNC_COPY)
+    """One CTA: WARPS x 16 query rows of one (batch, head), as many K/V heads as Q heads;
+    ASYNC_COPY=False copies with ld/st. ``attention_fwd_portable`` is the general form (grouped
+    heads, packed sequences)."""
+    sched = Schedule(DTYPE, HEAD_DIM, BLOCK_N, WARPS, HAS_MASK, RETURN_LSE, ASYNC_COPY)
+    attend_rows(Problem(q, k, v, mask, 1, scale, causal), (out, lse), sequence(None, q, k, False), ty.block_idx(1),
+                sched)
 
 
 @ty.kernel(threads=_threads, arch="sm_80", max_registers=_max_registers, noalias=True)
 def attention_fwd_portable(
-    q: ty.ptr(ty.i16), k: ty.ptr(ty.i16), v: ty.ptr(ty.i16), out: ty.ptr(ty.i16),
-    lse_ptr: ty.ptr(ty.f32), mask: ty.ptr(ty.u8), cu_q: ty.ptr(ty.i32), cu_k: ty.ptr(ty.i32),
-    n_q: ty.i32, n_k: ty.i32, kv_group: ty.i32, scale: ty.f32, causal: ty.i32,
-    q_stride_b: ty.i64, q_stride_h: ty.i64, q_stride_n: ty.i64,
-    k_stride_b: ty.i64, k_stride_h: ty.i64, k_stride_n: ty.i64,
-    v_stride_b: ty.i64, v_stride_h: ty.i64, v_stride_n: ty.i64,
-    o_stride_b: ty.i64, o_stride_h: ty.i64, o_stride_n: ty.i64,
-    lse_stride_b: ty.i64, lse_stride_h: ty.i64,
-    m_stride_b: ty.i64, m_stride_h: ty.i64, m_stride_q: ty.i64, m_stride_k: ty.i64,
+    q: TOKENS, k: TOKENS, v: TOKENS, out: TOKENS, lse: ROW_STATS, mask: MASK,
+    cu_q: ty.ptr(ty.i32), cu_k: ty.ptr(ty.i32), kv_group: ty.i32, scale: ty.f32, causal: ty.i32,
     DTYPE: ty.constexpr = ty.bf16, HEAD_DIM: ty.constexpr = 64, BLOCK_N: ty.constexpr = 64,
     WARPS: ty.constexpr = DEFAULT_WARPS, HAS_MASK: ty.constexpr = False, RETURN_LSE: ty.constexpr = False,
     ASYNC_COPY: ty.constexpr = True, MAX_REGISTERS: ty.constexpr = DEFAULT_MAX_REGISTERS,
     VARLEN: ty.constexpr = False,
 ):
     """Grid (query blocks, query heads, batch or sequences). Query head h reads K/V head
-    h // kv_group. With VARLEN the tensors are packed (total, H, D) rows (stride_b unused, 0) and
-    sequence b spans rows cu_q[b] .. cu_q[b + 1] (keys likewise); n_q and n_k are not read."""
-    b = ty.block_idx(2)
-    strides = ((q_stride_b, q_stride_h, q_stride_n), (k_stride_b, k_stride_h, k_stride_n),
-               (v_stride_b, v_stride_h, v_stride_n), (o_stride_b, o_stride_h, o_stride_n),
-               (lse_stride_b, lse_stride_h), (m_stride_b, m_stride_h, m_stride_q, m_stride_k))
-    args = (DTYPE, HEAD_DIM, BLOCK_N, WARPS, HAS_MASK, RETURN_LSE, ASYNC_COPY)
+    h // kv_group. With VARLEN the tensors are packed rows seen as (B, H, total, D) with batch
+    stride 0 (the LSE (B, H, total)), and sequence b spans rows cu_q[b] .. cu_q[b + 1] (keys
+    likewise); cu_q and cu_k are read only then."""
+    sched = Schedule(DTYPE, HEAD_DIM, BLOCK_N, WARPS, HAS_MASK, RETURN_LSE, ASYNC_COPY)
+    prob = Problem(q, k, v, mask, kv_group, scale, causal)
+    seq = sequence((cu_q, cu_k), q, k, VARLEN)
     if VARLEN:
-        q_start = cu_q[b]
-        k_start = cu_k[b]
-        seq_q = cu_q[b + 1] - q_start
-        seq_k = cu_k[b + 1] - k_start
-        if (ty.grid_dim(0) - 1 - ty.block_idx(0)) * (ROWS_PER_WARP * WARPS) < seq_q:  # else past the end
-            attend_rows(q, k, v, out, lse_ptr, mask, (b, q_start, k_start), seq_q, seq_k, ty.block_idx(1),
-                        kv_group, scale, causal, strides, *args)
+        if (ty.grid_dim(0) - 1 - ty.block_idx(0)) * sched.rows < seq.n_q:  # else past the end
+            attend_rows(prob, (out, lse), seq, ty.block_idx(1), sched)
     else:
-        attend_rows(q, k, v, out, lse_ptr, mask, (b, 0, 0), n_q, n_k, ty.block_idx(1), kv_group, scale, causal,
-                    strides, *args)
+        attend_rows(prob, (out, lse), seq, ty.block_idx(1), sched)

@@ -1,9 +1,13 @@
-"""Host side of the portable attention forward (``portable.py``): arch choice, specializations,
+"""Host side of the portable attention forward (``forward.py``): arch choice, specializations,
 argument checks and launches for batched (B, H, N, D) and packed variable-length (total, H, D)
 tensors (``streaming_attention``, ``launch_streaming``, ``compiled_for``, ``plan_forward``, ...).
 
     plan_forward(ForwardTensors(q, k, v, out, lse, attn_mask), ForwardOptions(scale, is_causal)).run()
     launch_forward(q, k, v, out, lse, scale=scale, is_causal=True)       # the same, keywords flat
+
+A ``Launch`` holds the kernel's run-time arguments by parameter name; each tensor goes as one
+argument (the kernel takes its shape and strides from it): ``token_view``, ``stats_view`` and
+``mask_view`` give the views the kernels take, ``unused`` the placeholder of a tensor they skip.
 """
 from __future__ import annotations
 
@@ -14,9 +18,10 @@ import torch
 
 import tylopy as ty
 
-from tylopy_kernels.attention.common import ForwardTensors, mask_and_lse_args, placeholder  # noqa: F401 (ForwardTensors: re-exported)
-from tylopy_kernels.attention.portable.forward import (BLOCK_NS, DEFAULT_BLOCK_N, DEFAULT_WARPS, HEAD_DIMS, MAX_GRID_YZ, NEG_INF, ROWS_PER_WARP,
-                       attention_fwd_portable, streaming_attention_fwd)
+from tylopy_kernels.attention.common import ForwardTensors, placeholder  # noqa: F401 (ForwardTensors: re-exported)
+from tylopy_kernels.attention.portable.forward import (BLOCK_NS, DEFAULT_BLOCK_N, DEFAULT_WARPS, HEAD_DIMS, MAX_GRID_YZ,
+                                                       NEG_INF, ROWS_PER_WARP, attention_fwd_portable,
+                                                       streaming_attention_fwd)
 
 _kernels = ty.PlanCache("portable attention kernels", capacity=512)  # (kernel, arch[, jit, constexprs])
 _archs: dict = {}
@@ -92,29 +97,67 @@ def _check_out(out, lse):
         raise ValueError(f"streaming_attention: lse expects a contiguous last dim, but got strides {lse.stride()}")
 
 
-def row_strides(t, varlen: bool) -> tuple:
-    """(batch, head, row) element strides: (B, H, N, D) tensors, or packed (total, H, D) rows (no batch)."""
-    return (0, t.stride(1), t.stride(0)) if varlen else (t.stride(0), t.stride(1), t.stride(2))
+def token_view(t, sequences=None):
+    """A q, k, v, out (or gradient) tensor as the kernels take it: its 16-bit elements as int16
+    (DTYPE says bf16 or fp16), (B, H, N, D); packed (total, H, D) rows of ``sequences`` (B)
+    sequences as a (B, H, total, D) view whose batch stride is 0 (no copy either way)."""
+    t = t.view(torch.int16)
+    return t if sequences is None else t.unsqueeze(0).transpose(1, 2).expand(sequences, -1, -1, -1)
+
+
+def stats_view(t, sequences=None):
+    """A per-row statistic (LSE, delta, LSE gradient) as the kernels take it: (B, H, n_q), or
+    packed (H, total) as a (B, H, total) view whose batch stride is 0."""
+    return t if sequences is None else t.unsqueeze(0).expand(sequences, -1, -1)
+
+
+def mask_view(attn_mask, shape):
+    """The Boolean mask as the kernels read it: uint8 of ``shape`` (B, H, n_q, n_k), whose
+    broadcast dims have stride 0 (an expand view: no copy)."""
+    return attn_mask.view(torch.uint8).expand(*shape)
+
+
+def unused(device, dtype, ndim: int):
+    """A tensor argument the specialization never reads (no mask, no LSE): the shared placeholder
+    as an ``ndim``-D view of stride 0 (any index reads its first element, as the zero strides the
+    kernels took for these did)."""
+    return placeholder(device, dtype).as_strided((1,) * ndim, (0,) * ndim)
 
 
 def dtype_of(t):
     return ty.bf16 if t.dtype == torch.bfloat16 else ty.f16
 
 
+_ORDER: dict = {}  # kernel -> its run-time parameters' names, in the signature's order
+
+
+def positional(kernel, args: dict) -> tuple:
+    """``args`` (by parameter name) in the order a compiled kernel takes them (a cached order: the
+    kernel's own keyword binding costs about 6 us a launch)."""
+    names = _ORDER.get(kernel)
+    if names is None:
+        names = _ORDER[kernel] = tuple(n for n, _ in kernel.runtime_params)
+    if len(args) != len(names) or not all(n in args for n in names):
+        raise TypeError(f"{kernel.name} expects the arguments {', '.join(names)}, but got {', '.join(args)}")
+    return tuple([args[n] for n in names])
+
+
 @dataclasses.dataclass
 class Launch:
-    """One kernel launch, planned on the host: ``run()`` on the GPU, ``run(emulate=True)`` on CPU tensors."""
+    """One kernel launch, planned on the host: ``run()`` on the GPU, ``run(emulate=True)`` on CPU
+    tensors. ``args``: the kernel's run-time arguments by parameter name."""
 
     kernel: object
     grid: tuple
-    args: tuple
+    args: dict
     constexprs: dict
 
     def run(self, emulate=False, **options):
         if emulate:
-            return self.kernel.emulate(*self.args, grid=self.grid, **self.constexprs, **options)
+            return self.kernel.emulate(grid=self.grid, **self.args, **self.constexprs, **options)
         entry = "attention_varlen" if self.constexprs.get("VARLEN") else "attention"
-        compiled_for(self.args[0].device, self.kernel, entry=entry, **self.constexprs)(self.grid, *self.args)
+        args = positional(self.kernel, self.args)
+        compiled_for(args[0].device, self.kernel, entry=entry, **self.constexprs)(self.grid, *args)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,11 +188,9 @@ def plan_forward(tensors: ForwardTensors, options: ForwardOptions) -> Launch | N
     if packed:
         cu_q, cu_k, max_q = varlen
         B, n_q, n_k = cu_q.shape[0] - 1, max_q, 0
-        lse_strides = (0, lse.stride(0)) if lse is not None else (0, 0)
     else:
         B, n_q, n_k = q.shape[0], q.shape[2], k.shape[2]
         cu_q = cu_k = placeholder(q.device, torch.int32)
-        lse_strides = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
     for name, n in (("batch", B), ("heads", H)):
         if n > MAX_GRID_YZ:
             raise ValueError(f"streaming_attention: query {name} expects at most {MAX_GRID_YZ} (a grid dimension), "
@@ -158,15 +199,13 @@ def plan_forward(tensors: ForwardTensors, options: ForwardOptions) -> Launch | N
     if B * H * n_q == 0:
         return None
     q, k, v = aligned(q), aligned(k), aligned(v)
-    if packed:
-        mask_t, ms = placeholder(q.device, torch.uint8), (0, 0, 0, 0)
-        lse_t = lse if lse is not None else placeholder(q.device, torch.float32)
-    else:
-        mask_t, ms, lse_t = mask_and_lse_args(attn_mask, lse, B, H, n_q, n_k, q.device)
-    i16 = torch.int16
-    args = (q.view(i16), k.view(i16), v.view(i16), out.view(i16), lse_t, mask_t, cu_q, cu_k, n_q, n_k, H // H_kv,
-            float(scale), int(is_causal), *row_strides(q, packed), *row_strides(k, packed), *row_strides(v, packed),
-            *row_strides(out, packed), *lse_strides, *ms)
+    dev = q.device
+    mask = unused(dev, torch.uint8, 4) if packed or attn_mask is None else mask_view(attn_mask, (B, H, n_q, n_k))
+    seqs = B if packed else None
+    lse_arg = unused(dev, torch.float32, 3) if lse is None else stats_view(lse, seqs)
+    args = dict(q=token_view(q, seqs), k=token_view(k, seqs), v=token_view(v, seqs), out=token_view(out, seqs),
+                lse=lse_arg, mask=mask, cu_q=cu_q, cu_k=cu_k, kv_group=H // H_kv, scale=float(scale),
+                causal=int(is_causal))
     cx = dict(DTYPE=dtype_of(q), HEAD_DIM=D, BLOCK_N=block_n, WARPS=warps, HAS_MASK=attn_mask is not None,
               RETURN_LSE=lse is not None, ASYNC_COPY=options.async_copy, VARLEN=packed)
     return Launch(attention_fwd_portable, ((n_q + rows - 1) // rows, H, B), args, cx)
@@ -192,7 +231,7 @@ def launch_streaming(tensors: ForwardTensors, options: ForwardOptions) -> None:
 def streaming_attention(query, key, value, attn_mask=None, is_causal=False, scale=None, return_lse=False,
                         block_n=None, warps=None, out=None, enable_gqa=False):
     """Like ``tylopy.attention``, always on this kernel; ``block_n`` (32/64) and ``warps`` pick the schedule."""
-    from tylopy_kernels.attention import check_inputs
+    from tylopy_kernels.attention.checks import check_inputs
     B, H, n_q, n_k, D, scale = check_inputs(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     block_n, warps = check_schedule(D, block_n, warps)
     if query.device.type != "cuda":
@@ -213,6 +252,7 @@ def streaming_attention(query, key, value, attn_mask=None, is_causal=False, scal
     return (out, lse) if return_lse else out
 
 
-__all__ = ["HEAD_DIMS", "device_arch", "compiled_for", "check_schedule", "aligned", "row_strides", "Launch",
+__all__ = ["HEAD_DIMS", "device_arch", "compiled_for", "check_schedule", "aligned", "token_view", "stats_view",
+           "mask_view", "unused", "positional", "Launch",
            "ForwardTensors", "ForwardOptions", "plan_forward", "launch_forward",
            "launch_streaming", "streaming_attention"]

@@ -13,6 +13,7 @@ GPU) and a buffer of the same size, zeros past N_k up to a multiple of 32.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 
@@ -25,13 +26,13 @@ from tylopy_kernels.attention.sm90.fp8_transpose import TILE, value_transpose_fp
 from tylopy_kernels.attention.sm90.launch import _coord_order, _fits, _map_geometry
 
 # D = 128: 128 x 128 tiles, two consumers (S and O take 64 registers each, P 16).
-SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 2, "EXPONENT": "shared", "RESCALE_THRESHOLD": 0.0,
-            "PV_WAIT": "pinned"}
+SCHEDULE = MappingProxyType({"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 2, "EXPONENT": "shared",
+                             "RESCALE_THRESHOLD": 0.0, "PV_WAIT": "pinned"})
 # D = 64: O takes 32 registers, so three consumers fit in 160 registers (as the bf16 forward's D = 64).
-SCHEDULE_64 = dict(SCHEDULE, CONSUMERS=3)
+SCHEDULE_64 = MappingProxyType(dict(SCHEDULE, CONSUMERS=3))
 # With a user mask the per-element mask loads need more than 160 registers a consumer thread (D = 64,
 # three consumers: 108 bytes of spills with the LSE); two consumers get 240.
-MASKED_SCHEDULE = {"CONSUMERS": 2}
+MASKED_SCHEDULE = MappingProxyType({"CONSUMERS": 2})
 
 
 @dataclass

@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import threading
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Callable, NamedTuple, Optional
 
 import torch
@@ -33,32 +34,35 @@ from tylopy_kernels.attention.sm90.tiles import Plan
 # product; with EARLY_SUMS "ffma" still issues its 64 exponents as one run inside the branch of
 # its form (the sums come after the branch), "shared" interleaves them (longest run 5), so D=128
 # takes "shared" too (docs/performance.md, the account).
-SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 3, "PERSISTENT": "auto", "EXPONENT": "shared",
-            "RESCALE_THRESHOLD": 8.0, "SPLIT_S": False, "PV_WAIT": "pinned", "POLY_EXP2": 0, "TMA_STORE": False,
-            "ORDER": "auto", "DEFER_EPILOGUE": True}
+#
+# The tables are read-only (MappingProxyType): a schedule is changed by passing overrides
+# (HopperOptions.schedule) or by replacing a table whole, which a kept plan notices by identity.
+SCHEDULE = MappingProxyType({"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 3, "PERSISTENT": "auto", "EXPONENT": "shared",
+                             "RESCALE_THRESHOLD": 8.0, "SPLIT_S": False, "PV_WAIT": "pinned", "POLY_EXP2": 0,
+                             "TMA_STORE": False, "ORDER": "auto", "DEFER_EPILOGUE": True})
 # D=128: O takes 64 registers a thread, so two consumers (240 registers) as FA3; 128 x 128 tiles
 # (176-key tiles, FA3's non-causal choice, lost 1.5-6% at N >= 4k and 9% causal at 2k).
-SCHEDULE_128 = dict(SCHEDULE, CONSUMERS=2)
+SCHEDULE_128 = MappingProxyType(dict(SCHEDULE, CONSUMERS=2))
 # Short sequences: a persistent grid (one CTA per SM looping over work tiles, the next Q loading
 # under the current epilogue), longest work first ("lpt"), O through a TMA store. It needs a few
 # more live registers than 160 a consumer thread allow, so it runs with two consumers; at D=128
 # it spills with more than 128 keys a tile (24-56 bytes at 176).
-SHORT = {"PERSISTENT": True, "CONSUMERS": 2, "ORDER": "lpt", "TMA_STORE": True}
-SHORT_128 = dict(SHORT, BLOCK_N=128)
+SHORT = MappingProxyType({"PERSISTENT": True, "CONSUMERS": 2, "ORDER": "lpt", "TMA_STORE": True})
+SHORT_128 = MappingProxyType(dict(SHORT, BLOCK_N=128))
 # Per (head dim, causal), when PERSISTENT is "auto": (up to this many keys, schedule changes),
 # first match wins, else the non-persistent default. Measured on an H200 (16k tokens, TFLOP/s,
 # SHORT against what the table held before: persistent 2 x 128 without TMA store, "heads" order
 # non-causal, "lpt" causal): D=64 N=512 323 vs 281 and causal 189 vs 166, N=1k 367 vs 340 and
 # causal 246 vs 224; D=128 N=2k 601 vs 551 (non-persistent); D=128 causal N=1k-2k the
 # non-persistent grid wins (353 vs 319 at 1k).
-LENGTH_TABLE = {(64, False): [(1024, SHORT)], (64, True): [(1024, SHORT)],
-                (128, False): [(2048, SHORT_128)], (128, True): [(512, SHORT_128)]}
+LENGTH_TABLE = MappingProxyType({(64, False): ((1024, SHORT),), (64, True): ((1024, SHORT),),
+                                 (128, False): ((2048, SHORT_128),), (128, True): ((512, SHORT_128),)})
 # With a user mask the per-element mask loads need more registers than 160 per consumer thread
 # (3 consumers spill 96-200 bytes); two consumers get 240.
-MASKED_SCHEDULE = {"CONSUMERS": 2}
+MASKED_SCHEDULE = MappingProxyType({"CONSUMERS": 2})
 # D=128, persistent, with LSE: the "lpt" order spills (16 bytes with a TMA store, 32 with a mask
 # and no TMA store); "heads" does not.
-PERSISTENT_LSE_SCHEDULE_128 = {"ORDER": "heads"}
+PERSISTENT_LSE_SCHEDULE_128 = MappingProxyType({"ORDER": "heads"})
 L2_SHARE = 0.5  # the "lpt" order groups heads whose K and V fill about this share of L2
 DIMS = {"b": 0, "h": 1, "n": 2}
 
@@ -111,7 +115,7 @@ def resolve_schedule(D, n_k, is_causal, masked, schedule=None, return_lse=False)
     user = dict(schedule or {})
     if user.get("PERSISTENT", sched["PERSISTENT"]) == "auto":
         sched["PERSISTENT"] = False
-        for max_keys, change in LENGTH_TABLE.get((D, bool(is_causal)), []):
+        for max_keys, change in LENGTH_TABLE.get((D, bool(is_causal)), ()):
             if n_k <= max_keys:
                 sched.update(change)
                 break
@@ -252,10 +256,9 @@ _MAP_SLOTS = len(_MAP_NAMES)
 _OUT_SLOT, _LSE_SLOT, _SCALE_SLOT = (_PARAMS.index(name) for name in ("out", "lse_ptr", "scale"))
 
 
-def _tables(D, is_causal):
-    """Copies of what a plan reads from the module's tables (they may be edited in place)."""
-    rows = [(n, dict(change)) for n, change in LENGTH_TABLE.get((D, bool(is_causal)), ())]
-    return dict(SCHEDULE if D == 64 else SCHEDULE_128), rows, dict(PERSISTENT_LSE_SCHEDULE_128), L2_SHARE
+def _tables(D):
+    """The tables a plan read (read-only: a change replaces one, which ``tables_unchanged`` sees by identity)."""
+    return SCHEDULE if D == 64 else SCHEDULE_128, LENGTH_TABLE, MASKED_SCHEDULE, PERSISTENT_LSE_SCHEDULE_128, L2_SHARE
 
 
 def _recording(made):
@@ -280,10 +283,8 @@ class Repeat:
     prepared: dict = field(default_factory=dict)  # per thread: (its PreparedLaunch, what that holds packed)
 
     def tables_unchanged(self) -> bool:
-        sched, rows, lse_rule, share = self.tables
-        D, is_causal = self.head_dim, self.is_causal
-        return ((SCHEDULE if D == 64 else SCHEDULE_128) == sched and LENGTH_TABLE.get((D, is_causal), []) == rows
-                and PERSISTENT_LSE_SCHEDULE_128 == lse_rule and L2_SHARE == share)
+        now = _tables(self.head_dim)
+        return all(a is b for a, b in zip(now, self.tables))
 
     @staticmethod
     def fits(q, k, v) -> bool:
@@ -311,11 +312,11 @@ class Repeat:
         if launch.constexprs["RETURN_LSE"]:
             args[_LSE_SLOT] = None
         return Repeat(launch.grid, args, tuple(maps), launch.constexprs, head_dim, is_causal,
-                      _tables(head_dim, is_causal), maps_out=any(m[0] == 3 for m in maps))
+                      _tables(head_dim), maps_out=any(m[0] == 3 for m in maps))
 
     def launch(self, q, k, v, out, lse, scale) -> bool:
         """Launch for these buffers (of the planned call's shapes, strides, dtype and device), or
-        return False when a table the plan read was edited or out is not 16-byte aligned."""
+        return False when a table the plan read was replaced or out is not 16-byte aligned."""
         if out.data_ptr() & 15 or not self.tables_unchanged():
             return False
         ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr() if self.maps_out else 0)

@@ -7,6 +7,7 @@ specs); ``launch_variant`` runs it.
 from __future__ import annotations
 
 import inspect
+from types import MappingProxyType
 
 import torch
 
@@ -20,8 +21,8 @@ from tylopy_kernels.attention.sm90.mods import AUX_NDIM, AUX_SLOTS
 from tylopy_kernels.attention.sm90.tiles import Plan
 from tylopy_kernels.attention.sm90.variant_tiles import KernelVariant, alibi_foldable
 
-SCHEDULE = {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 2, "EXPONENT": "shared", "RESCALE_THRESHOLD": 8.0,
-            "PV_WAIT": "pinned", "PERSISTENT": False}
+SCHEDULE = MappingProxyType({"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 2, "EXPONENT": "shared",
+                             "RESCALE_THRESHOLD": 8.0, "PV_WAIT": "pinned", "PERSISTENT": False})
 BLOCK_M = 128  # = block masks' BLOCK_SIZE: a query tile of the block mask is one CTA's work tile
 
 

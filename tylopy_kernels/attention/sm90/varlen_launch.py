@@ -11,6 +11,7 @@ host. ``plan_varlen_launch`` builds the same launch without a GPU (the emulator 
 """
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import NamedTuple
 
 import torch
@@ -30,8 +31,10 @@ from tylopy_kernels.attention.sm90.varlen_forward import attention_varlen_fwd_sm
 # D=64 takes two consumers (128-row query tiles): with three (160 registers a thread) the
 # per-document lengths and offsets spill 4-8 bytes (ptxas), and shorter tiles waste fewer rows at
 # a document's end. Persistent grids spill 8-24 bytes: not the default.
-SCHEDULE = {64: {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 2, "EXPONENT": "shared", "PERSISTENT": False},
-            128: {"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 2, "EXPONENT": "ffma", "PERSISTENT": False}}
+# (Read-only: overrides go through HopperOptions.schedule; a replaced table plans again.)
+SCHEDULE = MappingProxyType({
+    64: MappingProxyType({"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 2, "EXPONENT": "shared", "PERSISTENT": False}),
+    128: MappingProxyType({"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 2, "EXPONENT": "ffma", "PERSISTENT": False})})
 KERNEL_OPTIONS = ("BLOCK_N", "STAGES", "CONSUMERS", "PERSISTENT", "ORDER", "EXPONENT", "RESCALE_THRESHOLD", "SPLIT_S",
                   "PV_WAIT", "POLY_EXP2", "EARLY_SUMS")
 
@@ -133,7 +136,7 @@ _shapes = PlanCache("varlen forward launch shapes", capacity=64)
 
 def _signature(tensors: ForwardTensors, docs: PackedDocs, options: HopperOptions, sms: int):
     """What ``_layout`` reads, or None (schedule overrides are not kept). The schedule table is part
-    of it: an edited ``SCHEDULE`` plans again. A base address off 16 bytes is planned each time."""
+    of it: a replaced ``SCHEDULE`` plans again. A base address off 16 bytes is planned each time."""
     q, k, v, out, lse, _ = tensors
     if options.schedule is not None or (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
         return None

@@ -29,6 +29,7 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Callable
 
 import torch
@@ -80,7 +81,7 @@ def schedule(override: dict):
     """Launch with SCHEDULE updated by ``override`` (restored afterwards)."""
     from tylopy_kernels.attention.sm90 import launch as launch
     saved = launch.SCHEDULE
-    launch.SCHEDULE = dict(saved, **override)
+    launch.SCHEDULE = MappingProxyType(dict(saved, **override))  # (replaced whole: the tables are read-only)
     try:
         yield
     finally:
