@@ -235,7 +235,7 @@ def launch_hopper(tensors: ForwardTensors, options: HopperOptions):
     attention_fwd_sm90[launch.grid](*launch.args, **launch.constexprs)
     if key is None:
         return None
-    again = Repeat.of(launch, made, (q, k, v, out), q.shape[3], bool(is_causal))
+    again = Repeat.of(launch, made, (q, k, v, out), q.shape[3])
     if again is not None:
         _repeats.put(key, again)
     return again
@@ -275,7 +275,6 @@ class Repeat:
     maps: tuple         # per map slot: (source: 0 q, 1 k, 2 v, 3 out, view of it, shape, strides, box, dtype)
     constexprs: dict
     head_dim: int
-    is_causal: bool
     tables: tuple       # _tables() when planned
     last: tuple = ()    # (q, k, v, out addresses, their maps) of the last call
     maps_out: bool = False  # whether a map is over out (the TMA store)
@@ -292,7 +291,7 @@ class Repeat:
         return not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15
 
     @staticmethod
-    def of(launch, made, sources, head_dim, is_causal):
+    def of(launch, made, sources, head_dim):
         """The reusable form of ``launch`` whose maps ``made`` recorded, or None when a map is
         over a copy rather than over one of ``sources`` (q, k, v, out) or a leading slice of it."""
         if attention_fwd_sm90._open_tensors:  # its specialization would depend on the arguments too
@@ -311,7 +310,7 @@ class Repeat:
         args[_OUT_SLOT] = None
         if launch.constexprs["RETURN_LSE"]:
             args[_LSE_SLOT] = None
-        return Repeat(launch.grid, args, tuple(maps), launch.constexprs, head_dim, is_causal,
+        return Repeat(launch.grid, args, tuple(maps), launch.constexprs, head_dim,
                       _tables(head_dim), maps_out=any(m[0] == 3 for m in maps))
 
     def launch(self, q, k, v, out, lse, scale) -> bool:
