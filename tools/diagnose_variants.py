@@ -160,30 +160,11 @@ def profile_calls(call, label, calls=30):
 
 
 def bench_calls(variants, libraries=("tylopy",)):
-    """(variant, library, direction, call) for each case of the bench at D=128, N=4096, the call run once:
-    a forward under no_grad, or the backward alone (its forward's graph kept). A library that does not
-    build a case is reported and skipped."""
-    for variant in variants:
-        spec = cases.make_spec(variant, 128, 4096)
-        x = cases.make_inputs(spec, device=DEVICE)
-        for library in libraries:
-            try:
-                run = libs.build(library, spec, x)
-            except Exception as e:  # noqa: BLE001
-                print(f"{variant} {library}: {type(e).__name__}", flush=True)
-                continue
-            for direction in ("fwd", "bwd"):
-                call = run.backward_fn() if direction == "bwd" else _no_grad(run.forward)
-                call()
-                torch.cuda.synchronize()
-                yield variant, library, direction, call
-
-
-def _no_grad(fn):
-    def call():
-        with torch.no_grad():
-            return fn()
-    return call
+    """(variant, library, direction, call) for each case of the bench at D=128, N=4096, the call run
+    once: a forward under no_grad, or the backward alone (its forward's graph kept); a library that
+    does not build a case is reported and skipped (``host_profile.calls``)."""
+    from host_profile import calls  # (tools/, beside this script)
+    return calls(variants, 128, 4096, libraries)
 
 
 def sync_probe(variants=("causal", "sliding_window", "document_varlen")):
