@@ -86,10 +86,32 @@ def test_counters_are_reset_for_the_next_launch():
     out = torch.empty_like(q)
     steps = dl.plan_decode(dl.DecodeTensors(q, k, v, lens), out, None,
                            dl.DecodeOptions(scale=scale_of(case), num_splits=3, merge="atomic", schedule=SMALL))
-    counters = steps[0].args[9]
+    counters = steps[0].args["counters"]
     counters.fill_(0)
     steps[0].emulate()
     assert (counters == 0).all()
+
+
+def test_strided_lengths_and_tables():
+    """The kernels take each tensor with its strides: cache_seqlens as a zero-stride expand view or a
+    strided slice, a block table stored column by column (the launcher copies it: the kernel reads a
+    row's entries at stride 1) and one shared by every sequence (batch stride 0)."""
+    case = DecodeCase("strided", (40, 40, 40), n_q=2, causal=True, page_size=16, splits=2, merge="atomic",
+                      schedule=SMALL)
+    q, k, v, _, table = make_inputs(case)
+    shared = table[:1].expand_as(table)
+    for lens in (torch.tensor([40], dtype=torch.int32).expand(3),
+                 torch.tensor([40, -7, 40, -7, 40, -7], dtype=torch.int32)[::2]):
+        for tab in (table.t().contiguous().t(), shared):
+            out = torch.full(q.shape, float("nan"), dtype=q.dtype)
+            lse = torch.full((3, case.h_q, case.n_q), float("nan"))
+            opts = dl.DecodeOptions(scale=scale_of(case), is_causal=True, num_splits=2, merge="atomic",
+                                    schedule=SMALL)
+            for step in dl.plan_decode(dl.DecodeTensors(q, k, v, lens, tab), out, lse, opts):
+                step.emulate()
+            ref_out, ref_lse = dl.reference_decode(q, k, v, lens.contiguous(), scale=scale_of(case),
+                                                   block_table=tab.contiguous(), is_causal=True)
+            check_result(case, out, lse, ref_out, ref_lse)
 
 
 # -- the schedule ------------------------------------------------------------------------------------------

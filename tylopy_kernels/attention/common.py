@@ -112,3 +112,17 @@ def mask_and_lse_args(attn_mask, lse, B, H, n_q, n_k, device):
     else:
         mask_t, strides = placeholder(device, torch.uint8), [0, 0, 0, 0]
     return mask_t, strides, (lse if lse is not None else placeholder(device, torch.float32))
+
+
+_ORDER: dict = {}  # kernel -> its run-time parameters' names, in the signature's order
+
+
+def positional(kernel, args: dict) -> tuple:
+    """``args`` (by parameter name) in the order a compiled kernel takes them (a cached order: the
+    kernel's own keyword binding costs about 6 us a launch)."""
+    names = _ORDER.get(kernel)
+    if names is None:
+        names = _ORDER[kernel] = tuple(n for n, _ in kernel.runtime_params)
+    if len(args) != len(names) or not all(n in args for n in names):
+        raise TypeError(f"{kernel.name} expects the arguments {', '.join(names)}, but got {', '.join(args)}")
+    return tuple([args[n] for n in names])

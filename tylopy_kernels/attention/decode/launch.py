@@ -31,11 +31,16 @@ the counters belong to the current stream, and the last CTA resets them) or by a
 the atomic merge read the cache 0-30% faster than the second launch at every measured shape
 (B 1/8/64, cache 4k-128k, docs/performance.md). The heuristic never reads
 cache_seqlens (no host synchronization); launches can be captured in a CUDA graph.
+
+A ``Step`` holds a kernel's run-time arguments by parameter name; each tensor goes as one argument,
+a view in the kernels' order (``token_view``: q and out as (B, n_q, H_q, D), an unpaged cache as
+(B, N_max, H_kv, D)), and a tensor a specialization never reads as ``unused``'s placeholder.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+from types import MappingProxyType
 from typing import NamedTuple, Optional
 
 import torch
@@ -44,7 +49,7 @@ import tylopy as ty
 from tylopy.runtime import devices
 
 from tylopy_kernels.attention.decode import kernel as kd
-from tylopy_kernels.attention.common import rejecter
+from tylopy_kernels.attention.common import positional, rejecter
 from tylopy_kernels.attention.decode.status import (BlockTableStatus, block_table_status, check_block_table,
                                                     check_table_on_host, status_buffer)
 
@@ -53,11 +58,12 @@ MERGES = ("kernel", "atomic")
 SMEM_PER_SM = 227 * 1024       # shared memory one SM gives its blocks (sm_80: 164 KB; see max_ctas_per_sm)
 MAX_SPLITS = 256
 MIN_TILES_PER_SPLIT = 2        # a split streams at least this many CTA tiles (pipeline fill and merge amortized)
-# Compile-time schedule per head dim (bench_decode.py --sweep measures the alternatives).
-SCHEDULE = {
-    64: dict(WARPS=4, WARP_KEYS=32, STAGES=4, Q_SMEM=True),
-    128: dict(WARPS=4, WARP_KEYS=16, STAGES=3, Q_SMEM=True),
-}
+# Compile-time schedule per head dim (bench_decode.py --sweep measures the alternatives); read-only:
+# a plan's ``schedule=`` overrides it.
+SCHEDULE = MappingProxyType({
+    64: MappingProxyType(dict(WARPS=4, WARP_KEYS=32, STAGES=4, Q_SMEM=True)),
+    128: MappingProxyType(dict(WARPS=4, WARP_KEYS=16, STAGES=3, Q_SMEM=True)),
+})
 
 
 _fail = rejecter("attention_decode")
@@ -111,18 +117,19 @@ class Scratch(NamedTuple):
 
 @dataclasses.dataclass
 class Step:
-    """One launch: ``launch()`` on the GPU, or ``emulate()`` with CPU tensors."""
+    """One launch: ``launch()`` on the GPU, or ``emulate()`` with CPU tensors. ``args``: the kernel's
+    run-time arguments by parameter name."""
 
     kernel: object
     grid: tuple
-    args: tuple
+    args: dict
     constexprs: dict
 
     def launch(self, device):
-        compiled_for(self.kernel, device, **self.constexprs)(self.grid, *self.args)
+        compiled_for(self.kernel, device, **self.constexprs)(self.grid, *positional(self.kernel, self.args))
 
     def emulate(self, **options):
-        return self.kernel.emulate(*self.args, grid=self.grid, **self.constexprs, **options)
+        return self.kernel.emulate(grid=self.grid, **self.args, **self.constexprs, **options)
 
 
 # -- checks ------------------------------------------------------------------------------------------
@@ -293,11 +300,27 @@ def _aligned(t):
     return t if _rows_aligned(t) else t.contiguous()
 
 
-def _bnh(t, layout, paged=False):
-    """(b, n, h) strides of a 4-D tensor in ``layout`` (a paged cache is always (page, slot, head))."""
-    if layout == "bshd" or paged:
-        return t.stride(0), t.stride(1), t.stride(2)
-    return t.stride(0), t.stride(2), t.stride(1)
+def token_view(t, layout, paged=False):
+    """q, out or a cache as the kernels take it: its 16-bit elements as int16 (DTYPE says bf16 or
+    fp16), (B, N, H, D) (a paged cache is always (page, slot, head)); a view, no copy."""
+    t = t.view(torch.int16)
+    return t if layout == "bshd" or paged else t.transpose(1, 2)
+
+
+_unused: dict = {}  # (device, dtype, ndim) -> the placeholder's view (a view costs ~3 us a call)
+
+
+def unused(device, dtype, ndim: int):
+    """A tensor argument the specialization never reads (no LSE, no partials, no table, no
+    counters): the shared placeholder as an ``ndim``-D view of stride 0."""
+    key = (device, dtype, ndim)
+    t = _unused.get(key)
+    if t is None:
+        base = _placeholder(device, dtype)
+        t = base.as_strided((1,) * ndim, (0,) * ndim)
+        if base is _placeholder(device, dtype):  # kept (not one made during a CUDA-graph capture)
+            _unused[key] = t
+    return t
 
 
 @dataclasses.dataclass
@@ -331,40 +354,47 @@ class DecodePlan:
         when unpaged."""
         q, k, v, lens, table = ins
         o_part, lse_part, counters, status = scratch
-        B, n_q, H_q, H_kv, D, cap, page_size = self.shape
-        i16 = torch.int16
-        q_s, o_s = _bnh(q, self.layout), _bnh(out, self.layout)
-        k_s, v_s = _bnh(k, self.layout, self.paged), _bnh(v, self.layout, self.paged)
-        args = (q.view(i16), k.view(i16), v.view(i16), out.view(i16), lse, o_part, lse_part, lens, table, counters,
-                status, n_q, H_q // H_kv, H_q, cap, self.scale, int(self.is_causal), self.splits, self.row_blocks,
-                page_size, self.num_pages, *q_s, *k_s, *v_s, *o_s, table.stride(0) if self.paged else 0)
+        B, H_q, H_kv, D = self.shape.B, self.shape.H_q, self.shape.H_kv, self.shape.D
+        out_v = token_view(out, self.layout)
+        args = dict(q=token_view(q, self.layout), k=token_view(k, self.layout, self.paged),
+                    v=token_view(v, self.layout, self.paged), out=out_v, lse=lse, o_part=o_part, lse_part=lse_part,
+                    seqlens=lens, block_table=table, counters=counters, status=status, kv_group=H_q // H_kv,
+                    scale=self.scale, causal=int(self.is_causal))
         steps = [Step(kd.attention_decode_fwd, (self.splits, H_kv * self.row_blocks, B), args, self.cx)]
         if self.split and not self.fused:
             grid = (-(-self.n_rows * (D // 4) // kd.MERGE_THREADS),)
-            steps.append(Step(kd.attention_decode_merge, grid, (o_part, lse_part, out.view(i16), lse, self.n_rows,
-                                                                n_q, H_q, self.splits, *o_s), self.merge_cx))
+            steps.append(Step(kd.attention_decode_merge, grid, dict(o_part=o_part, lse_part=lse_part, out=out_v,
+                                                                    lse=lse), self.merge_cx))
         return steps
 
     def buffers(self, device, lse):
-        """(Scratch without its status word, lse or a placeholder) for a launch."""
+        """(Scratch without its status word, lse or a placeholder) for a launch: the partials as (rows,
+        splits x D) and (rows, splits), rows ordered (b, h, i) as the LSE; one arrival counter per CTA
+        column, (B, H_kv x row blocks)."""
         f32 = torch.float32
-        n = self.n_rows * self.splits if self.split else 1
-        o_part = torch.empty(n * self.shape.D if self.split else 4, dtype=f32, device=device)
-        lse_part = torch.empty(n if self.split else 4, dtype=f32, device=device)
-        groups = self.shape.B * self.shape.H_kv * self.row_blocks
-        counters = (_counter_buffer(device, groups) if device.type == "cuda" and self.fused else
-                    torch.zeros(max(groups, 4), dtype=torch.int32, device=device))
-        return (o_part, lse_part, counters), (lse if lse is not None else _placeholder(device, f32))
+        if self.split:
+            o_part = torch.empty((self.n_rows, self.splits * self.shape.D), dtype=f32, device=device)
+            lse_part = torch.empty((self.n_rows, self.splits), dtype=f32, device=device)
+        else:
+            o_part = lse_part = unused(device, f32, 2)
+        shape = (self.shape.B, self.shape.H_kv * self.row_blocks)
+        if not self.fused:
+            counters = unused(device, torch.int32, 2)
+        elif device.type == "cuda":
+            counters = _counter_buffer(device, shape[0] * shape[1])[:shape[0] * shape[1]].view(shape)
+        else:
+            counters = torch.zeros(shape, dtype=torch.int32, device=device)
+        return (o_part, lse_part, counters), (lse if lse is not None else unused(device, f32, 3))
 
     def launch(self, ins: DecodeTensors, out, lse):
         dev = ins.q.device
         parts, lse_t = self.buffers(dev, lse)
-        for step in self.steps(_bound(ins, _placeholder(dev, torch.int32)), out, lse_t,
+        for step in self.steps(_bound(ins, unused(dev, torch.int32, 2)), out, lse_t,
                                Scratch(*parts, status_buffer(dev))):
             ck = self.compiled.get(step.kernel.name)
             if ck is None:
                 ck = self.compiled[step.kernel.name] = compiled_for(step.kernel, dev, **step.constexprs)
-            ck(step.grid, *step.args)
+            ck(step.grid, *positional(step.kernel, step.args))
 
 
 def _placeholder(device, dtype):
@@ -373,8 +403,13 @@ def _placeholder(device, dtype):
 
 
 def _bound(ins: DecodeTensors, table_placeholder):
-    """``ins`` with 16-byte aligned q and caches and a table tensor in every case."""
-    table = ins.block_table if ins.block_table is not None else table_placeholder
+    """``ins`` with 16-byte aligned q and caches and a table tensor in every case (one whose entries
+    are not contiguous along a row is copied: the kernel reads a row's entries at stride 1)."""
+    table = ins.block_table
+    if table is None:
+        table = table_placeholder
+    elif table.shape[1] > 1 and table.stride(1) != 1:
+        table = table.contiguous()
     return DecodeTensors(_aligned(ins.q), _aligned(ins.k_cache), _aligned(ins.v_cache), ins.cache_seqlens, table)
 
 
@@ -393,13 +428,12 @@ def make_plan(ins: DecodeTensors, opts: DecodeOptions, sm_count=132) -> DecodePl
 
 def plan_decode(ins: DecodeTensors, out, lse, opts: DecodeOptions, sm_count=132):
     """The launches that fill ``out`` (and ``lse``) as Steps: [main] or [main, merge]. CPU tensors give
-    steps to emulate; ``out`` must have q's layout and be contiguous in its last dim. ``opts.return_lse``
-    follows ``lse``."""
+    steps to emulate; ``out`` must have q's shape (in q's layout; any strides) and be contiguous in its last
+    dim, ``lse`` (B, H_q, n_q) too. ``opts.return_lse`` follows ``lse``."""
     plan = make_plan(ins, dataclasses.replace(opts, return_lse=lse is not None), sm_count)
     dev = ins.q.device
     parts, lse_t = plan.buffers(dev, lse)
-    return plan.steps(_bound(ins, torch.zeros(4, dtype=torch.int32, device=dev)), out, lse_t,
-                      Scratch(*parts, status_buffer(dev)))
+    return plan.steps(_bound(ins, unused(dev, torch.int32, 2)), out, lse_t, Scratch(*parts, status_buffer(dev)))
 
 
 

@@ -18,7 +18,7 @@ import torch
 
 import tylopy as ty
 
-from tylopy_kernels.attention.common import ForwardTensors, placeholder  # noqa: F401 (ForwardTensors: re-exported)
+from tylopy_kernels.attention.common import ForwardTensors, placeholder, positional  # noqa: F401 (re-exported)
 from tylopy_kernels.attention.portable.forward import (BLOCK_NS, DEFAULT_BLOCK_N, DEFAULT_WARPS, HEAD_DIMS, MAX_GRID_YZ,
                                                        NEG_INF, ROWS_PER_WARP, attention_fwd_portable,
                                                        streaming_attention_fwd)
@@ -126,20 +126,6 @@ def unused(device, dtype, ndim: int):
 
 def dtype_of(t):
     return ty.bf16 if t.dtype == torch.bfloat16 else ty.f16
-
-
-_ORDER: dict = {}  # kernel -> its run-time parameters' names, in the signature's order
-
-
-def positional(kernel, args: dict) -> tuple:
-    """``args`` (by parameter name) in the order a compiled kernel takes them (a cached order: the
-    kernel's own keyword binding costs about 6 us a launch)."""
-    names = _ORDER.get(kernel)
-    if names is None:
-        names = _ORDER[kernel] = tuple(n for n, _ in kernel.runtime_params)
-    if len(args) != len(names) or not all(n in args for n in names):
-        raise TypeError(f"{kernel.name} expects the arguments {', '.join(names)}, but got {', '.join(args)}")
-    return tuple([args[n] for n in names])
 
 
 @dataclasses.dataclass

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
 
 import tylopy as ty
 
@@ -314,8 +315,8 @@ def alibi_columns(prob, s, row0, col0, slope):
     the first, and the LSE and a sink take the second (``alibi_row_shift``). Per thread and tile that is
     one FFMA per column (a cvt per tile) where the distance costs an IADD, an FADD and an FFMA per score;
     j - c stays within a tile of 0 near the diagonal, where the largest weights are, so the float
-    rounding of the far keys' biases never meets a weight that counts. Returns {column offset from the
-    thread's first column: bias}."""
+    rounding of the far keys' biases never meets a weight that counts. Returns each register's bias
+    (registers of one column share one value)."""
     lay = s.layout
     lane = ty.lane_id()
     warp = ty.warp_idx() & 3
@@ -352,9 +353,23 @@ def alibi_distance(prob, row, col):
     return ty.bitcast(dist + MAGIC, ty.f32) - 12582912.0
 
 
+class QueryRows(NamedTuple):
+    """One consumer's 64 query rows of a work tile, as ``scores`` reads them for each key tile: the
+    first row, the batch and head, ALiBi's slope of that (batch, head) (or None) and the attn_mask's
+    row pointers (``mask_row_pointers``, or None)."""
+
+    row0: Any
+    b: Any
+    h: Any
+    slope: Any
+    mask_rows: Any
+
+
 @ty.func
-def scores(prob, s, row0, col0, b, h, is_partial, slope, mask_rows):
-    """The S fragment as the softmax takes it: transformed (natural units) and masked (-inf)."""
+def scores(prob, s, qrows, col0, is_partial):
+    """The S fragment of the key tile from column ``col0`` on, as the softmax takes it: transformed
+    (natural units) and masked (-inf); ``qrows``: the consumer's ``QueryRows``."""
+    row0, b, h, slope, mask_rows = qrows
     vp = prob.variant
     warp = ty.warp_idx() & 3
     lane = ty.lane_id()
@@ -386,7 +401,7 @@ def scores(prob, s, row0, col0, b, h, is_partial, slope, mask_rows):
                 out.append(_transform(prob, vals[i] * prob.scale, b, h, row, col, mval, slope))
         vals = out
     if need:
-        vals = _apply_masks(prob, s, vals, rows, slots, col0, b, h, is_partial, mask_rows)
+        vals = _apply_masks(prob, s, vals, rows, slots, col0, qrows, is_partial)
     return vals
 
 
@@ -419,9 +434,10 @@ def _mask_at(prob, row_ptr, row, col, ok=None):
 
 
 @ty.func
-def _apply_masks(prob, s, vals, rows, slots, col0, b, h, is_partial, mask_rows):
+def _apply_masks(prob, s, vals, rows, slots, col0, qrows, is_partial):
     """Position masks, the bool attn_mask and mask_mod (its answer counts on partial tiles only:
-    a block mask's full tiles take every key)."""
+    a block mask's full tiles take every key); ``rows``: this thread's two query rows."""
+    b, h, mask_rows = qrows.b, qrows.h, qrows.mask_rows
     vp = prob.variant
     forget_loads(vp)  # a new block: loads traced elsewhere do not dominate it
     warp = ty.warp_idx() & 3
