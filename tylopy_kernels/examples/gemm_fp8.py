@@ -36,12 +36,14 @@ tensors in the emulator) and ``main()``, a benchmark against ``torch._scaled_mm`
     tylopy bench gemm_fp8 --sizes 4096 8192        (once the package's entry points are installed)
 """
 import dataclasses
+from typing import Any, NamedTuple
 
 import tylopy as ty
 from tylopy import hopper
 # The producer, the ring and the k-block issue are the library kernel's (tylopy_kernels/gemm/fp8.py,
 # behind tylopy.scaled_matmul); this file keeps the per-tensor bf16 epilogue and its two store paths.
-from tylopy_kernels.gemm.fp8 import add_into, chained, kblock, my_tiles, producer, release, tile_of
+from tylopy_kernels.gemm.fp8 import (OperandRing, TileGrid, add_into, chained, kblock, my_tiles, producer, release,
+                                     tile_of)
 
 BLOCK_K = 128            # codes per k-block: one 128-byte swizzle row
 ROW = 128                # bytes per operand row in shared memory
@@ -65,25 +67,40 @@ def smem_layout(block_m, block_n, stages, store="tma"):
     return a_bytes, b_bytes, b, full, empty, empty + 8 * stages, epi
 
 
+class Output(NamedTuple):
+    """Where C goes: its pointer and tensor map, its row stride, M and N, the store path ("tma" or
+    "direct") and the per-tensor scale scale_a * scale_b (read once per consumer)."""
+
+    out: Any
+    tm_c: Any
+    ldc: Any
+    m: Any
+    n: Any
+    store: str
+    scale: Any
+
+
 @ty.func
-def mainloop(smem, base, atom, it0, k_blocks, lay, row_off, stages, promote):
-    """Every k-block of one tile (k_blocks >= 1). Plain: one accumulator chain (the library's
-    ``chained``). PROMOTE: each k-block from zero, waited out and added into the f32 total."""
+def mainloop(ring, it0, k_blocks, promote):
+    """Every k-block of one tile (k_blocks >= 1) from the consumer's ``OperandRing``. Plain: one
+    accumulator chain (the library's ``chained``). PROMOTE: each k-block from zero, waited out and
+    added into the f32 total."""
     if promote:
-        total = hopper.wgmma_wait(0, kblock(smem, base, atom, None, it0, lay, row_off, stages))
-        release(smem, lay, it0, stages)
+        total = hopper.wgmma_wait(0, kblock(ring, None, it0))
+        release(ring, it0)
         for kb in range(1, k_blocks):
-            part = hopper.wgmma_wait(0, kblock(smem, base, atom, None, it0 + kb, lay, row_off, stages))
-            release(smem, lay, it0 + kb, stages)
+            part = hopper.wgmma_wait(0, kblock(ring, None, it0 + kb))
+            release(ring, it0 + kb)
             total = add_into(total, part)
         return total
-    return chained(smem, base, atom, it0, k_blocks, lay, row_off, stages)
+    return chained(ring, it0, k_blocks)
 
 
 @ty.func
-def store(acc, out, ldc, m, n, row0, col0, scale, block_n):
+def store(acc, dst, row0, col0, block_n):
     """bf16 column pairs straight from the registers: register i holds row 16w + g + 8((i >> 1) & 1),
     column 8(i >> 2) + 2t + (i & 1); the host keeps N and ldc even, so a pair is one 4-byte store."""
+    out, ldc, m, n, scale = dst.out, dst.ldc, dst.m, dst.n, dst.scale
     w = ty.warp_idx() & 3
     g = ty.lane_id() >> 2
     t = ty.lane_id() & 3
@@ -101,11 +118,12 @@ def store(acc, out, ldc, m, n, row0, col0, scale, block_n):
 
 
 @ty.func
-def store_tma(acc, tm_c, smem, epi, seq, row0, col0, scale, block_n):
+def store_tma(acc, dst, smem, epi, seq, row0, col0, block_n):
     """Stage 64-column chunks in the 128-byte-swizzled image TMA expects (row r at 128 r, 16-byte
-    piece p at p ^ (r % 8)) in two alternating buffers and TMA-store each. Register i holds column
-    8(i >> 2) + 2t + (i & 1) of row 16w + g + 8((i >> 1) & 1), so a pair of 8-column group q lands
-    at piece q ^ g. ``seq`` counts this consumer's chunks so far (the buffer parity)."""
+    piece p at p ^ (r % 8)) in two alternating buffers at ``epi`` and TMA-store each. Register i
+    holds column 8(i >> 2) + 2t + (i & 1) of row 16w + g + 8((i >> 1) & 1), so a pair of 8-column
+    group q lands at piece q ^ g. ``seq`` counts this consumer's chunks so far (the buffer parity)."""
+    tm_c, scale = dst.tm_c, dst.scale
     c = ty.warpgroup_idx() - 1
     w = ty.warp_idx() & 3
     g = ty.lane_id() >> 2
@@ -131,24 +149,27 @@ def store_tma(acc, tm_c, smem, epi, seq, row0, col0, scale, block_n):
 
 
 @ty.func
-def consumer(smem, dst, num_m, num_n, k_blocks, scale, lay, block_m, block_n, stages, group_m, promote):
+def consumer(smem, dst, tiles, lay, stages, promote):
+    """Consumer warpgroups 1 and 2: 64 rows each of every tile of ``tiles`` (a ``TileGrid``) this
+    CTA takes, written to ``dst`` (an ``Output``)."""
     hopper.setmaxnreg(REGISTERS[1], increase=True)
     c = ty.warpgroup_idx() - 1
     base = ty.address(smem)
+    block_m, block_n = tiles.block_m, tiles.block_n
     atom = hopper.WgmmaAtom(block_n, ty.e4m3, "ss")
     row_off = c * (block_m // CONSUMERS)
-    out, tm_c, ldc, m, n, how = dst
+    ring = OperandRing(smem, base, atom, lay, stages, row_off)
     it = 0
     seq = 0
-    for local in range(my_tiles(num_m * num_n)):
-        tm, tn = tile_of(ty.block_idx(0) + local * ty.grid_dim(0), num_m, num_n, group_m)
-        acc = mainloop(smem, base, atom, it, k_blocks, lay, row_off, stages, promote)
-        if how == "tma":
-            seq = store_tma(acc, tm_c, smem, lay[6], seq, tm * block_m + row_off, tn * block_n, scale, block_n)
+    for local in range(my_tiles(tiles.num_m * tiles.num_n)):
+        tm, tn = tile_of(ty.block_idx(0) + local * ty.grid_dim(0), tiles.num_m, tiles.num_n, tiles.group_m)
+        acc = mainloop(ring, it, tiles.k_blocks, promote)
+        if dst.store == "tma":
+            seq = store_tma(acc, dst, smem, lay[6], seq, tm * block_m + row_off, tn * block_n, block_n)
         else:
-            store(acc, out, ldc, m, n, tm * block_m + row_off, tn * block_n, scale, block_n)
-        it = it + k_blocks
-    if how == "tma":
+            store(acc, dst, tm * block_m + row_off, tn * block_n, block_n)
+        it = it + tiles.k_blocks
+    if dst.store == "tma":
         if (ty.thread_idx() & 127) == 0:
             hopper.bulk_wait(0)   # the staging buffers must outlive the last stores' reads
 
@@ -173,12 +194,12 @@ def gemm_fp8(tm_a: ty.tensormap, tm_b: ty.tensormap, tm_c: ty.tensormap, out: ty
     num_m = (m + (block_m - 1)) // block_m
     num_n = (n + (BLOCK_N - 1)) // BLOCK_N
     k_blocks = (k + (BLOCK_K - 1)) // BLOCK_K
+    tiles = TileGrid(block_m, BLOCK_N, num_m, num_n, k_blocks, GROUP_M)
     if ty.warpgroup_idx() == 0:
-        producer(smem, tm_a, tm_b, num_m, num_n, k_blocks, lay, block_m, BLOCK_N, STAGES, GROUP_M, REGISTERS)
+        producer(smem, tm_a, tm_b, tiles, lay, STAGES, REGISTERS)
     else:
         scale = scale_a[0] * scale_b[0]
-        consumer(smem, (out, tm_c, ldc, m, n, STORE), num_m, num_n, k_blocks, scale, lay, block_m, BLOCK_N, STAGES,
-                 GROUP_M, PROMOTE)
+        consumer(smem, Output(out, tm_c, ldc, m, n, STORE, scale), tiles, lay, STAGES, PROMOTE)
 
 
 # -- host side ------------------------------------------------------------------------------------------

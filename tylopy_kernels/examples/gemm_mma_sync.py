@@ -32,6 +32,7 @@ same kernel in the emulator), ``tylopy emulate tylopy_kernels/examples/gemm_mma_
 example against float64), ``tylopy dump tylopy_kernels/examples/gemm_mma_sync.py`` for PTX + ptxas.
 """
 import functools
+from typing import Any, NamedTuple
 
 import tylopy as ty
 
@@ -54,9 +55,24 @@ def b_offset(row, chunk):
     return row * (BN * 2) + ((chunk ^ (row & 7)) << 4)
 
 
+class Inputs(NamedTuple):
+    """The product's inputs: ``a`` (M x K) and ``b`` (K x N) as raw 16-bit bits, their row strides in
+    elements, and M, N, K."""
+
+    a: Any
+    b: Any
+    lda: Any
+    ldb: Any
+    M: Any
+    N: Any
+    K: Any
+
+
 @ty.func
-def load_tiles(a, b, smem, stage, m0, n0, k0, M, N, K, lda, ldb, tid):
-    """Start the cp.async copies of k-tile ``k0`` into ``stage``; chunks past the matrix zero-fill."""
+def load_tiles(inputs, smem, stage, m0, n0, k0, tid):
+    """Start the cp.async copies of k-tile ``k0`` of the tile at (m0, n0) into ``stage``; chunks past
+    the matrix zero-fill."""
+    a, b, lda, ldb, M, N, K = inputs
     base = stage * STAGE_BYTES
     for it in range(BM * BK // 8 // THREADS):  # A: 64 rows x 4 chunks
         idx = tid + it * THREADS
@@ -108,20 +124,21 @@ def gemm_kernel(out_dtype):
         lane = ty.lane_id()
         warp = ty.warp_idx()
         wm, wn = warp >> 1, warp & 1
+        inputs = Inputs(a, b, lda, ldb, M, N, K)
         m0 = ty.block_idx(1) * BM
         n0 = ty.block_idx(0) * BN
         k_tiles = (K + (BK - 1)) // BK
         acc = [[atom.zeros() for _ in range(4)] for _ in range(2)]
         for s in range(STAGES - 1):  # the prologue: the first STAGES - 1 k-tiles in flight
             if s < k_tiles:
-                load_tiles(a, b, smem, s, m0, n0, s * BK, M, N, K, lda, ldb, tid)
+                load_tiles(inputs, smem, s, m0, n0, s * BK, tid)
             ty.cp_async_commit()
         for kt in range(k_tiles):
             ty.cp_async_wait(STAGES - 2)  # my copies of k-tile kt have landed
             ty.syncthreads()              # everyone's have; nobody reads the stage refilled next
             nxt = kt + (STAGES - 1)
             if nxt < k_tiles:
-                load_tiles(a, b, smem, nxt % STAGES, m0, n0, nxt * BK, M, N, K, lda, ldb, tid)
+                load_tiles(inputs, smem, nxt % STAGES, m0, n0, nxt * BK, tid)
             ty.cp_async_commit()
             acc = multiply_stage(atom, smem, kt % STAGES, acc, lane, wm, wn)
         g, t = lane >> 2, lane & 3

@@ -32,6 +32,8 @@ One persistent CTA per SM, 384 threads, warp-specialized like ``hopper.py``'s bf
 The rounding of every step is fixed (explicit ``ty.mul`` / ``ty.fma``, no contraction left to
 the compiler), so the emulator and ``tests/test_gemm_fp8.py``'s model agree bit for bit.
 """
+from typing import Any, NamedTuple
+
 import tylopy as ty
 from tylopy import hopper
 
@@ -88,6 +90,27 @@ def fit_stages(block_n, out_dtype="bf16", promote=False, most=6) -> int:
 
 # -- shared by the producer and consumers (the example kernel imports these) ---------------------------
 
+class TileGrid(NamedTuple):
+    """The output's tiles: block_m x block_n each (compile-time), num_m x num_n of them with k_blocks
+    k-blocks each, taken in groups of group_m tile rows (``tile_of``)."""
+
+    block_m: int
+    block_n: int
+    num_m: Any
+    num_n: Any
+    k_blocks: Any
+    group_m: int
+
+
+class OperandRing:
+    """The operand ring as one consumer reads it (a plain holder): the shared memory (pointer and u32
+    address), the wgmma atom, ``lay`` (A and B stage bytes, B's ring offset, the full and empty
+    barriers), the ring's depth and the consumer's first row in an A stage."""
+
+    def __init__(self, smem, base, atom, lay, stages, row_off):
+        self.smem, self.base, self.atom, self.lay, self.stages, self.row_off = smem, base, atom, lay, stages, row_off
+
+
 @ty.func
 def tile_of(pos, num_m, num_n, group_m):
     """Tile (row, column) of position ``pos``: groups of ``group_m`` tile rows, column by column,
@@ -109,8 +132,9 @@ def my_tiles(total):
 
 
 @ty.func
-def producer(smem, tm_a, tm_b, num_m, num_n, k_blocks, lay, block_m, block_n, stages, group_m, registers):
-    """``lay``: (A stage bytes, B stage bytes, B ring offset, full barriers, empty barriers)."""
+def producer(smem, tm_a, tm_b, tiles, lay, stages, registers):
+    """``tiles``: the ``TileGrid``; ``lay``: (A stage bytes, B stage bytes, B ring offset, full
+    barriers, empty barriers)."""
     a_bytes, b_bytes, b_off, full, empty = lay[:5]
     hopper.setmaxnreg(registers[0], increase=False)
     if (ty.warp_idx() & 3) == 0:
@@ -118,13 +142,13 @@ def producer(smem, tm_a, tm_b, num_m, num_n, k_blocks, lay, block_m, block_n, st
             hopper.prefetch_tensormap(tm_a)
             hopper.prefetch_tensormap(tm_b)
             it = 0
-            for local in range(my_tiles(num_m * num_n)):
-                tm, tn = tile_of(ty.block_idx(0) + local * ty.grid_dim(0), num_m, num_n, group_m)
-                for kb in range(k_blocks):
+            for local in range(my_tiles(tiles.num_m * tiles.num_n)):
+                tm, tn = tile_of(ty.block_idx(0) + local * ty.grid_dim(0), tiles.num_m, tiles.num_n, tiles.group_m)
+                for kb in range(tiles.k_blocks):
                     stage, bar = hopper.ring_acquire(smem, hopper.Ring(full, empty, stages), it + kb, a_bytes + b_bytes)
-                    hopper.tma_load(smem + stage * a_bytes, tm_a, bar, kb * BLOCK_K, tm * block_m)
-                    hopper.tma_load(smem + (b_off + stage * b_bytes), tm_b, bar, kb * BLOCK_K, tn * block_n)
-                it = it + k_blocks
+                    hopper.tma_load(smem + stage * a_bytes, tm_a, bar, kb * BLOCK_K, tm * tiles.block_m)
+                    hopper.tma_load(smem + (b_off + stage * b_bytes), tm_b, bar, kb * BLOCK_K, tn * tiles.block_n)
+                it = it + tiles.k_blocks
 
 
 @ty.func
@@ -138,23 +162,25 @@ def issue(acc, atom, base, a_at, b_at):
 
 
 @ty.func
-def kblock(smem, base, atom, acc, it, lay, row_off, stages):
-    """Wait for ring iteration ``it``'s stage and issue its four k32 steps (one commit group)."""
+def kblock(ring, acc, it):
+    """Wait for ring iteration ``it``'s stage of the ``OperandRing`` and issue its four k32 steps (one
+    commit group)."""
+    smem, lay, stages = ring.smem, ring.lay, ring.stages
     a_bytes, b_bytes, b_off, full, empty = lay[:5]
     stage = it % stages
     hopper.mbarrier_wait(hopper.barrier_at(smem, full + 8 * stage), (it // stages) & 1, "stage full", stage)
     hopper.wgmma_fence()
-    a_at = ty.cast(stage * a_bytes + row_off * ROW, ty.u32)
+    a_at = ty.cast(stage * a_bytes + ring.row_off * ROW, ty.u32)
     b_at = ty.cast(b_off + stage * b_bytes, ty.u32)
-    acc = issue(acc, atom, base, a_at, b_at)
+    acc = issue(acc, ring.atom, ring.base, a_at, b_at)
     hopper.wgmma_commit()
     return acc
 
 
 @ty.func
-def release(smem, lay, it, stages):
+def release(ring, it):
     if (ty.thread_idx() & 127) == 0:  # one thread per consumer frees the stage
-        hopper.ring_release(smem, hopper.Ring(lay[3], lay[4], stages), it)
+        hopper.ring_release(ring.smem, hopper.Ring(ring.lay[3], ring.lay[4], ring.stages), it)
 
 
 @ty.func
@@ -165,16 +191,16 @@ def add_into(total, part):
 
 
 @ty.func
-def chained(smem, base, atom, it0, k_blocks, lay, row_off, stages):
+def chained(ring, it0, k_blocks):
     """Every k-block into one accumulator chain, waiting until only the newest k-block is in
     flight before releasing the previous stage (k_blocks >= 1)."""
-    acc = kblock(smem, base, atom, None, it0, lay, row_off, stages)
+    acc = kblock(ring, None, it0)
     for kb in range(1, k_blocks):
-        acc = kblock(smem, base, atom, acc, it0 + kb, lay, row_off, stages)
+        acc = kblock(ring, acc, it0 + kb)
         acc = hopper.wgmma_wait(1, acc)
-        release(smem, lay, it0 + kb - 1, stages)
+        release(ring, it0 + kb - 1)
     acc = hopper.wgmma_wait(0, acc)
-    release(smem, lay, it0 + k_blocks - 1, stages)
+    release(ring, it0 + k_blocks - 1)
     return acc
 
 
@@ -211,14 +237,14 @@ def block_scales(sc, row0, col0, kb):
 
 
 @ty.func
-def promoted(smem, base, atom, it0, k_blocks, lay, row_off, stages, sc, row0, col0):
+def promoted(ring, it0, k_blocks, sc, row0, col0):
     """Each k-block from zero, waited out and added into the f32 total; with block scales
     total = fma(part, s, total), s this k-block's scale of the register's row."""
     block = sc.form == "block"
     if block:
         s = block_scales(sc, row0, col0, 0)
-    part = hopper.wgmma_wait(0, kblock(smem, base, atom, None, it0, lay, row_off, stages))
-    release(smem, lay, it0, stages)
+    part = hopper.wgmma_wait(0, kblock(ring, None, it0))
+    release(ring, it0)
     if block:
         vals = [ty.mul(part.values[i], s[(i >> 1) & 1], rounding="rn") for i in range(len(part.values))]
         total = ty.Fragment(vals, ty.WARPGROUP, part.layout)
@@ -227,8 +253,8 @@ def promoted(smem, base, atom, it0, k_blocks, lay, row_off, stages, sc, row0, co
     for kb in range(1, k_blocks):
         if block:
             s = block_scales(sc, row0, col0, kb)   # loads in flight while the wgmmas run
-        part = hopper.wgmma_wait(0, kblock(smem, base, atom, None, it0 + kb, lay, row_off, stages))
-        release(smem, lay, it0 + kb, stages)
+        part = hopper.wgmma_wait(0, kblock(ring, None, it0 + kb))
+        release(ring, it0 + kb)
         if block:
             vals = [ty.fma(part.values[i], s[(i >> 1) & 1], total.values[i], rounding="rn")
                     for i in range(len(part.values))]
@@ -339,23 +365,24 @@ def store_tile(acc, dst, sc, smem, seq, row0, col0):
 
 
 @ty.func
-def consumer(smem, dst, sc, num_m, num_n, k_blocks, lay, plan, atom, group_m):
+def consumer(smem, dst, sc, tiles, lay, plan, atom):
     hopper.setmaxnreg(REGISTERS[1], increase=True)
     c = ty.warpgroup_idx() - 1
     base = ty.address(smem)
     row_off = c * (BLOCK_M // CONSUMERS)
+    ring = OperandRing(smem, base, atom, lay, plan.stages, row_off)
     it = 0
     seq = 0
-    for local in range(my_tiles(num_m * num_n)):
-        tm, tn = tile_of(ty.block_idx(0) + local * ty.grid_dim(0), num_m, num_n, group_m)
+    for local in range(my_tiles(tiles.num_m * tiles.num_n)):
+        tm, tn = tile_of(ty.block_idx(0) + local * ty.grid_dim(0), tiles.num_m, tiles.num_n, tiles.group_m)
         row0 = tm * BLOCK_M + row_off
         col0 = tn * plan.block_n
         if plan.promote:
-            acc = promoted(smem, base, atom, it, k_blocks, lay, row_off, plan.stages, sc, row0, col0)
+            acc = promoted(ring, it, tiles.k_blocks, sc, row0, col0)
         else:
-            acc = chained(smem, base, atom, it, k_blocks, lay, row_off, plan.stages)
+            acc = chained(ring, it, tiles.k_blocks)
         seq = store_tile(acc, dst, sc, smem, seq, row0, col0)
-        it = it + k_blocks
+        it = it + tiles.k_blocks
     if (ty.thread_idx() & 127) == 0:
         hopper.bulk_wait(0)   # the staging buffers must outlive the last stores' reads
 
@@ -384,10 +411,11 @@ def gemm_fp8_sm90(tm_a: ty.tensormap, tm_b: ty.tensormap, tm_c: ty.tensormap, bi
     num_m = (m + (BLOCK_M - 1)) // BLOCK_M
     num_n = (n + (BLOCK_N - 1)) // BLOCK_N
     k_blocks = (k + (BLOCK_K - 1)) // BLOCK_K
+    tiles = TileGrid(BLOCK_M, BLOCK_N, num_m, num_n, k_blocks, GROUP_M)
     if ty.warpgroup_idx() == 0:
-        producer(smem, tm_a, tm_b, num_m, num_n, k_blocks, lay, BLOCK_M, BLOCK_N, STAGES, GROUP_M, REGISTERS)
+        producer(smem, tm_a, tm_b, tiles, lay, STAGES, REGISTERS)
     else:
         atom = hopper.WgmmaAtom(BLOCK_N, A_DTYPE, "ss", b_dtype=B_DTYPE)
         dst = Output(tm_c, bias, n, (OUT_DTYPE, HAS_BIAS, BIAS_DTYPE), (plan.epi_cols, plan.epi_chunks, plan.epi))
         sc = Scales(SCALE, (scale_a, sa_m, sa_k), (scale_b, sb_k, sb_n), (m, n))
-        consumer(smem, dst, sc, num_m, num_n, k_blocks, lay, plan, atom, GROUP_M)
+        consumer(smem, dst, sc, tiles, lay, plan, atom)

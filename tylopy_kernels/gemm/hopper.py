@@ -29,7 +29,7 @@ B "n" (row-major K x N): BLOCK_N/64 boxes of 64 (n) x 64 (k), MN-major (trans-b)
 B "k" (column-major, e.g. a Linear weight N x K): box 64 (k) x BLOCK_N rows, K-major.
 docs/hopper.md has the descriptor and swizzle rules these rely on.
 """
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import tylopy as ty
 from tylopy import hopper
@@ -59,6 +59,17 @@ class Problem:
         self.split_k = split_k                   # compile-time: work units per tile along K
         self.total = self.tiles * split_k if split_k > 1 else self.tiles
         self.group_m = group_m
+
+
+class Inputs(NamedTuple):
+    """A and B as the kernel reads them: their tensor maps, the element dtype and the majors ("k" or
+    "m" for A, "k" or "n" for B: how the producer boxes a k-block, how the consumers read it)."""
+
+    tm_a: Any
+    tm_b: Any
+    dtype: Any
+    a_major: str
+    b_major: str
 
 
 class Unit:
@@ -110,17 +121,19 @@ def unit_of(prob, plan, local):
 # -- producer ---------------------------------------------------------------------------------------
 
 @ty.func
-def load_stage(smem, plan, tm_a, tm_b, it, m0, n0, k0, a_major, b_major):
-    """Wait until the stage of ring iteration ``it`` is free, then TMA one k-block of A and B."""
+def load_stage(smem, plan, inputs, it, u, k0):
+    """Wait until the stage of ring iteration ``it`` is free, then TMA the k-block from column k0 of
+    A's rows and B's columns of unit ``u``."""
+    tm_a, tm_b, m0, n0 = inputs.tm_a, inputs.tm_b, u.m0, u.n0
     stage, full = hopper.ring_acquire(smem, plan.ring, it, plan.stage_bytes)
     a_dst = plan.a + stage * plan.a_bytes
-    if a_major == "k":
+    if inputs.a_major == "k":
         hopper.tma_load(smem + a_dst, tm_a, full, k0, m0)
     else:
         for c in range(plan.block_m // CHUNK_ROWS):
             hopper.tma_load(smem + (a_dst + c * CHUNK_BYTES), tm_a, full, m0 + c * CHUNK_ROWS, k0)
     b_dst = plan.b + stage * plan.b_bytes
-    if b_major == "k":
+    if inputs.b_major == "k":
         hopper.tma_load(smem + b_dst, tm_b, full, k0, n0)
     else:
         for c in range(plan.block_n // CHUNK_ROWS):
@@ -128,18 +141,17 @@ def load_stage(smem, plan, tm_a, tm_b, it, m0, n0, k0, a_major, b_major):
 
 
 @ty.func
-def producer(smem, plan, prob, tm_a, tm_b, a_major, b_major, registers):
+def producer(smem, plan, prob, inputs, registers):
     hopper.setmaxnreg(registers[0], increase=False)
     if (ty.warp_idx() & 3) == 0:
         if ty.elect_one():
-            hopper.prefetch_tensormap(tm_a)
-            hopper.prefetch_tensormap(tm_b)
+            hopper.prefetch_tensormap(inputs.tm_a)
+            hopper.prefetch_tensormap(inputs.tm_b)
             it = 0
             for local in range(tiles_of_this_cta(prob)):
                 u = unit_of(prob, plan, local)
                 for kb in range(u.k_count):
-                    load_stage(smem, plan, tm_a, tm_b, it + kb, u.m0, u.n0, (u.k_first + kb) * BLOCK_K, a_major,
-                               b_major)
+                    load_stage(smem, plan, inputs, it + kb, u, (u.k_first + kb) * BLOCK_K)
                 it = it + u.k_count
 
 
@@ -331,14 +343,15 @@ def stage_chunk(accs, dst, buf, j, col0, plan):
 
 
 @ty.func
-def store_tma(accs, dst, smem, c, seq, row0, col0, split, plan, leader):
+def store_tma(me, accs, seq, row0, col0, split):
     """Stage 128-byte-wide column chunks in two alternating buffers and TMA-store each (the TMA
-    clips rows >= M and columns >= N). ``seq`` counts this consumer's chunks so far (buffer parity).
+    clips rows >= M and columns >= N). ``seq`` counts consumer ``me``'s chunks so far (buffer parity).
 
     Per chunk: the leader waits until at most one store is still reading (the other buffer's),
     the warpgroup syncs, writes, fences the writes to the async proxy, syncs, and the leader
     issues the store.
     """
+    dst, smem, c, plan, leader = me.dst, me.smem, me.c, me.plan, me.leader
     bar = EPILOGUE_BARRIER + c
     for j in range(plan.epi_chunks):
         parity = (seq + j) & 1
@@ -359,46 +372,62 @@ def store_tma(accs, dst, smem, c, seq, row0, col0, split, plan, leader):
 
 
 @ty.func
-def store_tile(accs, dst, smem, c, seq, row0, col0, split, plan, leader):
-    if plan.store == "tma":
-        return store_tma(accs, dst, smem, c, seq, row0, col0, split, plan, leader)
-    store_direct(accs, dst, row0, col0, split, plan)
+def store_tile(me, accs, seq, row0, col0, split):
+    """The epilogue of consumer ``me``'s unit (rows from row0, columns from col0, split ``split``);
+    returns its count of staged chunks."""
+    if me.plan.store == "tma":
+        return store_tma(me, accs, seq, row0, col0, split)
+    store_direct(accs, me.dst, row0, col0, split, me.plan)
     return seq
 
 
 # -- consumers --------------------------------------------------------------------------------------
 
+class Consumer:
+    """What one consumer's units share (a plain holder): the shared memory (pointer and u32
+    address), the wgmma atom and ``Operands`` (with the plan), the ``Output``, the consumer's
+    index c, its rows' offset in a tile (cooperative; 0 for pingpong) and its leader thread (it
+    releases stages and issues stores)."""
+
+    def __init__(self, smem, base, atom, ops, dst, c, row_off, leader):
+        self.smem, self.base, self.atom, self.ops, self.plan = smem, base, atom, ops, ops.plan
+        self.dst, self.c, self.row_off, self.leader = dst, c, row_off, leader
+
+
 @ty.func
-def run_unit(smem, base, atom, ops, plan, dst, u, it, c, seq, row_off, leader, turn, hand_over):
-    """Main loop, final wait and epilogue of one unit; pingpong (``turn``) takes the tensor-core
-    turn first and hands it over (when ``hand_over``) once its last k-block is issued."""
+def run_unit(me, u, it, seq, turn, hand_over):
+    """Main loop, final wait and epilogue of consumer ``me``'s unit ``u`` from ring iteration
+    ``it``; pingpong (``turn``) takes the tensor-core turn first and hands it over (when
+    ``hand_over``) once its last k-block is issued."""
+    smem, leader = me.smem, me.leader
     if turn is not None:
         ty.barrier_sync(turn[0], CONSUMER_THREADS)
-    accs = mainloop(smem, base, atom, ops, it, u.k_count, leader)
+    accs = mainloop(smem, me.base, me.atom, me.ops, it, u.k_count, leader)
     if turn is not None:
         if hand_over:
             ty.barrier_arrive(turn[1], CONSUMER_THREADS)
     accs = hopper.wgmma_wait(0, accs)
-    release(smem, plan, it + u.k_count - 1, leader)
-    return store_tile(accs, dst, smem, c, seq, u.m0 + row_off, u.n0, u.split, plan, leader)
+    release(smem, me.plan, it + u.k_count - 1, leader)
+    return store_tile(me, accs, seq, u.m0 + me.row_off, u.n0, u.split)
 
 
 @ty.func
-def consumer(smem, plan, prob, dst, wg, dtype, a_major, b_major, registers):
+def consumer(smem, plan, prob, dst, wg, inputs, registers):
     hopper.setmaxnreg(registers[1], increase=True)
     c = wg - 1
     base = ty.address(smem)
-    atom = hopper.WgmmaAtom(plan.wn, dtype, "ss")
+    atom = hopper.WgmmaAtom(plan.wn, inputs.dtype, "ss")
     leader = (ty.thread_idx() & 127) == 0
     row_off = c * plan.wm if plan.cooperative else 0
-    ops = Operands(plan, a_major, b_major, row_off, 0)
+    me = Consumer(smem, base, atom, Operands(plan, inputs.a_major, inputs.b_major, row_off, 0), dst, c, row_off,
+                  leader)
     n_units = tiles_of_this_cta(prob)
     seq = 0
     if plan.cooperative:
         it = 0
         for local in range(n_units):
             u = unit_of(prob, plan, local)
-            seq = run_unit(smem, base, atom, ops, plan, dst, u, it, c, seq, row_off, leader, None, False)
+            seq = run_unit(me, u, it, seq, None, False)
             it = it + u.k_count
     else:
         turn = (TURN_BARRIER + c, TURN_BARRIER + 1 - c)
@@ -407,15 +436,13 @@ def consumer(smem, plan, prob, dst, wg, dtype, a_major, b_major, registers):
         if prob.split_k == 1:  # every unit has k_blocks k-blocks: unit j starts at ring iteration j KT
             for local in range(c, n_units, CONSUMERS):
                 u = unit_of(prob, plan, local)
-                seq = run_unit(smem, base, atom, ops, plan, dst, u, local * prob.k_blocks, c, seq, 0, leader, turn,
-                               local + 1 < n_units)
+                seq = run_unit(me, u, local * prob.k_blocks, seq, turn, local + 1 < n_units)
         else:  # uneven splits: count every unit's k-blocks, run every other one
             it = 0
             for local in range(n_units):
                 u = unit_of(prob, plan, local)
                 if (local & 1) == c:
-                    seq = run_unit(smem, base, atom, ops, plan, dst, u, it, c, seq, 0, leader, turn,
-                                   local + 1 < n_units)
+                    seq = run_unit(me, u, it, seq, turn, local + 1 < n_units)
                 it = it + u.k_count
     if plan.store == "tma":
         if leader:  # the staging buffers must stay until the last stores have read them
@@ -448,9 +475,10 @@ def gemm_sm90(
     smem = ty.dynamic_shared(ty.u8, plan.total, align=1024)
     prob = Problem(m, n, k, plan, GROUP_M, SPLIT_K)
     dst = Output(out, ldc, bias, m, n, tm_c, OutputForm(OUT_DTYPE, BIAS_DTYPE, HAS_BIAS, EPILOGUE, SPLIT_K))
+    inputs = Inputs(tm_a, tm_b, DTYPE, A_MAJOR, B_MAJOR)
     init_barriers(smem, plan)
     wg = ty.warpgroup_idx()
     if wg == 0:
-        producer(smem, plan, prob, tm_a, tm_b, A_MAJOR, B_MAJOR, REGISTERS)
+        producer(smem, plan, prob, inputs, REGISTERS)
     else:
-        consumer(smem, plan, prob, dst, wg, DTYPE, A_MAJOR, B_MAJOR, REGISTERS)
+        consumer(smem, plan, prob, dst, wg, inputs, REGISTERS)

@@ -217,8 +217,9 @@ def row_reduce(op, v, thread, WARPS_PER_ROW):
 
 
 @ty.func
-def write_probs(out_row, c0, lane, cols, vals, shift, inv_l, VEC, MASKED):
-    """Pass 2 on one chunk's logits: write exp2(x*log2(e) - shift) / l."""
+def write_probs(out_row, c0, lane, cols, vals, norm, VEC, MASKED):
+    """Pass 2 on one chunk's logits: write exp2(x*log2(e) - shift) / l (``norm``: the row's (shift, 1/l))."""
+    shift, inv_l = norm
     store_chunk(out_row, c0, lane, cols, [exp2_shifted(v, shift) * inv_l for v in vals], VEC, MASKED)
 
 
@@ -248,18 +249,19 @@ def streaming_kernel(dtype):
             m, l = warp_merge(m, l)
             shift = safe_shift(m)
             inv_l = ty.select(l > 0.0, ty.rcp(l), 0.0)  # l == 0 only for an all -inf row
+            norm = (shift, inv_l)
             # Pass 2: read the logits again and write the probabilities.
             for c0 in range(0, paired, 2 * CHUNK):
                 first = load_chunk(x_row, c0, lane, cols, VEC, False)  # both loads before either store
                 second = load_chunk(x_row, c0 + CHUNK, lane, cols, VEC, False)
-                write_probs(out_row, c0, lane, cols, first, shift, inv_l, VEC, False)
-                write_probs(out_row, c0 + CHUNK, lane, cols, second, shift, inv_l, VEC, False)
+                write_probs(out_row, c0, lane, cols, first, norm, VEC, False)
+                write_probs(out_row, c0 + CHUNK, lane, cols, second, norm, VEC, False)
             if paired < whole:
                 vals = load_chunk(x_row, paired, lane, cols, VEC, False)
-                write_probs(out_row, paired, lane, cols, vals, shift, inv_l, VEC, False)
+                write_probs(out_row, paired, lane, cols, vals, norm, VEC, False)
             if whole < cols:
                 vals = load_chunk(x_row, whole, lane, cols, VEC, True)
-                write_probs(out_row, whole, lane, cols, vals, shift, inv_l, VEC, True)
+                write_probs(out_row, whole, lane, cols, vals, norm, VEC, True)
 
     return softmax_streaming
 

@@ -73,10 +73,10 @@ import tylopy as ty
 from tylopy import hopper
 
 from tylopy_kernels.attention.sm90.tiles import batch_coord, shift
-from tylopy_kernels.attention.sm90.backward_common import (LOG2E, PANEL, REGISTER_SPLIT, ROW_BYTES, Sizes, bar_at,
-                                                           kmajor_desc, kmajor_step, load_tile, mask_bounds,
-                                                           masked_exp2, mnmajor_desc, rs_gemm, ss_gemm, stage_of,
-                                                           store_rows, user_mask_bits, zeros)
+from tylopy_kernels.attention.sm90.backward_common import (LOG2E, PANEL, REGISTER_SPLIT, ROW_BYTES, Gradients, Sizes,
+                                                           TensorMaps, bar_at, kmajor_desc, kmajor_step, load_tile,
+                                                           mask_bounds, masked_exp2, mnmajor_desc, rs_gemm, ss_gemm,
+                                                           stage_of, store_rows, tma_coords, user_mask_bits, zeros)
 
 BLOCK_N = 128                 # keys per CTA: two consumer warpgroups of 64
 KEYS_PER_CONSUMER = 64
@@ -215,34 +215,34 @@ def init_barriers(smem, lay, stages):
 
 
 @ty.func
-def load_tiles(smem, lay, prob, cfg, tm_q, tm_k, tm_v, tm_do, tm_lse, tm_delta):
+def load_tiles(smem, lay, prob, cfg, maps):
     """Producer warp 0 (one thread): K and V once, then Q with L and dO with delta per iteration."""
-    for tm in (tm_q, tm_k, tm_v, tm_do, tm_lse, tm_delta):
+    for tm in (maps.q, maps.k, maps.v, maps.do, maps.lse, maps.delta):
         hopper.prefetch_tensormap(tm)
     n0 = ty.block_idx(0) * BLOCK_N
     hk = ty.block_idx(1)
     b = ty.block_idx(2)
     kv_full = bar_at(smem, lay.kv_full)
     hopper.mbarrier_arrive_expect_tx(kv_full, 2 * lay.kv_bytes)
-    load_tile(smem, lay.k, tm_k, kv_full, BLOCK_N, cfg.panels, cfg.kv_order, shift(n0, prob.k_start), hk,
-              batch_coord(prob, b))
-    load_tile(smem, lay.v, tm_v, kv_full, BLOCK_N, cfg.panels, cfg.kv_order, shift(n0, prob.k_start), hk,
-              batch_coord(prob, b))
+    load_tile(smem, lay.k, maps.k, kv_full, BLOCK_N, cfg.panels,
+              tma_coords(cfg.kv_order, shift(n0, prob.k_start), hk, batch_coord(prob, b)))
+    load_tile(smem, lay.v, maps.v, kv_full, BLOCK_N, cfg.panels,
+              tma_coords(cfg.kv_order, shift(n0, prob.k_start), hk, batch_coord(prob, b)))
     m_first, per_head, total = work_range(prob, n0, cfg.block_m)
     for it in range(total):
         hq, m0 = iteration(prob, hk, m_first, per_head, it, cfg.block_m)
         stat_row = b * prob.n_heads + hq if prob.varlen is None else hq  # packed: (H, padded rows)
         q_ring = hopper.Ring(lay.q_full, lay.q_empty, cfg.stages)   # Q (with LSE) and dO (with delta): rings in step
         stage, q_full = hopper.ring_acquire(smem, q_ring, it, lay.tile_bytes + lay.stat_bytes, "q_empty")
-        load_tile(smem, lay.q + stage * lay.tile_bytes, tm_q, q_full, cfg.block_m, cfg.panels, cfg.q_order,
-                  shift(m0, prob.q_start), hq, batch_coord(prob, b))
-        hopper.tma_load(smem + (lay.lse + stage * lay.stat_bytes), tm_lse, q_full, shift(m0, prob.stat_start),
+        load_tile(smem, lay.q + stage * lay.tile_bytes, maps.q, q_full, cfg.block_m, cfg.panels,
+                  tma_coords(cfg.q_order, shift(m0, prob.q_start), hq, batch_coord(prob, b)))
+        hopper.tma_load(smem + (lay.lse + stage * lay.stat_bytes), maps.lse, q_full, shift(m0, prob.stat_start),
                         stat_row)
         do_ring = hopper.Ring(lay.do_full, lay.do_empty, cfg.stages)
         stage, do_full = hopper.ring_acquire(smem, do_ring, it, lay.tile_bytes + lay.stat_bytes, "do_empty")
-        load_tile(smem, lay.do + stage * lay.tile_bytes, tm_do, do_full, cfg.block_m, cfg.panels, cfg.q_order,
-                  shift(m0, prob.q_start), hq, batch_coord(prob, b))
-        hopper.tma_load(smem + (lay.delta + stage * lay.stat_bytes), tm_delta, do_full, shift(m0, prob.stat_start),
+        load_tile(smem, lay.do + stage * lay.tile_bytes, maps.do, do_full, cfg.block_m, cfg.panels,
+                  tma_coords(cfg.q_order, shift(m0, prob.q_start), hq, batch_coord(prob, b)))
+        hopper.tma_load(smem + (lay.delta + stage * lay.stat_bytes), maps.delta, do_full, shift(m0, prob.stat_start),
                         stat_row)
 
 
@@ -272,15 +272,16 @@ def reduce_dq_tiles(smem, lay, prob, cfg, tm_dq):
 
 
 @ty.func
-def producer(smem, lay, prob, cfg, tm_q, tm_k, tm_v, tm_do, tm_lse, tm_delta, tm_dq):
+def producer(smem, lay, prob, cfg, maps):
+    """Warpgroup 0 (``maps``: the ``TensorMaps``): warp 0 loads, warp 1 (DQ="tma") adds dQ up."""
     hopper.setmaxnreg(REGISTER_SPLIT[0], increase=False)
     warp = ty.warp_idx() & 3
     if warp == 0:
         if ty.elect_one():
-            load_tiles(smem, lay, prob, cfg, tm_q, tm_k, tm_v, tm_do, tm_lse, tm_delta)
+            load_tiles(smem, lay, prob, cfg, maps)
     if cfg.dq == "tma":
         if warp == 1:
-            reduce_dq_tiles(smem, lay, prob, cfg, tm_dq)
+            reduce_dq_tiles(smem, lay, prob, cfg, maps.dq)
 
 
 # -- consumers --------------------------------------------------------------------------------------
@@ -397,14 +398,15 @@ def dq_tile_index(prob, cfg, b, hq, m0, wi):
 
 
 @ty.func
-def accumulate_dq(smem, lay, prob, cfg, dq, dq_accum, b, hq, m0, wi, it):
-    """Add this consumer's 64x64 dQ partial into its sub-tile of the fp32 accumulator, which
+def accumulate_dq(c, dq, it, hq, m0):
+    """Add consumer ``c``'s 64x64 dQ partial into its sub-tile of the fp32 accumulator, which
     holds sub-tiles in register order (floats 512j + 4t + e hold thread t's register 4j + e).
 
     "tma": stage it in shared memory for producer warp 1's TMA reduce-add (eight conflict-free
     16-byte stores a thread, once the previous sub-tile left the buffer); "atomic": eight
     red.global.add.v4.f32 a thread.
     """
+    smem, lay, prob, cfg, b, wi = c.smem, c.lay, c.prob, c.cfg, c.b, c.wi
     t = ty.thread_idx() & 127
     vals = dq.values
     if cfg.dq == "tma":
@@ -419,7 +421,7 @@ def accumulate_dq(smem, lay, prob, cfg, dq, dq_accum, b, hq, m0, wi, it):
         tile = dq_tile_index(prob, cfg, b, hq, m0, wi)
         base = ty.cast(tile, ty.i64) * 4096 + ty.cast(t * 4, ty.i64)
         for j in range(len(vals) // 4):
-            ty.red_add(dq_accum + (base + 512 * j), tuple(vals[4 * j: 4 * j + 4]))
+            ty.red_add(c.dq_accum + (base + 512 * j), tuple(vals[4 * j: 4 * j + 4]))
 
 
 @ty.func
@@ -428,15 +430,28 @@ def release(smem, offset, stage, leader):
         hopper.mbarrier_arrive(bar_at(smem, offset + 8 * stage))
 
 
+class Consumer:
+    """What one consumer's query tiles share (a plain holder): the shared memory (pointer and u32
+    address), its layout, the problem and config, the consumer's keys, the scale in log2 units and
+    the fp32 dQ accumulator (DQ="atomic")."""
+
+    def __init__(self, smem, base, lay, prob, cfg, keys, scale_log2, dq_accum):
+        """``keys``: (the CTA's first key n0, its batch b, the consumer's index wi: keys n0 + 64 wi ..)."""
+        self.smem, self.base, self.lay, self.prob, self.cfg = smem, base, lay, prob, cfg
+        self.n0, self.b, self.wi = keys
+        self.scale_log2, self.dq_accum = scale_log2, dq_accum
+
+
 @ty.func
-def consumer_step(smem, lay, prob, cfg, base, wi, it, hq, m0, dv, dk, dq_accum, n0, b, scale_log2):
-    """One query tile against this consumer's 64 keys: dV += P^T dO, dK += dS^T Q, dQ += dS K."""
+def consumer_step(c, it, hq, m0, dv, dk):
+    """One query tile against consumer ``c``'s 64 keys: dV += P^T dO, dK += dS^T Q, dQ += dS K."""
+    smem, lay, prob, cfg, base, wi = c.smem, c.lay, c.prob, c.cfg, c.base, c.wi
     stage, phase = stage_of(it, cfg.stages)
     leader = ty.lane_id() == 0                           # one arrival per warp on the empty barriers
     atom_s = hopper.WgmmaAtom(cfg.block_m, cfg.dtype, "ss")
     atom_kv = hopper.WgmmaAtom(cfg.head_dim, cfg.dtype, "rs")
     k_steps = cfg.head_dim // 16
-    key0 = n0 + KEYS_PER_CONSUMER * wi
+    key0 = c.n0 + KEYS_PER_CONSUMER * wi
     q_off = lay.q + stage * lay.tile_bytes
     do_off = lay.do + stage * lay.tile_bytes
     mine = KEYS_PER_CONSUMER * ROW_BYTES * wi            # this consumer's rows of K and V
@@ -450,14 +465,14 @@ def consumer_step(smem, lay, prob, cfg, base, wi, it, hq, m0, dv, dk, dq_accum, 
     hopper.mbarrier_wait(bar_at(smem, lay.do_full + 8 * stage), phase, "do_full", stage)
     dp = ss_gemm(atom_s, kmajor_desc(base, lay.v + mine), BLOCK_N, kmajor_desc(base, do_off), cfg.block_m, k_steps)
     s = hopper.wgmma_wait(1, s)
-    bits = user_mask_bits(prob, key0, m0, hq, b, cfg.block_m) if cfg.has_mask else None
+    bits = user_mask_bits(prob, key0, m0, hq, c.b, cfg.block_m) if cfg.has_mask else None
     if prob.variant is None:
-        p = probabilities_t(s, smem, lay.lse + stage * lay.stat_bytes, scale_log2, mask_bounds(prob, key0, m0, True),
+        p = probabilities_t(s, smem, lay.lse + stage * lay.stat_bytes, c.scale_log2, mask_bounds(prob, key0, m0, True),
                             bits)
         dp = hopper.wgmma_wait(0, dp)
         p_ops, ds_ops = score_grads_t(p, dp, smem, lay.delta + stage * lay.stat_bytes, cfg.dtype)
     else:  # the score transform, its derivative and the variant's masks (``backward_variant.py``)
-        p_ops, ds_ops = prob.variant.score_grads(s, dp, smem, lay, prob, cfg, stage, key0, m0, hq, b, it, bits)
+        p_ops, ds_ops = prob.variant.score_grads(s, dp, c, stage, (key0, m0, hq, c.b), it, bits)
     if with_dq:
         ds_offset = lay.ds + (it & 1) * lay.ds_bytes
         store_ds(smem, ds_offset, ds_ops, wi)
@@ -475,7 +490,7 @@ def consumer_step(smem, lay, prob, cfg, base, wi, it, hq, m0, dv, dk, dq_accum, 
     if with_dq and cfg.dq_order == "early":
         dv, dq, p_ops = hopper.wgmma_wait(1, dv, dq, p_ops)
         release(smem, lay.do_empty, stage, leader)       # dP^T and dV have read this dO stage
-        accumulate_dq(smem, lay, prob, cfg, dq, dq_accum, b, hq, m0, wi, it)  # overlaps the dK product
+        accumulate_dq(c, dq, it, hq, m0)                 # overlaps the dK product
         dk, ds_ops = hopper.wgmma_wait(0, dk, ds_ops)
         release(smem, lay.q_empty, stage, leader)        # S^T and dK have read this Q stage
     else:
@@ -489,12 +504,13 @@ def consumer_step(smem, lay, prob, cfg, base, wi, it, hq, m0, dv, dk, dq_accum, 
             if cfg.dq_order == "serial":
                 dq = dq_product(smem, lay, cfg, base, ds_offset, wi)
             dq = hopper.wgmma_wait(0, dq)
-            accumulate_dq(smem, lay, prob, cfg, dq, dq_accum, b, hq, m0, wi, it)
+            accumulate_dq(c, dq, it, hq, m0)
     return dv, dk
 
 
 @ty.func
-def consumer(smem, lay, prob, cfg, wg, dk_out, dv_out, dq_accum, dk_strides, dv_strides):
+def consumer(smem, lay, prob, cfg, wg, grads):
+    """Consumer warpgroup wg (``grads``: the ``Gradients``): dK and dV of its 64 keys, dQ partials."""
     hopper.setmaxnreg(REGISTER_SPLIT[1], increase=True)
     wi = wg - 1
     n0 = ty.block_idx(0) * BLOCK_N
@@ -502,6 +518,7 @@ def consumer(smem, lay, prob, cfg, wg, dk_out, dv_out, dq_accum, dk_strides, dv_
     b = ty.block_idx(2)
     base = ty.address(smem)
     scale_log2 = prob.scale * LOG2E
+    c = Consumer(smem, base, lay, prob, cfg, (n0, b, wi), scale_log2, grads.dq_accum)
     dv = zeros(cfg.head_dim)
     dk = zeros(cfg.head_dim)
     hopper.mbarrier_wait(bar_at(smem, lay.kv_full), 0, "kv_full")
@@ -510,15 +527,16 @@ def consumer(smem, lay, prob, cfg, wg, dk_out, dv_out, dq_accum, dk_strides, dv_
     m_first, per_head, total = work_range(prob, n0, cfg.block_m)
     for it in range(total):
         hq, m0 = iteration(prob, hk, m_first, per_head, it, cfg.block_m)
-        dv, dk = consumer_step(smem, lay, prob, cfg, base, wi, it, hq, m0, dv, dk, dq_accum, n0, b, scale_log2)
+        dv, dk = consumer_step(c, it, hq, m0, dv, dk)
     row0 = n0 + KEYS_PER_CONSUMER * wi
+    dk_strides, dv_strides = grads.dk_strides, grads.dv_strides
     dk_base = ty.cast(b, ty.i64) * dk_strides[0] + ty.cast(hk, ty.i64) * dk_strides[1]
     dv_base = ty.cast(b, ty.i64) * dv_strides[0] + ty.cast(hk, ty.i64) * dv_strides[1]
     if prob.varlen is not None:
         dk_base = dk_base + ty.cast(prob.k_start, ty.i64) * dk_strides[2]
         dv_base = dv_base + ty.cast(prob.k_start, ty.i64) * dv_strides[2]
-    store_rows(dk * prob.scale, dk_out, row0, prob.n_k, dk_base, dk_strides[2], 0, cfg.dtype)
-    store_rows(dv, dv_out, row0, prob.n_k, dv_base, dv_strides[2], 0, cfg.dtype)
+    store_rows(dk * prob.scale, grads.dk, row0, prob.n_k, dk_base, dk_strides[2], 0, cfg.dtype)
+    store_rows(dv, grads.dv, row0, prob.n_k, dv_base, dv_strides[2], 0, cfg.dtype)
 
 
 def smem_bytes(HEAD_DIM=64, BLOCK_M=128, STAGES=2, DQ="tma", **_):
@@ -554,7 +572,7 @@ def attention_bwd_sm90(
     init_barriers(smem, lay, STAGES)
     wg = ty.warpgroup_idx()
     if wg == 0:
-        producer(smem, lay, prob, cfg, tm_q, tm_k, tm_v, tm_do, tm_lse, tm_delta, tm_dq)
+        producer(smem, lay, prob, cfg, TensorMaps(tm_q, tm_k, tm_v, tm_do, tm_lse, tm_delta, tm_dq))
     else:
-        consumer(smem, lay, prob, cfg, wg, dk, dv, dq_accum, (dk_stride_b, dk_stride_h, dk_stride_n),
-                 (dv_stride_b, dv_stride_h, dv_stride_n))
+        consumer(smem, lay, prob, cfg, wg, Gradients(dk, dv, dq_accum, (dk_stride_b, dk_stride_h, dk_stride_n),
+                                                     (dv_stride_b, dv_stride_h, dv_stride_n)))

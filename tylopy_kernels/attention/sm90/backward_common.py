@@ -13,6 +13,7 @@ from tylopy import hopper
 
 from tylopy_kernels.attention.sm90.tiles import shift
 
+
 class Sizes(NamedTuple):
     """A backward problem's run-time sizes: queries and keys per sequence, query heads, query heads per
     key/value head, and the padded length of the L/delta rows."""
@@ -22,6 +23,30 @@ class Sizes(NamedTuple):
     n_heads: Any
     group: Any
     n_pad: Any
+
+
+class TensorMaps(NamedTuple):
+    """The dK/dV kernels' tensor maps: Q, K, V, dO and the L and delta rows (producer warp 0 loads
+    them), and the fp32 dQ accumulator (DQ="tma": producer warp 1 adds into it)."""
+
+    q: Any
+    k: Any
+    v: Any
+    do: Any
+    lse: Any
+    delta: Any
+    dq: Any
+
+
+class Gradients(NamedTuple):
+    """Where the dK/dV kernels' consumers write: dK's and dV's pointers, the fp32 dQ accumulator
+    (DQ="atomic"), and dK's and dV's (batch, head, row) strides."""
+
+    dk: Any
+    dv: Any
+    dq_accum: Any
+    dk_strides: tuple
+    dv_strides: tuple
 
 
 PANEL = 64                    # elements in one 128-byte swizzle row
@@ -47,10 +72,11 @@ def tma_coords(order, n, h, b):
 
 
 @ty.func
-def load_tile(smem, offset, tmap, bar, rows, panels, order, row, h, b):
-    """TMA a (rows x 64*panels) tile as ``panels`` 64-column panels of ``rows`` 128-byte rows."""
+def load_tile(smem, offset, tmap, bar, rows, panels, coords):
+    """TMA a (rows x 64*panels) tile as ``panels`` 64-column panels of ``rows`` 128-byte rows;
+    ``coords``: its TMA coordinates after the head-dim one (``tma_coords``)."""
     for p in range(panels):
-        hopper.tma_load(smem + (offset + p * rows * ROW_BYTES), tmap, bar, p * PANEL, *tma_coords(order, row, h, b))
+        hopper.tma_load(smem + (offset + p * rows * ROW_BYTES), tmap, bar, p * PANEL, *coords)
 
 
 @ty.func

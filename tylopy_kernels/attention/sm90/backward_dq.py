@@ -16,13 +16,16 @@ runs with ``DQ="none"``. L and delta (the padded fp32 rows of the preprocessing 
 are two values per thread, read straight from global memory. Under GQA, query head h reads key
 / value head h // group; under causal masking only the key tiles up to the block's last row run.
 """
+from dataclasses import dataclass
+from typing import Any
+
 import tylopy as ty
 from tylopy import hopper
 
 from tylopy_kernels.attention.sm90.backward_common import (LOG2E, PANEL, REGISTER_SPLIT, ROW_BYTES, Sizes, bar_at,
                                                            kmajor_desc, load_tile, mask_bounds, masked_exp2,
                                                            mnmajor_desc, rs_gemm, ss_gemm, stage_of, store_rows,
-                                                           user_mask_bits)
+                                                           tma_coords, user_mask_bits)
 
 BLOCK_M = 128                 # query rows per CTA: two consumers of 64
 ROWS_PER_CONSUMER = 64
@@ -51,17 +54,41 @@ class Smem:
         self.v_full = self.k_empty + 8 * stages
         self.v_empty = self.v_full + 8 * stages
         self.total = self.v_empty + 8 * stages
+        self.k_ring = hopper.Ring(self.k_full, self.k_empty, stages)   # the K and V tiles' rings
+        self.v_ring = hopper.Ring(self.v_full, self.v_empty, stages)
+
+
+@dataclass(eq=False)   # compared and hashed by identity, as the trace treats a plain holder
+class Config:
+    """The compile-time choices every role reads (the kernel's constexprs, by name)."""
+
+    dtype: Any
+    head_dim: int
+    block_n: int
+    stages: int
+    has_mask: bool
+    pipeline: bool
+    q_order: tuple
+    kv_order: tuple
+
+    def __post_init__(self):
+        self.panels = self.head_dim // PANEL
 
 
 class Problem:
     """The run-time sizes, scale, causal flag and packed mask bits (pointer, (batch, head, row)
-    strides) of the dQ kernel, and its key tile width (a plain holder of IR values)."""
+    strides) of the dQ kernel, its key tile width, the padded fp32 rows it reads and where dQ goes
+    (a plain holder of IR values)."""
 
-    def __init__(self, sizes: Sizes, scale, causal, mask, block_n):
+    def __init__(self, sizes: Sizes, scale, causal, mask, block_n, stats, out):
+        """``stats``: the L log2(e) and delta rows' pointers; ``out``: dQ's pointer and its (batch,
+        head, row) strides."""
         self.n_q, self.n_k, self.n_heads, self.group, self.n_pad = sizes
         self.scale, self.causal = scale, causal
         self.mask, self.m_strides = mask
         self.block_n = block_n
+        self.lse_log2, self.delta = stats
+        self.dq, self.dq_strides = out
         self.num_m = (sizes.n_q + (BLOCK_M - 1)) // BLOCK_M
 
 
@@ -92,14 +119,15 @@ def init_barriers(smem, lay, stages):
 
 
 @ty.func
-def ring_load(smem, lay, tmap, offset, full, empty, j, row, h, b, stages, panels, block_n, order):
-    """Wait until the ring stage of tile ``j`` is free, then TMA one key tile into it."""
-    stage, full_bar = hopper.ring_acquire(smem, hopper.Ring(full, empty, stages), j, lay.kv_bytes)
-    load_tile(smem, offset + stage * lay.kv_bytes, tmap, full_bar, block_n, panels, order, row, h, b)
+def ring_load(smem, lay, cfg, tmap, offset, ring, j, coords):
+    """Wait until the stage of ``ring`` for tile ``j`` is free, then TMA one key tile into it
+    (``coords``: its TMA coordinates after the head-dim one)."""
+    stage, full_bar = hopper.ring_acquire(smem, ring, j, lay.kv_bytes)
+    load_tile(smem, offset + stage * lay.kv_bytes, tmap, full_bar, cfg.block_n, cfg.panels, coords)
 
 
 @ty.func
-def producer(smem, lay, prob, tm_q, tm_k, tm_v, tm_do, stages, panels, q_order, kv_order):
+def producer(smem, lay, prob, cfg, tm_q, tm_k, tm_v, tm_do):
     hopper.setmaxnreg(REGISTER_SPLIT[0], increase=False)
     warp = ty.warp_idx() & 3
     if warp == 0:
@@ -109,14 +137,12 @@ def producer(smem, lay, prob, tm_q, tm_k, tm_v, tm_do, stages, panels, q_order, 
             m0, hq, hk, b, n_tiles = tile_of_this_cta(prob)
             q_full = bar_at(smem, lay.q_full)
             hopper.mbarrier_arrive_expect_tx(q_full, 2 * lay.tile_bytes)
-            load_tile(smem, lay.q, tm_q, q_full, BLOCK_M, panels, q_order, m0, hq, b)
-            load_tile(smem, lay.do, tm_do, q_full, BLOCK_M, panels, q_order, m0, hq, b)
+            load_tile(smem, lay.q, tm_q, q_full, BLOCK_M, cfg.panels, tma_coords(cfg.q_order, m0, hq, b))
+            load_tile(smem, lay.do, tm_do, q_full, BLOCK_M, cfg.panels, tma_coords(cfg.q_order, m0, hq, b))
             for j in range(n_tiles):
                 row = j * prob.block_n
-                ring_load(smem, lay, tm_k, lay.k, lay.k_full, lay.k_empty, j, row, hk, b, stages, panels,
-                          prob.block_n, kv_order)
-                ring_load(smem, lay, tm_v, lay.v, lay.v_full, lay.v_empty, j, row, hk, b, stages, panels,
-                          prob.block_n, kv_order)
+                ring_load(smem, lay, cfg, tm_k, lay.k, lay.k_ring, j, tma_coords(cfg.kv_order, row, hk, b))
+                ring_load(smem, lay, cfg, tm_v, lay.v, lay.v_ring, j, tma_coords(cfg.kv_order, row, hk, b))
 
 
 @ty.func
@@ -130,36 +156,37 @@ def row_stats(values, rows_base, row0):
 class Consumer:
     """What one consumer's key tiles share (a plain holder of compile-time choices and IR values)."""
 
-    def __init__(self, smem, lay, prob, choices, where, stats):
-        """``choices``: (dtype, head dim, stages, has_mask, pipeline); ``where``: (first row, query head,
-        batch); ``stats``: the rows' L log2(e) and delta."""
-        self.smem, self.lay, self.prob = smem, lay, prob
-        self.dtype, self.head_dim, self.stages, self.has_mask, self.pipeline = choices
+    def __init__(self, smem, lay, prob, cfg, where, stats, descs):
+        """``where``: (first row, query head, batch); ``stats``: the rows' L log2(e) and delta;
+        ``descs``: the shared memory's u32 address and the K-major descriptors of this consumer's
+        Q and dO rows."""
+        self.smem, self.lay, self.prob, self.cfg = smem, lay, prob, cfg
         self.row0, self.hq, self.b = where
         self.lse, self.dlt = stats
+        self.base, self.q_desc, self.do_desc = descs
 
 
 @ty.func
-def key_tile(c, j, dq, prev_ops, q_desc, do_desc, base, leader, scale_log2):
-    """Key tile j: S and dP, P and dS, then dQ += dS K (issued, and with ``c.pipeline`` left in
+def key_tile(c, j, dq, prev_ops, leader, scale_log2):
+    """Key tile j: S and dP, P and dS, then dQ += dS K (issued, and with ``PIPELINE`` left in
     flight). ``dq`` None starts the sum (the peeled first tile)."""
-    prob, lay, smem = c.prob, c.lay, c.smem
+    prob, lay, smem, cfg, base = c.prob, c.lay, c.smem, c.cfg, c.base
     block_n = prob.block_n
-    atom_s = hopper.WgmmaAtom(block_n, c.dtype, "ss")
-    atom_q = hopper.WgmmaAtom(c.head_dim, c.dtype, "rs")
-    stage, phase = stage_of(j, c.stages)
+    atom_s = hopper.WgmmaAtom(block_n, cfg.dtype, "ss")
+    atom_q = hopper.WgmmaAtom(cfg.head_dim, cfg.dtype, "rs")
+    stage, phase = stage_of(j, cfg.stages)
     k_off = lay.k + stage * lay.kv_bytes
     col0 = j * block_n
-    bits = user_mask_bits(prob, c.row0, col0, c.hq, c.b, block_n) if c.has_mask else None
+    bits = user_mask_bits(prob, c.row0, col0, c.hq, c.b, block_n) if cfg.has_mask else None
     hopper.mbarrier_wait(bar_at(smem, lay.k_full + 8 * stage), phase, "k_full", stage)
-    s = ss_gemm(atom_s, q_desc, BLOCK_M, kmajor_desc(base, k_off), block_n, c.head_dim // 16)
+    s = ss_gemm(atom_s, c.q_desc, BLOCK_M, kmajor_desc(base, k_off), block_n, cfg.head_dim // 16)
     hopper.mbarrier_wait(bar_at(smem, lay.v_full + 8 * stage), phase, "v_full", stage)
-    dp = ss_gemm(atom_s, do_desc, BLOCK_M, kmajor_desc(base, lay.v + stage * lay.kv_bytes), block_n,
-                 c.head_dim // 16)
-    if dq is not None and c.pipeline:  # S is ready and so is the previous tile's dQ product
+    dp = ss_gemm(atom_s, c.do_desc, BLOCK_M, kmajor_desc(base, lay.v + stage * lay.kv_bytes), block_n,
+                 cfg.head_dim // 16)
+    if dq is not None and cfg.pipeline:  # S is ready and so is the previous tile's dQ product
         s, dq, prev_ops = hopper.wgmma_wait(1, s, dq, prev_ops)
         if leader:                                       # ... which has read the previous K tile
-            hopper.mbarrier_arrive(bar_at(smem, lay.k_empty + 8 * ((j - 1) % c.stages)))
+            hopper.mbarrier_arrive(bar_at(smem, lay.k_empty + 8 * ((j - 1) % cfg.stages)))
     else:
         s = hopper.wgmma_wait(1, s)
     bounds = mask_bounds(prob, c.row0, col0, False)
@@ -172,7 +199,7 @@ def key_tile(c, j, dq, prev_ops, q_desc, do_desc, base, leader, scale_log2):
     ds = p.with_data([x * (y - c.dlt[slots[i]]) for i, (x, y) in enumerate(zip(p.values, dp.values))])
     ops = [ty.pack_operand_a(atom_q, ds, kk) for kk in range(block_n // 16)]
     dq = rs_gemm(atom_q, dq, ops, mnmajor_desc(base, k_off, block_n * ROW_BYTES))
-    if not c.pipeline:
+    if not cfg.pipeline:
         dq, ops = hopper.wgmma_wait(0, dq, ops)
         if leader:
             hopper.mbarrier_arrive(bar_at(smem, lay.k_empty + 8 * stage))
@@ -180,8 +207,7 @@ def key_tile(c, j, dq, prev_ops, q_desc, do_desc, base, leader, scale_log2):
 
 
 @ty.func
-def consumer(smem, lay, prob, wg, dtype, head_dim, stages, has_mask, pipeline, lse_log2, delta, dq_out,
-             dq_strides):
+def consumer(smem, lay, prob, cfg, wg):
     hopper.setmaxnreg(REGISTER_SPLIT[1], increase=True)
     wi = wg - 1
     m0, hq, hk, b, n_tiles = tile_of_this_cta(prob)
@@ -190,22 +216,22 @@ def consumer(smem, lay, prob, wg, dtype, head_dim, stages, has_mask, pipeline, l
     leader = (ty.thread_idx() & 127) == 0
     scale_log2 = prob.scale * LOG2E
     stats_base = ty.cast(b * prob.n_heads + hq, ty.i64) * ty.cast(prob.n_pad, ty.i64)
-    c = Consumer(smem, lay, prob, (dtype, head_dim, stages, has_mask, pipeline), (row0, hq, b),
-                 (row_stats(lse_log2, stats_base, row0), row_stats(delta, stats_base, row0)))
+    stats = (row_stats(prob.lse_log2, stats_base, row0), row_stats(prob.delta, stats_base, row0))
     mine = ROWS_PER_CONSUMER * ROW_BYTES * wi
-    q_desc = kmajor_desc(base, lay.q + mine)
-    do_desc = kmajor_desc(base, lay.do + mine)
+    c = Consumer(smem, lay, prob, cfg, (row0, hq, b), stats,
+                 (base, kmajor_desc(base, lay.q + mine), kmajor_desc(base, lay.do + mine)))
     hopper.mbarrier_wait(bar_at(smem, lay.q_full), 0, "q_full")
     # PIPELINE: tile j's dQ product stays in flight (with its A registers) while tile j + 1's S and
     # dP are issued; the wait for S then also covers it. Tile 0 is peeled (there is always one),
     # so the accumulator enters the loop as the pending result of a wgmma.
-    dq, ops = key_tile(c, 0, None, None, q_desc, do_desc, base, leader, scale_log2)
+    dq, ops = key_tile(c, 0, None, None, leader, scale_log2)
     for j in range(1, n_tiles):
-        dq, ops = key_tile(c, j, dq, ops, q_desc, do_desc, base, leader, scale_log2)
-    if pipeline:
+        dq, ops = key_tile(c, j, dq, ops, leader, scale_log2)
+    if cfg.pipeline:
         dq, ops = hopper.wgmma_wait(0, dq, ops)            # the last tile's K is never reloaded
+    dq_strides = prob.dq_strides
     out_base = ty.cast(b, ty.i64) * dq_strides[0] + ty.cast(hq, ty.i64) * dq_strides[1]
-    store_rows(dq * prob.scale, dq_out, row0, prob.n_q, out_base, dq_strides[2], 0, dtype)
+    store_rows(dq * prob.scale, prob.dq, row0, prob.n_q, out_base, dq_strides[2], 0, cfg.dtype)
 
 
 def smem_bytes(HEAD_DIM=64, BLOCK_N=128, STAGES=2, **_):
@@ -226,14 +252,16 @@ def attention_bwd_dq_sm90(
     """Grid (query blocks of 128, query heads, batch); ``n_pad`` is the padded length of the L and
     delta rows (a multiple of 128)."""
     check_config(HEAD_DIM, BLOCK_N, STAGES)
+    cfg = Config(DTYPE, HEAD_DIM, BLOCK_N, STAGES, has_mask=HAS_MASK, pipeline=PIPELINE, q_order=Q_ORDER,
+                 kv_order=KV_ORDER)
     lay = Smem(HEAD_DIM, BLOCK_N, STAGES)
     smem = ty.dynamic_shared(ty.u8, lay.total, align=1024)
     prob = Problem(Sizes(n_q, n_k, n_heads, group, n_pad), scale, causal,
-                   (mask_bits, (mb_stride_b, mb_stride_h, mb_stride_row)), BLOCK_N)
+                   (mask_bits, (mb_stride_b, mb_stride_h, mb_stride_row)), BLOCK_N, (lse_log2, delta),
+                   (dq, (dq_stride_b, dq_stride_h, dq_stride_n)))
     init_barriers(smem, lay, STAGES)
     wg = ty.warpgroup_idx()
     if wg == 0:
-        producer(smem, lay, prob, tm_q, tm_k, tm_v, tm_do, STAGES, HEAD_DIM // PANEL, Q_ORDER, KV_ORDER)
+        producer(smem, lay, prob, cfg, tm_q, tm_k, tm_v, tm_do)
     else:
-        consumer(smem, lay, prob, wg, DTYPE, HEAD_DIM, STAGES, HAS_MASK, PIPELINE, lse_log2, delta, dq,
-                 (dq_stride_b, dq_stride_h, dq_stride_n))
+        consumer(smem, lay, prob, cfg, wg)

@@ -26,7 +26,7 @@ from tylopy import hopper
 
 from tylopy_kernels.attention.sm90.backward import (KEYS_PER_CONSUMER, Config, Problem, Smem, check_config, column_stats,
                                                     consumer, init_barriers, producer)
-from tylopy_kernels.attention.sm90.backward_common import BIG, LOG2E, NEG_INF, Sizes, mask_bit
+from tylopy_kernels.attention.sm90.backward_common import BIG, LOG2E, NEG_INF, Gradients, Sizes, TensorMaps, mask_bit
 from tylopy_kernels.attention.sm90.mod_grad import (ElementAt, ForwardView, float_mask_at, mask_mod_keep,
                                                     score_and_grad, transform_has_slope)
 from tylopy_kernels.attention.sm90.variant_tiles import VariantProblem, forget_loads
@@ -326,13 +326,16 @@ def fused_words(s, dp, ta):
 
 
 @ty.func
-def score_grads(s, dp, smem, lay, prob, cfg, stage, key0, m0, hq, b, it, bits):
+def score_grads(s, dp, c, stage, where, it, bits):
     """(P^T operands of dV, dS^T operands of dK), the variant's ``score_grads_t``: P^T from the
     transformed scores, dS^T = P^T (dP^T - delta) t'. Tiles no mask can cut (``tile_needs_masks``)
-    skip the masks' element work: the masked and the plain element code are two branches."""
+    skip the masks' element work: the masked and the plain element code are two branches.
+    ``c``: the consumer (``backward.Consumer``); ``where``: ``TileArgs``' (key0, m0, hq, b)."""
+    smem, lay, prob, cfg = c.smem, c.lay, c.prob, c.cfg
+    key0, m0, hq, b = where
     vb = prob.variant
     key = vb.key
-    ta = TileArgs(smem, lay, prob, cfg, stage, (key0, m0, hq, b))
+    ta = TileArgs(smem, lay, prob, cfg, stage, where)
     ta.bits = bits
     if key.block_mask is not None and key.mask_mod is not None:
         ta.full = (work_entry(prob, it) & 1) != 0
@@ -415,7 +418,7 @@ def attention_bwd_variant_sm90(
     init_barriers(smem, lay, STAGES)
     wg = ty.warpgroup_idx()
     if wg == 0:
-        producer(smem, lay, prob, cfg, tm_q, tm_k, tm_v, tm_do, tm_lse, tm_delta, tm_dq)
+        producer(smem, lay, prob, cfg, TensorMaps(tm_q, tm_k, tm_v, tm_do, tm_lse, tm_delta, tm_dq))
     else:
-        consumer(smem, lay, prob, cfg, wg, dk, dv, dq_accum, (dk_stride_b, dk_stride_h, dk_stride_n),
-                 (dv_stride_b, dv_stride_h, dv_stride_n))
+        consumer(smem, lay, prob, cfg, wg, Gradients(dk, dv, dq_accum, (dk_stride_b, dk_stride_h, dk_stride_n),
+                                                     (dv_stride_b, dv_stride_h, dv_stride_n)))

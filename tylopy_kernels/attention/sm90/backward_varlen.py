@@ -23,7 +23,8 @@ from tylopy import hopper
 from tylopy_kernels.attention.sm90.backward import (BLOCK_N, CONSUMER_THREADS, KEYS_PER_CONSUMER, Config, Problem, Smem,
                                                     check_config, consumer, init_barriers, producer)
 from tylopy_kernels.attention.sm90.backward_aux import row_dot
-from tylopy_kernels.attention.sm90.backward_common import LOG2E, ROW_BYTES, Sizes, bar_at, store_rows
+from tylopy_kernels.attention.sm90.backward_common import (LOG2E, ROW_BYTES, Gradients, Sizes, TensorMaps, bar_at,
+                                                           store_rows)
 
 PAD = 128
 KEY_TAIL_BARRIER = 6      # + consumer index: one consumer's 128 threads zeroed its K/V rows
@@ -135,10 +136,10 @@ def attention_bwd_varlen_sm90(
     if ty.block_idx(0) * BLOCK_N < doc.n_k:
         wg = ty.warpgroup_idx()
         if wg == 0:
-            producer(smem, lay, doc, cfg, tm_q, tm_k, tm_v, tm_do, tm_lse, tm_delta, tm_dq)
+            producer(smem, lay, doc, cfg, TensorMaps(tm_q, tm_k, tm_v, tm_do, tm_lse, tm_delta, tm_dq))
         else:
-            consumer(smem, lay, doc, cfg, wg, dk, dv, dq_accum, (0, dk_stride_h, dk_stride_n),
-                     (0, dv_stride_h, dv_stride_n))
+            consumer(smem, lay, doc, cfg, wg, Gradients(dk, dv, dq_accum, (0, dk_stride_h, dk_stride_n),
+                                                        (0, dv_stride_h, dv_stride_n)))
 
 
 @ty.kernel(threads=128, noalias=True)

@@ -12,8 +12,8 @@ import tylopy as ty
 from tylopy import hopper
 
 from tylopy_kernels.attention.sm90 import softmax as softmax
-from tylopy_kernels.attention.sm90.tiles import (ROW_BYTES, bar_at, next_tile, shift, skip_tile, tile_problem,
-                                                tiles_of_this_cta, tma_coords)
+from tylopy_kernels.attention.sm90.tiles import (ROW_BYTES, WorkTile, bar_at, next_tile, shift, skip_tile,
+                                                tile_problem, tiles_of_this_cta, tma_coords)
 
 ROWS = 64                  # query rows per consumer warpgroup
 TURN_THREADS = 256
@@ -190,7 +190,7 @@ def consumer(smem, plan, prob, sched, wg):
         valid, m0, h, b, n_tiles = next_tile(prob, k, sched.persistent, sched.tile_order)
         skip_tile(smem, plan, prob, valid, k, sched.persistent, False)
         if valid:
-            done = consumer_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles, done)
+            done = consumer_tile(smem, plan, prob, sched, wg, turn, WorkTile(k, it, m0, h, b, n_tiles), done)
             it = it + n_tiles
     if sched.defer_epilogue:
         write_output(smem, plan, prob, sched, wg, done)  # the last tile's
@@ -235,13 +235,14 @@ def first_masked_tile(prob, row0, has_mask):
 
 
 @ty.func
-def consumer_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles, done):
-    """One work tile for one consumer: 64 query rows against every key tile of the tile's range.
+def consumer_tile(smem, plan, prob, sched, wg, turn, tile, done):
+    """One work tile (a ``WorkTile``) for one consumer: 64 query rows against every key tile of the
+    tile's range.
 
-    ``it`` is the ring iteration of this tile's first key tile (the ring runs on across tiles).
     ``done`` is the previous tile's output (``no_output``'s structure); with DEFER_EPILOGUE it is
     written under this tile's first S product. Returns this tile's output, live unless written.
     """
+    k, it, m0, h, b, n_tiles = tile
     prob = tile_problem(prob, b)
     block_n = plan.block_n
     sm = softmax.Softmax(prob.scale, sched.dtype.name, sched.exponent, sched.threshold, sched.poly)
@@ -340,8 +341,7 @@ def write_output(smem, plan, prob, sched, wg, out):
     """Store a finished tile's normalized O if the slot is live."""
     if out["live"]:
         if sched.tma_store:
-            store_tma(smem, plan, prob, sched, out["o"], wg, out["row0"], out["h"], out["b"],
-                      (ty.thread_idx() & 127) == 0)
+            store_tma(smem, plan, prob, sched, wg, out, (ty.thread_idx() & 127) == 0)
         else:
             store_direct(prob, sched, out["o"], out["row0"], out["h"], out["b"])
 
@@ -381,9 +381,11 @@ def store_lse(prob, lse, row0, h, b):
 
 
 @ty.func
-def store_tma(smem, plan, prob, sched, o, wg, row0, h, b, leader):
-    """Stage the consumer's 64 x D output rows in shared memory in the 128-byte swizzle of the
-    O tensor map, then one thread TMA-stores each 64-column chunk (rows >= n_q are clipped)."""
+def store_tma(smem, plan, prob, sched, wg, out, leader):
+    """Stage the consumer's 64 x D output rows (``out``: a finished tile's output slot) in shared
+    memory in the 128-byte swizzle of the O tensor map, then one thread TMA-stores each 64-column
+    chunk (rows >= n_q are clipped)."""
+    o, row0, h, b = out["o"], out["row0"], out["h"], out["b"]
     bar = EPILOGUE_BARRIER + wg
     buf = plan.o + (wg - 1) * plan.o_chunk * plan.chunks
     lane = ty.lane_id()

@@ -58,21 +58,24 @@ def init_barriers(smem, plan):
 
 
 @ty.func
-def load_rows(smem, plan, dst, chunk_bytes, tmap, bar, row, h, b, order):
-    """One TMA box per 64-column chunk of a tile (128-byte swizzle boxes are 64 elements wide)."""
+def load_rows(smem, plan, dst, chunk_bytes, tmap, bar, coords):
+    """One TMA box per 64-column chunk of a tile (128-byte swizzle boxes are 64 elements wide);
+    ``coords``: the tile's TMA coordinates after D (``tma_coords``)."""
     for c in range(plan.chunks):
-        hopper.tma_load(smem + (dst + c * chunk_bytes), tmap, bar, 64 * c, *tma_coords(order, row, h, b))
+        hopper.tma_load(smem + (dst + c * chunk_bytes), tmap, bar, 64 * c, *coords)
 
 
 @ty.func
-def load_tile(smem, plan, tmap, offset, ring, it, row, h, b, order):
+def load_tile(smem, plan, tmap, offset, ring, it, coords):
     """Wait until the ring stage of iteration ``it`` is free, then TMA one key tile into it."""
     stage, full_bar = hopper.ring_acquire(smem, ring, it, plan.tile_bytes)
-    load_rows(smem, plan, offset + stage * plan.tile_bytes, plan.kv_chunk, tmap, full_bar, row, h, b, order)
+    load_rows(smem, plan, offset + stage * plan.tile_bytes, plan.kv_chunk, tmap, full_bar, coords)
 
 
 @ty.func
-def producer(smem, plan, prob, tm_q, tm_k, tm_v, persistent, coord_order, tile_order):
+def producer(smem, plan, prob, sched, tm_q, tm_k, tm_v):
+    """Warpgroup 0: Q once per work tile, K and V through their rings (``sched``: the persistent
+    loop, its tile order and the tensor maps' coordinate order)."""
     hopper.setmaxnreg(REGISTER_SPLIT[plan.consumers][0], increase=False)
     warp = ty.warp_idx() & 3
     if warp == 0:
@@ -80,9 +83,9 @@ def producer(smem, plan, prob, tm_q, tm_k, tm_v, persistent, coord_order, tile_o
             hopper.prefetch_tensormap(tm_k)
             hopper.prefetch_tensormap(tm_v)
             it = 0
-            for k in range(tiles_of_this_cta(prob, persistent)):
-                valid, m0, h, b, n_tiles = next_tile(prob, k, persistent, tile_order)
-                skip_tile(smem, plan, prob, valid, k, persistent, True)
+            for k in range(tiles_of_this_cta(prob, sched.persistent)):
+                valid, m0, h, b, n_tiles = next_tile(prob, k, sched.persistent, sched.tile_order)
+                skip_tile(smem, plan, prob, valid, k, sched.persistent, True)
                 if valid:
                     tp = tile_problem(prob, b)
                     kv_h = h // prob.kv_group
@@ -91,14 +94,14 @@ def producer(smem, plan, prob, tm_q, tm_k, tm_v, persistent, coord_order, tile_o
                     hopper.mbarrier_wait(bar_at(smem, plan.q_empty), (k & 1) ^ 1, "q_empty")
                     q_full = bar_at(smem, plan.q_full)
                     hopper.mbarrier_arrive_expect_tx(q_full, plan.q_bytes)
-                    load_rows(smem, plan, plan.q, plan.q_chunk, tm_q, q_full, shift(m0, tp.q_start), h,
-                              batch_coord(prob, b), coord_order)
+                    load_rows(smem, plan, plan.q, plan.q_chunk, tm_q, q_full,
+                              tma_coords(sched.coord_order, shift(m0, tp.q_start), h, batch_coord(prob, b)))
                     for j in range(n_tiles):
                         row = key_row(prob, tp, j, m0, h, b)
-                        load_tile(smem, plan, tm_k, plan.k, plan.k_ring, it + j, row, kv_h, kv_b,
-                                  coord_order)
-                        load_tile(smem, plan, tm_v, plan.v, plan.v_ring, it + j, row, kv_h, kv_b,
-                                  coord_order)
+                        load_tile(smem, plan, tm_k, plan.k, plan.k_ring, it + j,
+                                  tma_coords(sched.coord_order, row, kv_h, kv_b))
+                        load_tile(smem, plan, tm_v, plan.v, plan.v_ring, it + j,
+                                  tma_coords(sched.coord_order, row, kv_h, kv_b))
                     it = it + n_tiles
 
 
@@ -149,7 +152,7 @@ def attention_fwd_sm90(
     init_barriers(smem, plan)
     wg = ty.warpgroup_idx()
     if wg == 0:
-        producer(smem, plan, prob, tm_q, tm_k, tm_v, PERSISTENT, COORD_ORDER, ORDER)
+        producer(smem, plan, prob, sched, tm_q, tm_k, tm_v)
     else:
         hopper.setmaxnreg(REGISTER_SPLIT[CONSUMERS][1], increase=True)
         consumer(smem, plan, prob, sched, wg)

@@ -24,11 +24,11 @@ from tylopy_kernels.attention.sm90 import softmax
 from tylopy_kernels.attention.sm90.consumer import (ROWS, TURN_THREADS, Turn, descriptors, issue_pv, issue_scores,
                                                    pack_p, release, rescale_o, store_direct, store_lse, wait_pv)
 from tylopy_kernels.attention.sm90.forward import _threads, init_barriers, producer
-from tylopy_kernels.attention.sm90.tiles import (REGISTER_SPLIT, Output, Plan, Problem, Schedule, Sizes, bar_at,
-                                                next_tile, skip_tile, tiles_of_this_cta)
-from tylopy_kernels.attention.sm90.variant_tiles import (NEG_INF, VariantProblem, alibi_row_shift, consumer_tiles,
-                                                        finish, mask_row_pointers, scores, tile_number,
-                                                        variant_tile_at)
+from tylopy_kernels.attention.sm90.tiles import (REGISTER_SPLIT, Output, Plan, Problem, Schedule, Sizes, WorkTile,
+                                                bar_at, next_tile, skip_tile, tiles_of_this_cta)
+from tylopy_kernels.attention.sm90.variant_tiles import (NEG_INF, QueryRows, VariantProblem, alibi_row_shift,
+                                                        consumer_tiles, finish, mask_row_pointers, scores,
+                                                        tile_number, variant_tile_at)
 
 
 @ty.func
@@ -69,11 +69,11 @@ def pass_tiles(smem, plan, turn, first, end, leader):
 
 
 @ty.func
-def variant_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles):
-    """One work tile for one consumer: 64 query rows against the key tiles they see among the
-    n_tiles the work tile visits (``k``: the CTA's tile count so far, the Q buffer's phase; ``it``:
-    the ring iteration of the tile's first key tile). The tiles before and after this consumer's
-    range (``consumer_tiles``) are passed: the turn goes on and the stages are given back."""
+def variant_tile(smem, plan, prob, sched, wg, turn, tile):
+    """One work tile (a ``WorkTile``) for one consumer: 64 query rows against the key tiles they
+    see among the n_tiles the work tile visits. The tiles before and after this consumer's range
+    (``consumer_tiles``) are passed: the turn goes on and the stages are given back."""
+    k, it, m0, h, b, n_tiles = tile
     vp = prob.variant
     kvv = vp.kv
     block_n = plan.block_n
@@ -108,8 +108,8 @@ def variant_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles):
         parts = hopper.wgmma_wait(0, parts)
         release(smem, plan.k_ring, own, leader)
         num, partial = tile_number(prob, lo, m0, h, b)
-        mask_rows = mask_row_pointers(prob, parts[0], row0, b, h)
-        vals = scores(prob, parts[0], row0, num * block_n, b, h, partial, slope, mask_rows)
+        qrows = QueryRows(row0, b, h, slope, mask_row_pointers(prob, parts[0], row0, b, h))
+        vals = scores(prob, parts[0], qrows, num * block_n, partial)
         st, p, alpha, moved = softmax.update(sm, softmax.initial_state(), vals)
         st = softmax.add_to_sums(st, alpha, [p])
         pa = pack_p(plan, sched, p)
@@ -123,7 +123,7 @@ def variant_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles):
             cur, o = hopper.wgmma_wait(1, cur, o)          # S_j is ready, the PV product is not
             release(smem, plan.k_ring, own + jj, leader)
             num, partial = tile_number(prob, lo + jj, m0, h, b)
-            vals = scores(prob, cur[0], row0, num * block_n, b, h, partial, slope, mask_rows)
+            vals = scores(prob, cur[0], qrows, num * block_n, partial)
             st, p, alpha, moved = softmax.update(sm, st, vals)
             st = softmax.add_to_sums(st, alpha, [p])
             o, pa = wait_pv(sched, o, pa, p)
@@ -165,7 +165,7 @@ def variant_consumer(smem, plan, prob, sched, wg):
         valid, m0, h, b, n_tiles = next_tile(prob, k, sched.persistent, sched.tile_order)
         skip_tile(smem, plan, prob, valid, k, sched.persistent, False)
         if valid:
-            variant_tile(smem, plan, prob, sched, wg, turn, k, it, m0, h, b, n_tiles)
+            variant_tile(smem, plan, prob, sched, wg, turn, WorkTile(k, it, m0, h, b, n_tiles))
             it = it + n_tiles
         else:
             real, _, _, _ = variant_tile_at(prob, k, sched.persistent)
@@ -210,7 +210,7 @@ def attention_variant_fwd_sm90(
     init_barriers(smem, plan)
     wg = ty.warpgroup_idx()
     if wg == 0:
-        producer(smem, plan, prob, tm_q, tm_k, tm_v, PERSISTENT, COORD_ORDER, "heads")
+        producer(smem, plan, prob, sched, tm_q, tm_k, tm_v)  # the "heads" order (Schedule's default)
     else:
         hopper.setmaxnreg(REGISTER_SPLIT[CONSUMERS][1], increase=True)
         variant_consumer(smem, plan, prob, sched, wg)

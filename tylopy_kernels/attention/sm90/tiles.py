@@ -120,6 +120,19 @@ class Output(NamedTuple):
     strides: tuple
 
 
+class WorkTile(NamedTuple):
+    """One work tile as a consumer takes it: ``k``, how many tiles the CTA took before it (the Q
+    buffer's phase), ``it``, the ring iteration of its first key tile (the ring runs on across
+    tiles), and ``next_tile``'s first query row, head, batch and key tile count."""
+
+    k: Any
+    it: Any
+    m0: Any
+    h: Any
+    b: Any
+    n_tiles: Any
+
+
 class Problem:
     """The run-time sizes, strides and pointers every role needs (a plain holder of IR values):
     ``Sizes``, the scale, causal (0/1), an ``Output``, the Boolean mask's pointer and its (batch,

@@ -50,7 +50,7 @@ def attention_varlen_fwd_sm90(
     init_barriers(smem, plan)
     wg = ty.warpgroup_idx()
     if wg == 0:
-        producer(smem, plan, prob, tm_q, tm_k, tm_v, PERSISTENT, COORD_ORDER, ORDER)
+        producer(smem, plan, prob, sched, tm_q, tm_k, tm_v)
     else:
         hopper.setmaxnreg(REGISTER_SPLIT[CONSUMERS][1], increase=True)
         consumer(smem, plan, prob, sched, wg)
