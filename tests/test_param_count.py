@@ -1,4 +1,5 @@
-"""The rule "no function over 8 parameters outside kernel signatures" in tylopy/, tylopy_kernels/ and
+"""The rule "no function over 8 parameters outside kernel signatures" (``@ty.kernel``; ``@ty.func`` helpers
+are held to it) in tylopy/, tylopy_kernels/ and
 tools/: the functions over the limit are exactly those of tools/params_allowlist.txt, none with more
 parameters than listed, each line with its reason (tools/count_params.py, read with ast).
 
@@ -65,8 +66,9 @@ def _(a, b, c, d, e, f, g, h, i): pass
 '''
     (tmp_path / "m.py").write_text(src)
     found = cp.over_limit(["m.py"], root=str(tmp_path))
-    assert {n: c for n, (c, _) in found.items()} == {"m.py::plain": 10, "m.py::C.static": 9,
+    assert {n: c for n, (c, _) in found.items()} == {"m.py::f": 9, "m.py::plain": 10, "m.py::C.static": 9,
                                                       "m.py::outer.<locals>.inner": 9, "m.py::_": 11}
+    del found["m.py::f"]  # (a @ty.func helper is held to the rule: its own line, checked above)
     assert cp.compare(found, {"m.py::plain": 10, "m.py::C.static": 8, "m.py::gone": 9, "m.py::_": 11}) == [
         "m.py::C.static (line 11) takes 9 parameters, 8 on the allowlist",
         "m.py::outer.<locals>.inner (line 13) takes 9 parameters; the limit is 8 outside kernel signatures "

@@ -6,8 +6,9 @@
     python tools/count_params.py --write-allowlist tools/params_allowlist.txt   # regenerate it
 
 The rule: no function takes more than 8 parameters, except kernel signatures (functions decorated
-with ``@ty.kernel`` or ``@ty.func``, or Triton's ``@triton.jit``: their parameters are the kernel's
-arguments and device values).
+with ``@ty.kernel``, or a JIT of another library, Triton's ``@triton.jit`` and CuTe's ``@cute.jit``
+in the benchmarks: their parameters are a kernel's arguments). ``@ty.func`` device helpers follow the
+rule like host code: what travels together goes in a holder the kernel builds.
 Counted: every named parameter (positional-only, positional, keyword-only, ``*args`` and
 ``**kwargs`` one each), less a method's ``self`` or ``cls``. Nested functions and lambdas count too,
 named by their qualified name (``outer.<locals>.inner``, ``<lambda>`` at its line); of functions that
@@ -34,9 +35,9 @@ from collections import defaultdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_TREES = ("tylopy", "tylopy_kernels", "tools")
-# ty.kernel and ty.func (also imported bare, or called with options), and triton.jit (the Triton kernel
-# the GEMM benchmark compares with): their parameters are a kernel's arguments
-KERNEL_DECORATORS = {"kernel", "func", "jit"}
+# ty.kernel (also imported bare, or called with options), and triton.jit / cute.jit (the other libraries'
+# kernels and score functions the benchmarks compare with): their parameters are a kernel's arguments
+KERNEL_DECORATORS = {"kernel", "jit"}
 
 
 def _decorator_name(node) -> str:
