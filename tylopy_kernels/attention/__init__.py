@@ -9,14 +9,15 @@ the shapes are supported, and ``attention_varlen`` for packed variable-length ba
 Inputs are (B, H, N, D) tensors, bf16 or fp16, D in {16, 32, 64, 128}, on one CUDA device; any
 strides whose last dimension is contiguous (so a (B, N, H, D) buffer viewed with
 ``.transpose(1, 2)`` works without a copy). On Hopper with D = 64 or 128 it runs the
-warp-specialized kernel (``hopper.py``); elsewhere the portable mma.sync kernel (``portable.py``).
+warp-specialized kernel (``sm90/forward.py``); elsewhere the portable mma.sync kernel
+(``portable/forward.py``); ``dispatch.py`` chooses.
 With ``enable_gqa=True`` (as SDPA) key/value may have fewer heads than query, a divisor of them:
 query head h reads key/value head h // (H / H_kv); both kernels index them in place, and a
 zero-stride ``expand`` view too. ``dropout_p`` must be 0.
 
 Gradients: when an input requires grad, or under ``torch.compile``, the call goes through the
 ``tylopy::attention_fwd`` operator (``autograd.py``), whose backward runs Hopper's backward
-kernels (D = 64, 128 on sm_90) or the portable ones (``backward_portable.py``); otherwise the
+kernels (D = 64, 128 on sm_90) or the portable ones (``portable/backward.py``); otherwise the
 forward kernel is launched directly. docs/attention-training.md has the whole picture.
 Launches go on the current stream, never synchronize the host, and can be captured in a graph.
 
@@ -162,7 +163,7 @@ class _Known:
 # Calls without a mask on CUDA tensors whose signature (shapes, strides, dtypes, devices, options
 # and their types) passed check_inputs before. Everything the checks read is in the signature, so
 # a hit skips only work that would repeat; with the launch kept too, it allocates the output and
-# launches (launch_hopper's plan reuse, see hopper_launch.Repeat).
+# launches (launch_hopper's plan reuse, see sm90/launch.Repeat).
 _checked = None  # a PlanCache, made at the end of the module
 
 

@@ -15,7 +15,7 @@ Four ``torch.library`` operators carry attention through autograd and ``torch.co
 Each has a fake implementation (``register_fake``: shapes, dtypes and devices only), so dynamo
 traces a model that calls ``tylopy.attention`` into one graph (``fullgraph=True``) and AOT
 autograd derives the backward graph from the registered formula. The forward saves q, k, v, out
-and lse; the backward recomputes the probabilities from lse (``backward_portable.py`` has the
+and lse; the backward recomputes the probabilities from lse (``portable/backward.py`` has the
 formulas). ``return_lse`` only says whether the caller sees lse: when it does not, lse is marked
 non-differentiable and its gradient never reaches the backward, so the fast backward runs; when
 it does, a gradient of lse is folded into the backward (the portable kernels take it).

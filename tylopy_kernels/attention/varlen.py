@@ -23,7 +23,7 @@ On Hopper (sm_90) with D = 64 or 128 the forward runs the warp-specialized kerne
 (``sm90/varlen_forward.py``: TMA from each sequence's first row, keys past its end masked, V rows
 past it zeroed in shared memory); it also takes ``seqused_q``/``seqused_k`` (int32 (B,): only
 the first seqused[b] tokens of sequence b count, FlashAttention 3's meaning; without gradients).
-Elsewhere, and for the backward, the portable kernels (``portable.py``, ``backward_portable.py``)
+Elsewhere, and for the backward, the portable kernels (``portable/forward.py``, ``portable/backward.py``)
 index each sequence by its offsets on a grid of (query blocks, heads, sequences), every CTA past
 its sequence's end returning at once. Prefix sums on the host (a CPU tensor) are checked there
 and copied to the device; on the device they are never read by the host (lengths are clamped

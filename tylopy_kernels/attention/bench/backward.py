@@ -10,7 +10,7 @@ medians after warm-up). TFLOP/s count the forward as 4 B H N^2 D (half of it cau
 backward as 2.5 times that, forward + backward as 3.5 times.
 
     tylopy bench attention_backward --output results/attention-backward.json --plot results/attention-backward.png
-    tylopy bench attention_backward --sweep     # tylopy schedules (backward_hopper_launch.SWEEP, DQ_SWEEP)
+    tylopy bench attention_backward --sweep     # tylopy schedules (sm90/backward_launch.SWEEP, DQ_SWEEP)
     tylopy bench attention_backward --once --d 128 --n 4096 --causal   # one backward, for a profiler
 """
 from __future__ import annotations

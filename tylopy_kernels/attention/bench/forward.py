@@ -289,7 +289,7 @@ LONG, SHORT, ALL = (2048, 4096, 16384), (512, 1024, 2048), (512, 1024, 2048, 409
 P2 = {"PERSISTENT": True, "CONSUMERS": 2}
 # (label, head dim, schedule changes, sequence lengths): docs/performance.md "v5" says what each
 # should do and what the first sweep measured. "default" is the launcher's choice at each length
-# (hopper_launch.LENGTH_TABLE); the options the first sweep settled as losses (split S, poly 4/8,
+# (sm90/launch.LENGTH_TABLE); the options the first sweep settled as losses (split S, poly 4/8,
 # lpt without a TMA store, 128 x 176) are left out, as is PV_WAIT=free (the same SASS as pinned).
 # About 30 specializations and 170 timed points: ~5 minutes on an H200 host.
 SWEEP = [

@@ -50,7 +50,7 @@ a bad one, records it in ``status`` (4 int32 words: the count of bad entries see
 sequence, the lowest and highest bad entry) and leaves its keys out. Pages and
 table entries past L_b are never read.
 
-Schedule (constexprs; ``decode_launch.SCHEDULE`` has the defaults, ``bench_decode.py --sweep``
+Schedule (constexprs; ``decode/launch.py``'s ``SCHEDULE`` has the defaults, ``tylopy bench attention_decode --sweep``
 measures others): WARPS, WARP_KEYS (16 or 32 keys per warp block), STAGES (ring depth),
 ROW_TILES (1 or 2 M tiles of 16 rows), Q_SMEM (Q kept in shared memory and read by ldmatrix per
 block, which frees the 32 registers per M tile that Q fragments would hold: two M tiles at D = 128

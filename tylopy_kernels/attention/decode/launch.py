@@ -58,7 +58,7 @@ MERGES = ("kernel", "atomic")
 SMEM_PER_SM = 227 * 1024       # shared memory one SM gives its blocks (sm_80: 164 KB; see max_ctas_per_sm)
 MAX_SPLITS = 256
 MIN_TILES_PER_SPLIT = 2        # a split streams at least this many CTA tiles (pipeline fill and merge amortized)
-# Compile-time schedule per head dim (bench_decode.py --sweep measures the alternatives); read-only:
+# Compile-time schedule per head dim (``tylopy bench attention_decode --sweep`` measures the alternatives); read-only:
 # a plan's ``schedule=`` overrides it.
 SCHEDULE = MappingProxyType({
     64: MappingProxyType(dict(WARPS=4, WARP_KEYS=32, STAGES=4, Q_SMEM=True)),

@@ -5,7 +5,7 @@ Given Q, K, V, O, dO and the forward's row log-sum-exp L, the gradients are (sca
     P = exp(c Q K^T - L)         dV = P^T dO          dP = dO V^T
     dS = P * (dP - delta)        dK = c dS^T Q        dQ = c dS K       delta = rowsum(dO * O)
 
-Four kernels compute them (``backward_hopper_launch.launch_backward_hopper`` runs them):
+Four kernels compute them (``backward_launch.launch_backward_hopper`` runs them):
 
 1. ``attention_bwd_preprocess`` (``backward_hopper_aux.py``): delta and L log2(e) per query row
    into padded fp32 buffers (padding rows get delta 0 and L = +inf, so their P is exactly 0; a

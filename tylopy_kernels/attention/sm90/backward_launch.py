@@ -46,7 +46,7 @@ HEAD_DIMS = (64, 128)
 MAX_SMEM = 232448             # dynamic shared memory a block may opt into on an H100/H200
 # Per head dim: the dK/dV kernel's query tile (BLOCK_M is tied to the head dim, see SUPPORTED)
 # and ring depth, and the deterministic dQ kernel's key tile and ring depth. Schedule choices only;
-# ``schedule=`` overrides any of them (bench_backward.py --sweep measures them).
+# ``schedule=`` overrides any of them (``tylopy bench attention_backward --sweep`` measures them).
 SCHEDULE = MappingProxyType({  # (read-only: ``schedule=`` overrides)
     64: MappingProxyType({"BLOCK_M": 128, "STAGES": 2, "DQ": "tma", "DQ_ORDER": "early", "DK_SMEM": False,
                           "DQ_BLOCK_N": 128, "DQ_STAGES": 2, "DQ_PIPELINE": True}),
@@ -56,7 +56,7 @@ SCHEDULE = MappingProxyType({  # (read-only: ``schedule=`` overrides)
 # With a user mask the consumers also hold its bits: dQ = dS K waits until dV and dK completed
 # (DQ_ORDER "serial"), which keeps them within 240 registers (other orders spill).
 MASKED_SCHEDULE = MappingProxyType({"DQ_ORDER": "serial", "DK_SMEM": False})
-# The schedules ``bench_backward.py --sweep`` measures (no mask): every combination that ptxas
+# The schedules ``tylopy bench attention_backward --sweep`` measures (no mask): every combination that ptxas
 # assembles without spills and that fits in shared memory (tests check both). Head dim 128 with
 # atomics spills (the accumulator's addressing needs registers the consumers lack), as do a few
 # early/late orders with dK read from shared memory; three stages with the TMA reduce need more

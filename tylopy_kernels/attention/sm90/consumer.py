@@ -1,5 +1,5 @@
 """The consumer warpgroups of the Hopper attention forward: per work tile, 64 query rows against
-every key tile of the tile's range (``hopper.py`` describes the whole kernel).
+every key tile of the tile's range (``forward.py`` describes the whole kernel).
 
 Tensor-core turns: consumer k syncs on named barrier k (0 is __syncthreads) -- 128 threads of
 consumer k sync there and the 128 of the consumer before it arrive -- issues its wgmmas and

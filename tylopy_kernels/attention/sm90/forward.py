@@ -26,7 +26,7 @@ Algorithm (one CTA per (query block, head, batch), or a persistent loop over the
 Constraints: D in {64, 128}; bf16 or fp16; Q/K/V as (B, H, N, D) views whose last dim is
 contiguous and whose other strides are multiples of 16 bytes. Lengths, heads, batch, the K/V
 head group, scale, causal and the optional Boolean mask are run-time data; the tile schedule
-and the dtype are compile-time (``hopper_launch.SCHEDULE``; docs/performance.md has what each
+and the dtype are compile-time (``launch.SCHEDULE``; docs/performance.md has what each
 option should change).
 
 Run it: ``tylopy dump tylopy_kernels/attention/sm90/forward.py -D HEAD_DIM=128 -D CONSUMERS=2`` (PTX + ptxas
