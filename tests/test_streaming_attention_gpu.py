@@ -55,7 +55,7 @@ def test_cp_async_path_matches_the_ld_st_path_bit_for_bit(name):
 @pytest.mark.parametrize("head_dim", [16, 32])
 def test_tylopy_attention_dispatches_here(head_dim):
     import tylopy
-    from tylopy_kernels.attention.checks import HOPPER_HEAD_DIMS
+    from tylopy_kernels.attention.dispatch import HOPPER_HEAD_DIMS
     if torch.cuda.get_device_capability()[0] == 9 and head_dim in HOPPER_HEAD_DIMS:
         pytest.skip(f"D={head_dim} goes to the Hopper kernel on this GPU")
     torch.manual_seed(head_dim)

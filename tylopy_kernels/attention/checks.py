@@ -11,8 +11,6 @@ import torch
 
 from tylopy_kernels.attention.common import check_token_tensor, rejecter
 
-HOPPER_HEAD_DIMS = (64, 128)
-
 _fail = rejecter("attention")
 
 

@@ -10,7 +10,7 @@ import functools
 
 import torch
 
-from tylopy_kernels.attention.checks import HOPPER_HEAD_DIMS
+HOPPER_HEAD_DIMS = (64, 128)  # the head dims of the Hopper kernels
 
 
 def _nonpositive_scale(query, scale):

@@ -243,7 +243,7 @@ def plain_exponents(s, ta):
             if folded is None:
                 arg = ty.fma(vals[i], scale_log2, -lse[e & 1])
             else:
-                arg = alibi_exponent(vals[i], ta, folded, j, e, lse)
+                arg = alibi_exponent(vals[i], scale_log2, folded, j, e, lse)
             keep = element_keep(ta, i, False, True, None, None, None)
             out.append(arg if keep is None else ty.select(keep, arg, NEG_INF))
     return out
@@ -266,11 +266,11 @@ def alibi_terms(ta):
     return rows, first, slope_log2
 
 
-def alibi_exponent(x, ta, folded, j, e, lse):
+def alibi_exponent(x, scale_log2, folded, j, e, lse):
     """x c log2(e) - L log2(e) plus folded ALiBi (``alibi_terms``) for register 4 j + e."""
     rows, first, slope_log2 = folded
     col = ty.fma(-slope_log2, float(8 * j + (e & 1)), first) - lse[e & 1]
-    return ty.fma(x, ta.prob.scale * LOG2E, col) + rows[((4 * j + e) >> 1) & 1]
+    return ty.fma(x, scale_log2, col) + rows[((4 * j + e) >> 1) & 1]
 
 
 @ty.func
@@ -343,12 +343,11 @@ def score_grads(s, dp, c, stage, where, it, bits):
         ta.slope = vb.fwd.variant.slopes[b, hq]
     need = tile_needs_masks(vb, key0, m0, cfg.block_m, ta.full)
     with_grad = transform_has_slope(key) or vb.score_mod_bwd is not None
-    # ALiBi alone, folded, is a constant per row and per column: the plain path takes it (alibi_terms)
+    # ALiBi alone, folded, is a constant per row and per column (alibi_terms): the plain path takes it,
+    # its exponents overlapping the dP^T product as the dense kernel's do. (The launcher folds it at
+    # D=64 only: at D=128 the folded terms spill 24-28 bytes in either path.)
     kv = vb.fwd.variant.kv
-    # ALiBi alone, folded, is a constant per row and per column (alibi_terms): at D=64 the plain path
-    # takes it, its exponents overlapping the dP^T product as the dense kernel's do. (At D=128 the
-    # folded terms spill 24-28 bytes in either path: there ALiBi stays a transform.)
-    ta.folded = key.alibi and kv.alibi_fold and cfg.head_dim == 64 and not (
+    ta.folded = key.alibi and kv.alibi_fold and not (
         key.softcap or key.score_mod is not None or key.attn_mask == "float" or kv.scaled_first)
     if (with_grad or key.transforms_scores) and not ta.folded:
         # dS needs t' beside P: wait for dP^T first and finish each element at once.
