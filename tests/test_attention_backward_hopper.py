@@ -173,9 +173,12 @@ def test_preprocess_is_exact(D, dtype):
     lse[0, 1, 7] = float("-inf")                                               # a row with every key masked
     delta = torch.full((B * H, n_pad), float("nan"))
     lse_log2 = torch.full((B * H, n_pad), float("nan"))
-    attention_bwd_preprocess.emulate(o.view(torch.int16), do.view(torch.int16), lse, delta, lse_log2, n_q, H, n_pad,
-                                     *o.stride()[:3], *do.stride()[:3], *lse.stride(), grid=(n_pad // (1024 // D), H, B),
-                                     DTYPE=ty.bf16 if dtype == torch.bfloat16 else ty.f16, HEAD_DIM=D)
+    accum = torch.full((B * H * n_pad * D + 8,), float("nan"))                  # NaN past its end too
+    attention_bwd_preprocess.emulate(o.view(torch.int16), do.view(torch.int16), lse, delta, lse_log2, accum, n_q, H,
+                                     n_pad, *o.stride()[:3], *do.stride()[:3], *lse.stride(),
+                                     grid=(n_pad // (1024 // D), H, B),
+                                     DTYPE=ty.bf16 if dtype == torch.bfloat16 else ty.f16, HEAD_DIM=D, ZERO_ACCUM=True)
+    assert (accum[:-8] == 0).all() and accum[-8:].isnan().all()
     want_delta = _delta_model(o, do, D).reshape(B * H, n_q)
     assert np.array_equal(delta[:, :n_q].numpy(), want_delta)
     assert (delta[:, n_q:] == 0).all()
@@ -194,8 +197,9 @@ def _acc_coords():
     return 16 * w + g + 8 * ((i >> 1) & 1), 8 * (i >> 2) + 2 * q + (i & 1)
 
 
+@pytest.mark.parametrize("wide", [True, False])
 @pytest.mark.parametrize("D,dtype", [(64, torch.bfloat16), (128, torch.float16)])
-def test_dq_convert_is_exact(D, dtype):
+def test_dq_convert_is_exact(D, dtype, wide):
     torch.manual_seed(2)
     B, H, n_q, n_pad, scale = 1, 2, 100, 128, 0.3
     accum = torch.randn(B * H * n_pad * D)
@@ -203,7 +207,7 @@ def test_dq_convert_is_exact(D, dtype):
     dq = dq_buf[:, :, :n_q]
     attention_bwd_dq_convert.emulate(accum, dq.view(torch.int16), n_q, H, n_pad, scale, *dq.stride()[:3],
                                      grid=(n_pad // 64 * (D // 64), H, B),
-                                     DTYPE=ty.bf16 if dtype == torch.bfloat16 else ty.f16, HEAD_DIM=D)
+                                     DTYPE=ty.bf16 if dtype == torch.bfloat16 else ty.f16, HEAD_DIM=D, WIDE=wide)
     rows, cols = _acc_coords()
     tiles = accum.numpy().reshape(B * H, n_pad // 64, D // 64, 8, 128, 4)  # (bh, row tile, col tile, j, t, e)
     want = np.zeros((B * H, n_pad, D), dtype=np.float32)

@@ -4,6 +4,8 @@ back to back with the GPU kept busy, so a time near the kernel's means the GPU w
 and a cProfile of those calls, printed by own and by cumulative time and saved as ``.pstats``.
 
     python tools/host_profile.py --d 128 --n 1024 --variants causal document_varlen --libraries tylopy fa3_cute --out DIR
+    python tools/host_profile.py --d 128 --n 1024 --variants causal --kernels --top 0   # each kernel's time
+    ncu -k regex:attention_bwd_sm90 ... python tools/host_profile.py --variants causal --direction bwd --calls 3
 
 Read a saved profile with ``python -m pstats DIR/<variant>-<dir>.pstats``.
 """
@@ -70,8 +72,9 @@ def back_to_back_ms(call, count=50):
     return start.elapsed_time(end) / count
 
 
-def kernel_ms(call, count=10):
-    """The GPU kernels' own time per call (torch.profiler: the sum of every kernel and copy)."""
+def kernel_ms(call, count=10, each=None):
+    """The GPU kernels' own time per call (torch.profiler: the sum of every kernel and copy); with
+    ``each`` (a list), (name, ms per call, launches per call) of every kernel is appended to it."""
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -79,6 +82,9 @@ def kernel_ms(call, count=10):
             call()
         torch.cuda.synchronize()
     events = [e for e in prof.key_averages() if "cuda" in str(e.device_type).lower()]
+    if each is not None:
+        each += [(e.key, e.device_time_total / count / 1e3, e.count / count)
+                 for e in sorted(events, key=lambda e: -e.device_time_total)]
     return sum(e.device_time_total for e in events) / count / 1e3
 
 
@@ -89,15 +95,29 @@ def main():
     ap.add_argument("--variants", nargs="+", default=list(cases.VARIANTS))
     ap.add_argument("--libraries", nargs="+", default=["tylopy"], help="tylopy, fa3_cute, flex")
     ap.add_argument("--out", default=None, help="folder for the .pstats files")
-    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--top", type=int, default=25, help="profile lines to print; 0: no cProfile")
+    ap.add_argument("--kernels", action="store_true", help="print each kernel's own time per call")
+    ap.add_argument("--direction", choices=("fwd", "bwd"), help="only this direction")
+    ap.add_argument("--calls", type=int, default=0,
+                    help="only run each case this many times (no timing, no profilers: for ncu)")
     a = ap.parse_args()
     if a.out:
         os.makedirs(a.out, exist_ok=True)
     for variant, library, direction, call in calls(a.variants, a.d, a.n, a.libraries):
-        host, loop, gpu = host_ms(call), back_to_back_ms(call), kernel_ms(call)
+        if a.direction and direction != a.direction:
+            continue
+        if a.calls:
+            for _ in range(a.calls):
+                call()
+            torch.cuda.synchronize()
+            continue
+        each = []
+        host, loop, gpu = host_ms(call), back_to_back_ms(call), kernel_ms(call, each=each)
         print(f"host {variant} D={a.d} N={a.n} {direction} {library}: host {host:.3f} ms per call, "
               f"back to back {loop:.3f} ms, kernels {gpu:.3f} ms", flush=True)
-        if library != "tylopy":
+        for name, ms, launches in each if a.kernels else ():
+            print(f"    {ms:8.4f} ms  x{launches:g}  {name[:110]}", flush=True)
+        if library != "tylopy" or a.top == 0:
             continue
         p = cProfile.Profile()
         torch.cuda.synchronize()

@@ -7,7 +7,7 @@ Given Q, K, V, O, dO and the forward's row log-sum-exp L, the gradients are (sca
 
 Four kernels compute them (``backward_launch.launch_backward_hopper`` runs them):
 
-1. ``attention_bwd_preprocess`` (``backward_hopper_aux.py``): delta and L log2(e) per query row
+1. ``attention_bwd_preprocess`` (``backward_aux.py``): delta and L log2(e) per query row
    into padded fp32 buffers (padding rows get delta 0 and L = +inf, so their P is exactly 0; a
    row the forward left empty, L = -inf, also becomes +inf).
 2. ``attention_bwd_sm90`` (here): one CTA per (block of 128 keys, key/value head, batch); 384
@@ -21,9 +21,9 @@ Four kernels compute them (``backward_launch.launch_backward_hopper`` runs them)
    spend no registers on it), ``DQ="atomic"`` adds it straight from registers with
    ``red.global.add.v4.f32``. Under GQA the CTA of key/value head g walks the query heads of its
    group one after another, so dK and dV are summed in registers (deterministic).
-3. ``attention_bwd_dq_convert`` (``backward_hopper_aux.py``): dQ = c * accumulator, in the
+3. ``attention_bwd_dq_convert`` (``backward_aux.py``): dQ = c * accumulator, in the
    input dtype, after every CTA of 2. has added its part.
-4. Deterministic mode instead runs ``attention_bwd_dq_sm90`` (``backward_hopper_dq.py``): one CTA
+4. Deterministic mode instead runs ``attention_bwd_dq_sm90`` (``backward_dq.py``): one CTA
    per (128 query rows, query head, batch) streams K and V and accumulates dQ in registers,
    recomputing S and dP (3 more GEMMs in all, no atomics); 2. then runs with ``DQ="none"``.
 
@@ -293,34 +293,49 @@ def column_stats(smem, offset, j):
     return ty.load(ty.ptr_cast(smem + (offset + 4 * (8 * j + 2 * t)), ty.f32), vec=2)
 
 
+EARLY_STATS = 2   # 8-column groups of L (and delta) loaded before the wait for S (dP^T)
+
+
+class TileStats:
+    """A query tile's fp32 statistics (L or delta) per 8-column group j (``stats[j]``, as
+    ``column_stats``): the first ``EARLY_STATS`` groups are loaded when this is made, before the
+    wait for the product that needs them, the others where they are used. Loaded after the wait,
+    the first exponent of a tile waited for its L (~30 cycles, 8% of the loop's stall samples at
+    D=128); loading all groups early spills (16-32 registers more across the wait)."""
+
+    def __init__(self, smem, offset, block_m):
+        self.smem, self.offset = smem, offset
+        self.early = [column_stats(smem, offset, j) for j in range(min(EARLY_STATS, block_m // 8))]
+
+    def __getitem__(self, j):
+        return self.early[j] if j < len(self.early) else column_stats(self.smem, self.offset, j)
+
+
 @ty.func
-def probabilities_t(s, smem, lse_offset, scale_log2, bounds, bits):
-    """P^T = 2^(S^T c log2(e) - L log2(e)), each column's L from the staged copy, masked (0) past
-    n_k, in the causal future and where ``bits`` (the user mask, or None) say so."""
+def probabilities_t(s, lse, scale_log2, bounds, bits):
+    """P^T = 2^(S^T c log2(e) - L log2(e)), each column's L from ``lse`` (``TileStats``), masked
+    (0) past n_k, in the causal future and where ``bits`` (the user mask, or None) say so."""
     vals = list(s.values)
     out = []
     for j in range(len(vals) // 4):
-        lse = column_stats(smem, lse_offset, j)
         for e in range(4):
             i = 4 * j + e
-            out.append(masked_exp2(vals[i], scale_log2, lse[e & 1], bounds[(i >> 1) & 1], i, True, bits))
+            out.append(masked_exp2(vals[i], scale_log2, lse[j][e & 1], bounds[(i >> 1) & 1], i, True, bits))
     return s.with_data(out)
 
 
 @ty.func
-def score_grads_t(p, dp, smem, delta_offset, dtype):
-    """dS^T = P^T (dP^T - delta) (delta per query column), and both P^T and dS^T packed into the
-    register-A operands of dV and dK, one k16 step per fragment (``pack_operand_a``'s order).
-
-    Works through 8-column groups, packing each as soon as its dS is known, so the f32 P^T and
-    dP^T registers of a group die before the next group's delta is loaded."""
+def score_grads_t(p, dp, delta, dtype):
+    """dS^T = P^T (dP^T - delta) (``delta``: ``TileStats`` of the query columns), and both P^T
+    and dS^T packed into the register-A operands of dV and dK, one k16 step per fragment
+    (``pack_operand_a``'s order). Works through 8-column groups, packing each as soon as its dS
+    is known, so the f32 P^T and dP^T registers of a group die early."""
     pv = p.values
     dv = dp.values
     p_words = []
     ds_words = []
     for j in range(len(pv) // 4):
-        delta = column_stats(smem, delta_offset, j)
-        ds = [pv[4 * j + e] * (dv[4 * j + e] - delta[e & 1]) for e in range(4)]
+        ds = [pv[4 * j + e] * (dv[4 * j + e] - delta[j][e & 1]) for e in range(4)]
         for h in range(2):
             p_words.append(ty.pack2(pv[4 * j + 2 * h], pv[4 * j + 2 * h + 1], dtype))
             ds_words.append(ty.pack2(ds[2 * h], ds[2 * h + 1], dtype))
@@ -462,17 +477,18 @@ def consumer_step(c, it, hq, m0, dv, dk):
     if prob.varlen is not None:  # Q and dO rows past the document's end: zeros before any product
         prob.varlen.zero_query_tail(smem, lay, prob, cfg, stage, phase, m0, wi)
     s = ss_gemm(atom_s, kmajor_desc(base, lay.k + mine), BLOCK_N, kmajor_desc(base, q_off), cfg.block_m, k_steps)
+    lse = TileStats(smem, lay.lse + stage * lay.stat_bytes, cfg.block_m)  # L came with Q (q_full)
     hopper.mbarrier_wait(bar_at(smem, lay.do_full + 8 * stage), phase, "do_full", stage)
     dp = ss_gemm(atom_s, kmajor_desc(base, lay.v + mine), BLOCK_N, kmajor_desc(base, do_off), cfg.block_m, k_steps)
     s = hopper.wgmma_wait(1, s)
     bits = user_mask_bits(prob, key0, m0, hq, c.b, cfg.block_m) if cfg.has_mask else None
     if prob.variant is None:
-        p = probabilities_t(s, smem, lay.lse + stage * lay.stat_bytes, c.scale_log2, mask_bounds(prob, key0, m0, True),
-                            bits)
+        p = probabilities_t(s, lse, c.scale_log2, mask_bounds(prob, key0, m0, True), bits)
+        delta = TileStats(smem, lay.delta + stage * lay.stat_bytes, cfg.block_m)  # delta came with dO
         dp = hopper.wgmma_wait(0, dp)
-        p_ops, ds_ops = score_grads_t(p, dp, smem, lay.delta + stage * lay.stat_bytes, cfg.dtype)
+        p_ops, ds_ops = score_grads_t(p, dp, delta, cfg.dtype)
     else:  # the score transform, its derivative and the variant's masks (``backward_variant.py``)
-        p_ops, ds_ops = prob.variant.score_grads(s, dp, c, stage, (key0, m0, hq, c.b), it, bits)
+        p_ops, ds_ops = prob.variant.score_grads(s, dp, c, (stage, lse), (key0, m0, hq, c.b), it, bits)
     if with_dq:
         ds_offset = lay.ds + (it & 1) * lay.ds_bytes
         store_ds(smem, ds_offset, ds_ops, wi)

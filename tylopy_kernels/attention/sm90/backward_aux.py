@@ -8,12 +8,13 @@ masked) also gets +inf, so exp2(s c - L) is exactly 0 for it and its gradients v
 
 ``attention_bwd_dq_convert``: dQ = scale * the fp32 accumulator the dK/dV kernel added its
 partial products into, rounded to the input dtype. The accumulator holds 64x64 sub-tiles
-(batch, head, row tile, column tile) in wgmma register order (``backward_hopper.accumulate_dq``):
-thread t of the 128 reads its 32 values with 8 16-byte loads and stores pairs of columns.
+(batch, head, row tile, column tile) in wgmma register order (``backward.accumulate_dq``); the
+conversion reads each lane quad's 16 floats (two rows' eight columns) as one 64-byte run and
+writes whole rows (``store_dq_tile``).
 """
 import tylopy as ty
 
-from tylopy_kernels.attention.sm90.backward_common import LOG2E, store_rows
+from tylopy_kernels.attention.sm90.backward_common import LOG2E
 
 POS_INF = float("inf")
 NEG_INF = float("-inf")
@@ -36,13 +37,22 @@ def row_dot(out, dout, o_off, do_off, dtype):
 @ty.kernel(threads=128, noalias=True)
 def attention_bwd_preprocess(
     out: ty.ptr(ty.i16), dout: ty.ptr(ty.i16), lse: ty.ptr(ty.f32), delta: ty.ptr(ty.f32), lse_log2: ty.ptr(ty.f32),
-    n_q: ty.i32, n_heads: ty.i32, n_pad: ty.i32,
+    dq_accum: ty.ptr(ty.f32), n_q: ty.i32, n_heads: ty.i32, n_pad: ty.i32,
     o_stride_b: ty.i64, o_stride_h: ty.i64, o_stride_n: ty.i64,
     do_stride_b: ty.i64, do_stride_h: ty.i64, do_stride_n: ty.i64,
     l_stride_b: ty.i64, l_stride_h: ty.i64, l_stride_n: ty.i64,
-    DTYPE: ty.constexpr = ty.bf16, HEAD_DIM: ty.constexpr = 64,
+    DTYPE: ty.constexpr = ty.bf16, HEAD_DIM: ty.constexpr = 64, ZERO_ACCUM: ty.constexpr = False,
 ):
-    """Grid (ceil(n_pad / rows per CTA), heads, batch); HEAD_DIM / 8 lanes share a row, 16 bytes each."""
+    """Grid (n_pad / rows per CTA, heads, batch); HEAD_DIM / 8 lanes share a row, 16 bytes each.
+    ``ZERO_ACCUM``: also zero the dQ accumulator's floats of these rows (rows x HEAD_DIM = 1024 per
+    CTA, in the (batch, head) plane's order), which the dK/dV kernel adds into afterwards; this
+    saves a fill kernel of its own."""
+    if ZERO_ACCUM:
+        plane = ty.cast(ty.block_idx(2) * n_heads + ty.block_idx(1), ty.i64) * ty.cast(n_pad, ty.i64) * HEAD_DIM
+        first = plane + ty.cast(ty.block_idx(0) * 1024 + ty.thread_idx() * 4, ty.i64)
+        zero = ty.cast(0.0, ty.f32)
+        for j in range(2):
+            ty.store(dq_accum + (first + 512 * j), (zero, zero, zero, zero))
     lanes = HEAD_DIM // 8
     rows = 128 // lanes
     tid = ty.thread_idx()
@@ -72,26 +82,54 @@ def attention_bwd_preprocess(
         lse_log2[stat] = scaled
 
 
+@ty.func
+def store_dq_tile(dq_accum, tile, scale, dq, out_base, stride_n, rows, cfg):
+    """dQ = scale * one 64x64 accumulator sub-tile, rounded to ``cfg`` = (dtype, wide) and stored
+    from output row ``rows`` = (row0, n_rows, col0) on, rows at or past n_rows skipped.
+
+    The sub-tile holds float 512j + 4t + e of wgmma thread t = 32w + l at row 16w + l/4 + 8(e/2),
+    column 8j + 2(l%4) + e%2: the 16 floats of one lane quad are two rows' eight columns. Thread
+    t takes quads q = t/8 and t/8 + 16 of column group j = t%8, so a warp reads 256 contiguous
+    bytes per column group and writes four whole 128-byte rows; ``wide``: one 16-byte store per
+    row segment (dq 16-byte aligned with strides of 8 elements), else four 4-byte stores."""
+    row0, n_rows, col0 = rows
+    dtype, wide = cfg
+    tid = ty.thread_idx()
+    j = tid & 7
+    words = ty.ptr_cast(dq, ty.b32)
+    for p in range(2):
+        q = (tid >> 3) + 16 * p
+        src = ty.cast(tile, ty.i64) * 4096 + ty.cast(512 * j + 16 * q, ty.i64)
+        quads = [ty.load(dq_accum + (src + 4 * k), vec=4) for k in range(4)]
+        for h in range(2):
+            row = row0 + 16 * (q >> 3) + (q & 7) + 8 * h
+            if row < n_rows:
+                packed = tuple(ty.pack2(v[2 * h] * scale, v[2 * h + 1] * scale, dtype) for v in quads)
+                at = (out_base + ty.cast(row, ty.i64) * stride_n + ty.cast(col0 + 8 * j, ty.i64)) >> 1
+                if wide:
+                    ty.store(words + at, packed)
+                else:
+                    for k in range(4):
+                        words[at + k] = packed[k]
+
+
 @ty.kernel(threads=128, noalias=True)
 def attention_bwd_dq_convert(
     dq_accum: ty.ptr(ty.f32), dq: ty.ptr(ty.i16), n_q: ty.i32, n_heads: ty.i32, n_pad: ty.i32, scale: ty.f32,
     dq_stride_b: ty.i64, dq_stride_h: ty.i64, dq_stride_n: ty.i64,
-    DTYPE: ty.constexpr = ty.bf16, HEAD_DIM: ty.constexpr = 64,
+    DTYPE: ty.constexpr = ty.bf16, HEAD_DIM: ty.constexpr = 64, WIDE: ty.constexpr = False,
 ):
-    """Grid (n_pad / 64 * HEAD_DIM / 64, heads, batch): one 64x64 sub-tile per CTA."""
+    """Grid (n_pad / 64 * HEAD_DIM / 64, heads, batch): one 64x64 sub-tile per CTA (``store_dq_tile``;
+    ``WIDE``: dq's base and strides allow 16-byte stores)."""
     col_tiles = HEAD_DIM // 64
     row_tile = ty.block_idx(0) // col_tiles
     col_tile = ty.block_idx(0) % col_tiles
     h = ty.block_idx(1)
     b = ty.block_idx(2)
     tile = ((b * n_heads + h) * (n_pad // 64) + row_tile) * col_tiles + col_tile
-    base = ty.cast(tile, ty.i64) * 4096 + ty.cast(ty.thread_idx() * 4, ty.i64)
-    vals = []
-    for j in range(8):
-        vals += list(ty.load(dq_accum + (base + 512 * j), vec=4))
-    acc = ty.Fragment(tuple(vals), ty.WARPGROUP, ty.wgmma_acc(64)) * scale
     out_base = ty.cast(b, ty.i64) * dq_stride_b + ty.cast(h, ty.i64) * dq_stride_h
-    store_rows(acc, dq, row_tile * 64, n_q, out_base, dq_stride_n, col_tile * 64, DTYPE)
+    store_dq_tile(dq_accum, tile, scale, dq, out_base, dq_stride_n, (row_tile * 64, n_q, col_tile * 64),
+                  (DTYPE, WIDE))
 
 
 @ty.kernel(threads=128, noalias=True)

@@ -112,6 +112,12 @@ def _tma_ready(t: torch.Tensor) -> bool:
     return all(t.shape[d] <= 1 or (t.stride(d) > 0 and t.stride(d) * t.element_size() % 16 == 0) for d in range(3))
 
 
+def wide_rows(t: torch.Tensor) -> bool:
+    """Whether 16-byte stores can write 8-element row segments of ``t``: a 16-byte aligned base
+    and strides (except the last dim's) of multiples of 8 elements."""
+    return t.data_ptr() % 16 == 0 and all(t.stride(d) % 8 == 0 or t.shape[d] <= 1 for d in range(t.dim() - 1))
+
+
 def _same_order(a: torch.Tensor, b: torch.Tensor):
     """Both tensors in one TMA-compatible coordinate order (contiguous copies where needed)."""
     if not _tma_ready(a):
@@ -249,10 +255,13 @@ def plan_backward_hopper(tensors: BackwardTensors, options: HopperBackwardOption
     k, v, kv_order = _same_order(k, v)
     delta = torch.empty((B * H, n_pad), dtype=torch.float32, device=dev)
     lse_log2 = torch.empty((B * H, n_pad), dtype=torch.float32, device=dev)
+    # the fp32 dQ accumulator; the statistics kernel zeroes it (no fill of its own)
+    dq_accum = torch.empty(0 if deterministic else B * H * n_pad * D, dtype=torch.float32, device=dev)
+    accum_arg = dq_accum if not deterministic else delta  # a placeholder the kernels never touch
     i16 = torch.int16
     steps = [Step(attention_bwd_preprocess, (n_pad // (128 // (D // 8)), H, B),
-                  (out.view(i16), dout.view(i16), lse, delta, lse_log2, n_q, H, n_pad, *out.stride()[:3],
-                   *dout.stride()[:3], *lse.stride()), dict(DTYPE=dtype, HEAD_DIM=D))]
+                  (out.view(i16), dout.view(i16), lse, delta, lse_log2, accum_arg, n_q, H, n_pad, *out.stride()[:3],
+                   *dout.stride()[:3], *lse.stride()), dict(DTYPE=dtype, HEAD_DIM=D, ZERO_ACCUM=not deterministic))]
     no_bits = (placeholder(dev, torch.int32).view(_U32), (0, 0, 0))
     if masked:
         mask_view = mask_and_lse_args(attn_mask, None, B, H, n_q, n_k, dev)[:2]
@@ -265,8 +274,6 @@ def plan_backward_hopper(tensors: BackwardTensors, options: HopperBackwardOption
     tm_k, tm_v = (_tile_map(t, BLOCK_N, kv_order, encode) for t in (k, v))
     tm_lse, tm_delta = (_stat_map(t, block_m, encode) for t in (lse_log2, delta))
     dq_mode = "none" if deterministic else sched["DQ"]
-    dq_accum = torch.zeros(0 if deterministic else B * H * n_pad * D, dtype=torch.float32, device=dev)
-    accum_arg = dq_accum if not deterministic else delta  # a placeholder the kernel never touches
     # The accumulator as rows of 256 floats, 16 rows per 64x64 sub-tile (one TMA reduce box).
     tm_dq = _map(dq_accum, [256, dq_accum.numel() // 256], [1024], [256, 16], "f32", 0, encode) \
         if dq_mode == "tma" else tm_lse
@@ -289,7 +296,7 @@ def plan_backward_hopper(tensors: BackwardTensors, options: HopperBackwardOption
     else:
         steps.append(Step(attention_bwd_dq_convert, (n_pad // 64 * (D // 64), H, B),
                           (dq_accum, dq.view(i16), n_q, H, n_pad, float(scale), *dq.stride()[:3]),
-                          dict(DTYPE=dtype, HEAD_DIM=D)))
+                          dict(DTYPE=dtype, HEAD_DIM=D, WIDE=wide_rows(dq))))
     return steps
 
 

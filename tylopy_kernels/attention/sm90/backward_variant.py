@@ -25,7 +25,7 @@ import tylopy as ty
 from tylopy import hopper
 
 from tylopy_kernels.attention.sm90.backward import (KEYS_PER_CONSUMER, Config, Problem, Smem, check_config, column_stats,
-                                                    consumer, init_barriers, producer)
+                                                    TileStats, consumer, init_barriers, producer)
 from tylopy_kernels.attention.sm90.backward_common import BIG, LOG2E, NEG_INF, Gradients, Sizes, TensorMaps, mask_bit
 from tylopy_kernels.attention.sm90.mod_grad import (ElementAt, ForwardView, float_mask_at, mask_mod_keep,
                                                     score_and_grad, transform_has_slope)
@@ -174,11 +174,13 @@ def tile_needs_masks(vb, key0, m0, block_m, full):
 
 
 class TileArgs:
-    """What the element work of one consumer's tile reads (a plain holder); ``where`` is
-    (first key row, first query row, query head, batch)."""
+    """What the element work of one consumer's tile reads (a plain holder); ``staged`` is (the ring
+    stage, the query columns' L: ``backward.TileStats``), ``where`` (first key row, first query
+    row, query head, batch)."""
 
-    def __init__(self, smem, lay, prob, cfg, stage, where):
-        self.smem, self.lay, self.prob, self.cfg, self.stage = smem, lay, prob, cfg, stage
+    def __init__(self, smem, lay, prob, cfg, staged, where):
+        self.smem, self.lay, self.prob, self.cfg = smem, lay, prob, cfg
+        self.stage, self.lse = staged
         self.key0, self.m0, self.hq, self.b = where
         self.full = None      # a block mask's full-tile flag (with mask_mod), or None
         self.slope = None     # ALiBi's slope of this (batch, query head), or None
@@ -237,7 +239,7 @@ def plain_exponents(s, ta):
     folded = alibi_terms(ta) if ta.folded else None
     out = []
     for j in range(len(vals) // 4):
-        lse = column_stats(ta.smem, ta.lay.lse + ta.stage * ta.lay.stat_bytes, j)
+        lse = ta.lse[j]
         for e in range(4):
             i = 4 * j + e
             if folded is None:
@@ -301,7 +303,7 @@ def fused_words(s, dp, ta):
     p_words = []
     ds_words = []
     for j in range(len(vals) // 4):
-        lse = column_stats(ta.smem, lay.lse + ta.stage * lay.stat_bytes, j)
+        lse = ta.lse[j]
         delta = column_stats(ta.smem, lay.delta + ta.stage * lay.stat_bytes, j)
         ps = []
         ds = []
@@ -326,16 +328,18 @@ def fused_words(s, dp, ta):
 
 
 @ty.func
-def score_grads(s, dp, c, stage, where, it, bits):
+def score_grads(s, dp, c, staged, where, it, bits):
     """(P^T operands of dV, dS^T operands of dK), the variant's ``score_grads_t``: P^T from the
     transformed scores, dS^T = P^T (dP^T - delta) t'. Tiles no mask can cut (``tile_needs_masks``)
     skip the masks' element work: the masked and the plain element code are two branches.
-    ``c``: the consumer (``backward.Consumer``); ``where``: ``TileArgs``' (key0, m0, hq, b)."""
+    ``c``: the consumer (``backward.Consumer``); ``staged``, ``where``: ``TileArgs``' (stage, L)
+    and (key0, m0, hq, b)."""
     smem, lay, prob, cfg = c.smem, c.lay, c.prob, c.cfg
     key0, m0, hq, b = where
+    stage = staged[0]
     vb = prob.variant
     key = vb.key
-    ta = TileArgs(smem, lay, prob, cfg, stage, where)
+    ta = TileArgs(smem, lay, prob, cfg, staged, where)
     ta.bits = bits
     if key.block_mask is not None and key.mask_mod is not None:
         ta.full = (work_entry(prob, it) & 1) != 0
@@ -359,13 +363,13 @@ def score_grads(s, dp, c, stage, where, it, bits):
         if need:
             args = masked_exponents(args, ta)
         p_f32 = [ty.exp2(a) for a in args]
+        delta = TileStats(smem, lay.delta + stage * lay.stat_bytes, cfg.block_m)  # before the wait
         dp = hopper.wgmma_wait(0, dp)
         dv = dp.values
         p_words = []
         ds_words = []
         for j in range(len(p_f32) // 4):
-            delta = column_stats(smem, lay.delta + stage * lay.stat_bytes, j)
-            ds = [p_f32[4 * j + e] * (dv[4 * j + e] - delta[e & 1]) for e in range(4)]
+            ds = [p_f32[4 * j + e] * (dv[4 * j + e] - delta[j][e & 1]) for e in range(4)]
             for h in range(2):
                 p_words.append(ty.pack2(p_f32[4 * j + 2 * h], p_f32[4 * j + 2 * h + 1], cfg.dtype))
                 ds_words.append(ty.pack2(ds[2 * h], ds[2 * h + 1], cfg.dtype))

@@ -22,9 +22,8 @@ from tylopy import hopper
 
 from tylopy_kernels.attention.sm90.backward import (BLOCK_N, CONSUMER_THREADS, KEYS_PER_CONSUMER, Config, Problem, Smem,
                                                     check_config, consumer, init_barriers, producer)
-from tylopy_kernels.attention.sm90.backward_aux import row_dot
-from tylopy_kernels.attention.sm90.backward_common import (LOG2E, ROW_BYTES, Gradients, Sizes, TensorMaps, bar_at,
-                                                           store_rows)
+from tylopy_kernels.attention.sm90.backward_aux import row_dot, store_dq_tile
+from tylopy_kernels.attention.sm90.backward_common import LOG2E, ROW_BYTES, Gradients, Sizes, TensorMaps, bar_at
 
 PAD = 128
 KEY_TAIL_BARRIER = 6      # + consumer index: one consumer's 128 threads zeroed its K/V rows
@@ -184,10 +183,10 @@ def attention_bwd_varlen_preprocess(
 def attention_bwd_varlen_dq_convert(
     dq_accum: ty.ptr(ty.f32), dq: ty.ptr(ty.i16), cu_q: ty.ptr(ty.i32), max_q: ty.i32, total_q: ty.i32,
     n_pad: ty.i32, scale: ty.f32, dq_stride_h: ty.i64, dq_stride_n: ty.i64,
-    DTYPE: ty.constexpr = ty.bf16, HEAD_DIM: ty.constexpr = 64,
+    DTYPE: ty.constexpr = ty.bf16, HEAD_DIM: ty.constexpr = 64, WIDE: ty.constexpr = False,
 ):
     """Grid (round_up(max_q, 64) / 64 * HEAD_DIM / 64, heads, documents): dQ = scale * accumulator
-    for the document's rows, one 64x64 sub-tile per CTA."""
+    for the document's rows, one 64x64 sub-tile per CTA (``backward_aux.store_dq_tile``)."""
     col_tiles = HEAD_DIM // 64
     row_tile = ty.block_idx(0) // col_tiles
     col_tile = ty.block_idx(0) % col_tiles
@@ -196,13 +195,9 @@ def attention_bwd_varlen_dq_convert(
     q_start, n_q = document(cu_q, b, max_q, total_q)
     if row_tile * 64 < n_q:
         tile = (h * (n_pad // 64) + stat_start(q_start, b) // 64 + row_tile) * col_tiles + col_tile
-        base = ty.cast(tile, ty.i64) * 4096 + ty.cast(ty.thread_idx() * 4, ty.i64)
-        vals = []
-        for j in range(8):
-            vals += list(ty.load(dq_accum + (base + 512 * j), vec=4))
-        acc = ty.Fragment(tuple(vals), ty.WARPGROUP, ty.wgmma_acc(64)) * scale
         out_base = ty.cast(h, ty.i64) * dq_stride_h + ty.cast(q_start, ty.i64) * dq_stride_n
-        store_rows(acc, dq, row_tile * 64, n_q, out_base, dq_stride_n, col_tile * 64, DTYPE)
+        store_dq_tile(dq_accum, tile, scale, dq, out_base, dq_stride_n, (row_tile * 64, n_q, col_tile * 64),
+                      (DTYPE, WIDE))
 
 
 def padded_rows(total_q, n_docs):

@@ -17,7 +17,7 @@ import tylopy as ty
 from tylopy_kernels.attention.sm90.backward import BLOCK_N, SUPPORTED
 from tylopy_kernels.attention.common import BackwardTensors, PackedDocs
 from tylopy_kernels.attention.sm90.backward_launch import (SCHEDULE, HopperBackwardOptions, Step, _map, _same_order,
-                                                           _stat_map, _tile_map)
+                                                           _stat_map, _tile_map, wide_rows)
 from tylopy_kernels.attention.sm90.backward_varlen import (attention_bwd_varlen_dq_convert,
                                                            attention_bwd_varlen_preprocess, attention_bwd_varlen_sm90,
                                                            padded_rows)
@@ -77,7 +77,7 @@ def plan_varlen_backward(tensors: BackwardTensors, docs: PackedDocs, options: Ho
                            DQ_ORDER=sched["DQ_ORDER"], DK_SMEM=sched["DK_SMEM"], Q_ORDER=q_order, KV_ORDER=kv_order)))
     steps.append(Step(attention_bwd_varlen_dq_convert, (-(-max_q // 64) * (D // 64), H, n_docs),
                       (dq_accum, dq.view(i16), cu_q, max_q, total_q, n_pad, float(scale), dq.stride(1), dq.stride(0)),
-                      dict(DTYPE=dtype, HEAD_DIM=D)))
+                      dict(DTYPE=dtype, HEAD_DIM=D, WIDE=wide_rows(dq))))
     return steps
 
 
