@@ -303,9 +303,10 @@ class TileStats:
     the first exponent of a tile waited for its L (~30 cycles, 8% of the loop's stall samples at
     D=128); loading all groups early spills (16-32 registers more across the wait)."""
 
-    def __init__(self, smem, offset, block_m):
+    def __init__(self, smem, offset, block_m, early=None):
         self.smem, self.offset = smem, offset
-        self.early = [column_stats(smem, offset, j) for j in range(min(EARLY_STATS, block_m // 8))]
+        early = EARLY_STATS if early is None else early
+        self.early = [column_stats(smem, offset, j) for j in range(min(early, block_m // 8))]
 
     def __getitem__(self, j):
         return self.early[j] if j < len(self.early) else column_stats(self.smem, self.offset, j)
@@ -477,7 +478,9 @@ def consumer_step(c, it, hq, m0, dv, dk):
     if prob.varlen is not None:  # Q and dO rows past the document's end: zeros before any product
         prob.varlen.zero_query_tail(smem, lay, prob, cfg, stage, phase, m0, wi)
     s = ss_gemm(atom_s, kmajor_desc(base, lay.k + mine), BLOCK_N, kmajor_desc(base, q_off), cfg.block_m, k_steps)
-    lse = TileStats(smem, lay.lse + stage * lay.stat_bytes, cfg.block_m)  # L came with Q (q_full)
+    # L came with Q (q_full); a variant whose dS needs the transform's slope reads it after dP^T
+    early = getattr(prob.variant, "early_stats", None)
+    lse = TileStats(smem, lay.lse + stage * lay.stat_bytes, cfg.block_m, early)
     hopper.mbarrier_wait(bar_at(smem, lay.do_full + 8 * stage), phase, "do_full", stage)
     dp = ss_gemm(atom_s, kmajor_desc(base, lay.v + mine), BLOCK_N, kmajor_desc(base, do_off), cfg.block_m, k_steps)
     s = hopper.wgmma_wait(1, s)

@@ -53,6 +53,25 @@ class VariantBwd:
         self.work_range = work_range
         self.iteration = iteration
         self.score_grads = score_grads
+        self.early_stats = 0 if fused_path(self) else None  # (``backward.TileStats``; None: its default)
+
+
+def fused_path(vb):
+    """Whether dS needs the transform's derivative beside P (``fused_words``, after the wait for
+    dP^T), rather than plain exponents that overlap the dP^T product. ALiBi alone, folded, is a
+    constant per row and per column (``alibi_terms``) and takes the plain path. (The launcher
+    folds it at D=64 only: at D=128 the folded terms spill 24-28 bytes in either path.)"""
+    key = vb.key
+    with_grad = transform_has_slope(key) or vb.score_mod_bwd is not None
+    return (with_grad or key.transforms_scores) and not alibi_folded(vb)
+
+
+def alibi_folded(vb):
+    """ALiBi alone, folded by the launcher (``KernelVariant.alibi_fold``)."""
+    key = vb.key
+    kv = vb.fwd.variant.kv
+    return key.alibi and kv.alibi_fold and not (
+        key.softcap or key.score_mod is not None or key.attn_mask == "float" or kv.scaled_first)
 
 
 @ty.func
@@ -346,14 +365,8 @@ def score_grads(s, dp, c, staged, where, it, bits):
     if key.alibi:
         ta.slope = vb.fwd.variant.slopes[b, hq]
     need = tile_needs_masks(vb, key0, m0, cfg.block_m, ta.full)
-    with_grad = transform_has_slope(key) or vb.score_mod_bwd is not None
-    # ALiBi alone, folded, is a constant per row and per column (alibi_terms): the plain path takes it,
-    # its exponents overlapping the dP^T product as the dense kernel's do. (The launcher folds it at
-    # D=64 only: at D=128 the folded terms spill 24-28 bytes in either path.)
-    kv = vb.fwd.variant.kv
-    ta.folded = key.alibi and kv.alibi_fold and not (
-        key.softcap or key.score_mod is not None or key.attn_mask == "float" or kv.scaled_first)
-    if (with_grad or key.transforms_scores) and not ta.folded:
+    ta.folded = alibi_folded(vb)
+    if fused_path(vb):
         # dS needs t' beside P: wait for dP^T first and finish each element at once.
         dp = hopper.wgmma_wait(0, dp)
         p_words, ds_words = fused_words(s, dp, ta)
