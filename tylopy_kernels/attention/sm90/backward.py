@@ -306,10 +306,12 @@ class TileStats:
     def __init__(self, smem, offset, block_m, early=None):
         self.smem, self.offset = smem, offset
         early = EARLY_STATS if early is None else early
-        self.early = [column_stats(smem, offset, j) for j in range(min(early, block_m // 8))]
+        self.loaded = {j: column_stats(smem, offset, j) for j in range(min(early, block_m // 8))}
 
     def __getitem__(self, j):
-        return self.early[j] if j < len(self.early) else column_stats(self.smem, self.offset, j)
+        if j not in self.loaded:  # one load per group, however many registers read it
+            self.loaded[j] = column_stats(self.smem, self.offset, j)
+        return self.loaded[j]
 
 
 @ty.func
