@@ -289,3 +289,42 @@ def test_supports():
     assert not L.supports(q.float(), k.float(), k.float())
     assert not L.supports(q[..., :32], k[..., :32], k[..., :32])
     assert not L.supports(q[:, :3], k, k)
+
+
+@pytest.mark.parametrize("D,det,bnhd", [(64, False, False), (128, True, True), (128, False, True)])
+def test_a_repeated_signature_plans_the_same_launches(D, det, bnhd):
+    """The second call of a signature takes the kept layout: the same kernels, grids, constexprs and
+    arguments as planning from scratch (maps over the same buffers with the same geometry)."""
+    args = _inputs(D, torch.bfloat16, bnhd, B=2, H=4, H_kv=2, n_q=200, n_k=136)
+    options = L.HopperBackwardOptions(0.1, is_causal=True, deterministic=det)
+    L._layouts.clear()
+    first = L.plan_backward_hopper(L.BackwardTensors(*args), options, encode=False)
+    assert len(L._layouts) == 1
+    again = L.plan_backward_hopper(L.BackwardTensors(*args), options, encode=False)
+    assert len(first) == len(again) == 3
+    for a, b in zip(first, again):
+        assert (a.kernel, a.grid, a.constexprs) == (b.kernel, b.grid, b.constexprs)
+        assert len(a.args) == len(b.args)
+        for x, y in zip(a.args, b.args):
+            if isinstance(x, torch.Tensor):
+                assert (x.shape, x.stride(), x.dtype) == (y.shape, y.stride(), y.dtype)
+            elif hasattr(x, "box"):
+                assert (x.dims, x.strides_bytes, x.box, x.dtype, x.swizzle) == \
+                    (y.dims, y.strides_bytes, y.box, y.dtype, y.swizzle)
+            else:
+                assert x == y
+
+
+def test_plans_that_copy_or_mask_are_not_kept():
+    """A layout is kept only where the call's own tensors are mapped: not with a mask, an
+    unaligned base (q copied) or K/V expanded over the heads."""
+    L._layouts.clear()
+    q, k, v, out, dout, lse, dq, dk, dv = _inputs(64, torch.bfloat16, H=2, H_kv=2)
+    options = L.HopperBackwardOptions(0.1)
+    L.plan_backward_hopper(L.BackwardTensors(q, k, v, out, dout, lse, dq, dk, dv, torch.rand(8, 8) > 0.5),
+                           options, encode=False)
+    odd = torch.randn(1 * 2 * 8 * 64 + 1).to(torch.bfloat16)[1:].view(1, 2, 8, 64)
+    L.plan_backward_hopper(L.BackwardTensors(odd, k, v, out, dout, lse, dq, dk, dv), options, encode=False)
+    kx = k[:, :1].expand(1, 2, 8, 64)
+    L.plan_backward_hopper(L.BackwardTensors(q, kx, kx, out, dout, lse, dq, dk, dv), options, encode=False)
+    assert len(L._layouts) == 0

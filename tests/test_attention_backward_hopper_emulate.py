@@ -113,7 +113,7 @@ def test_each_product_matches_the_tensor_core_model(D):
     q, do = (torch.randn(1, 1, block_m, D).to(torch.bfloat16) for _ in range(2))
     k, v = (torch.randn(1, 1, 128, D).to(torch.bfloat16) for _ in range(2))
     order = ("n", "h", "b")
-    maps = [L._tile_map(t, rows, order, False) for t, rows in ((q, block_m), (k, 128), (v, 128), (do, block_m))]
+    maps = [L._map(t, *L._tile_map(t, rows, order), False) for t, rows in ((q, block_m), (k, 128), (v, 128), (do, block_m))]
     outs = {name: torch.full((rows * cols,), float("nan")) for name, rows, cols in
             (("st", 128, block_m), ("dpt", 128, block_m), ("dv", 128, D), ("dk_regs", 128, D), ("dk_smem", 128, D),
              ("dq", block_m, D))}

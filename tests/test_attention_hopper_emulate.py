@@ -132,6 +132,18 @@ def test_bnhd_layout_with_grouped_kv():
     check(out, lse, q, k, v)
 
 
+def test_unaligned_contiguous_views_are_copied():
+    """A contiguous view whose first element is not 16-byte aligned (a slice one element into its
+    storage): TMA cannot start there, and ``contiguous()`` would return the view itself; the
+    launcher maps an aligned copy."""
+    storage = randn(1 * 2 * 70 * 64 + 1, seed=11)
+    q = storage[1:].view(1, 2, 70, 64)
+    k, v = randn(1, 2, 70, 64, seed=12), randn(1, 2, 70, 64, seed=13)
+    out, lse, plan = emulate(q, k, v, causal=True)
+    assert plan.args[0].tensor.data_ptr() % 16 == 0
+    check(out, lse, q, k, v, causal=True)
+
+
 # -- the exponent's edge cases ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype,value", [(torch.bfloat16, 133120.0), (torch.float16, 54656.0)])

@@ -87,6 +87,13 @@ def check_token_tensor(fail, name: str, t, ndim: int, layout: str):
     if t.stride(-1) != 1 and t.shape[-1] > 1:
         fail(ValueError, name, "a contiguous last dimension (stride 1)", f"stride {t.stride(-1)}")
 
+def tma_copy(t):
+    """A row-major copy of ``t`` in memory of its own, for a tensor map: ``t.contiguous()`` returns
+    ``t`` itself when it is already contiguous, at whatever (unaligned) address its view starts."""
+    import torch
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 _placeholders: dict = {}
 
 

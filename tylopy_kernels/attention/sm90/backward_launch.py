@@ -40,7 +40,7 @@ from tylopy_kernels.attention.sm90.backward_aux import attention_bwd_dq_convert,
 from tylopy_kernels.attention.sm90.backward_dq import BLOCK_M as DQ_BLOCK_M
 from tylopy_kernels.attention.sm90.backward_dq import attention_bwd_dq_sm90
 from tylopy_kernels.attention.sm90.backward_dq import smem_bytes as dq_smem_bytes
-from tylopy_kernels.attention.common import BackwardTensors, mask_and_lse_args, placeholder, rejecter
+from tylopy_kernels.attention.common import BackwardTensors, mask_and_lse_args, placeholder, rejecter, tma_copy
 
 HEAD_DIMS = (64, 128)
 MAX_SMEM = 232448             # dynamic shared memory a block may opt into on an H100/H200
@@ -121,32 +121,34 @@ def wide_rows(t: torch.Tensor) -> bool:
 def _same_order(a: torch.Tensor, b: torch.Tensor):
     """Both tensors in one TMA-compatible coordinate order (contiguous copies where needed)."""
     if not _tma_ready(a):
-        a = a.contiguous()
+        a = tma_copy(a)
     if not _tma_ready(b) or coord_order(b) != coord_order(a):
-        b = b.contiguous()
+        b = tma_copy(b)
         if coord_order(a) != coord_order(b):
-            a = a.contiguous()
+            a = tma_copy(a)
     return a, b, coord_order(a)
 
 
-def _tile_map(t: torch.Tensor, rows: int, order: tuple, encode: bool):
-    """A map whose box is one 64-column panel of ``rows`` rows (the kernels load D/64 panels)."""
+def _tile_map(t: torch.Tensor, rows: int, order: tuple) -> tuple:
+    """The geometry (shape, strides, box, dtype, swizzle) of a map whose box is one 64-column
+    panel of ``rows`` rows (the kernels load D/64 panels)."""
     shape = [t.shape[3]] + [t.shape[_DIMS[k]] for k in order]
     strides = [max(t.stride(_DIMS[k]), 1) * t.element_size() for k in order]
     strides = [s if t.shape[_DIMS[k]] > 1 else max(s, 16) for s, k in zip(strides, order)]
     box = [64] + [rows if k == "n" else 1 for k in order]
-    return _map(t, shape, strides, box, "bf16" if t.dtype == torch.bfloat16 else "f16", 128, encode)
+    return tuple(shape), tuple(strides), tuple(box), "bf16" if t.dtype == torch.bfloat16 else "f16", 128
 
 
 def _stat_map(t: torch.Tensor, rows: int, encode: bool):
     """A map over a padded (B*H, n_pad) fp32 statistic whose box is one query tile's values."""
-    return _map(t, [t.shape[1], t.shape[0]], [t.shape[1] * 4], [rows, 1], "f32", 0, encode)
+    return _map(t, (t.shape[1], t.shape[0]), (t.shape[1] * 4,), (rows, 1), "f32", 0, encode)
 
 
 def _map(t, shape, strides, box, dtype, swizzle, encode):
+    """A map over ``t`` (tuples of ints): encoded (cached by address) or, ``encode=False``, a spec."""
     if not encode:
-        return TensorMapSpec(t, tuple(shape), tuple(strides), tuple(box), dtype, swizzle)
-    return TensorMap.cached(t, tuple(shape), tuple(strides), tuple(box), dtype, swizzle)
+        return TensorMapSpec(t, shape, strides, box, dtype, swizzle)
+    return TensorMap.cached(t, shape, strides, box, dtype, swizzle)
 
 
 @dataclass(frozen=True)
@@ -221,38 +223,101 @@ def schedule_for(head_dim, masked, schedule=None):
     return dict(SCHEDULE[head_dim], **(MASKED_SCHEDULE if masked else {}), **(schedule or {}))
 
 
+class Layout(NamedTuple):
+    """What a backward's launches derive from its signature alone (shapes, strides, dtypes,
+    device, options): the sizes (B, H, H_kv, n_q, n_k, D), the schedule, the kernels' dtype, the
+    statistics' padded row length, the coordinate orders of Q/dO and K/V, and each tile map's
+    geometry (shape, strides, box, dtype, swizzle) over q, dout, k, v (and, deterministic, the dQ
+    kernel's own tiles). ``tables``: the schedule tables it read (replaced tables plan again)."""
+
+    sizes: tuple
+    sched: dict
+    dtype: object
+    n_pad: int
+    q_order: tuple
+    kv_order: tuple
+    geometry: tuple
+    tables: tuple
+
+
+def _tables():
+    return SCHEDULE, MASKED_SCHEDULE
+
+
+# A training loop calls the backward with one signature again and again: the checks, the orders
+# and the map geometries (most of the planning's host time) are kept per signature, and a call
+# like an earlier one only allocates the statistics and builds its launches (``_steps``).
+_layouts = ty.PlanCache("Hopper attention backward layouts", capacity=64)
+
+
+def _layout_key(tensors: BackwardTensors, options: HopperBackwardOptions):
+    """The signature a kept ``Layout`` holds for, or None where the plan depends on more: a mask,
+    a schedule that is not a flat dict of plain values, a base TMA cannot read (a copy is made)."""
+    q, k, v, out, dout, lse, dq, dk, dv, attn_mask = tensors[:10]
+    if attn_mask is not None or (q.data_ptr() | k.data_ptr() | v.data_ptr() | dout.data_ptr()) & 15:
+        return None
+    sched = options.schedule
+    try:
+        sched = None if sched is None else tuple(sorted(sched.items()))
+        return (*(x for t in (q, k, v, out, dout, lse, dq, dk, dv) for x in (t.shape, t.stride(), t.dtype)),
+                q.get_device(), bool(options.is_causal), bool(options.deterministic), sched)
+    except (AttributeError, TypeError):  # not tensors, an unsortable schedule: the checks say what
+        return None
+
+
 def plan_backward_hopper(tensors: BackwardTensors, options: HopperBackwardOptions, encode=True) -> list[Step]:
     """The launches that fill dq, dk, dv (see the module docstring); [] when nothing is left to do.
     ``tensors.dlse`` must be None (the Hopper kernels take no LSE gradient)."""
     if tensors.dlse is not None:
         _fail(ValueError, "dlse", "None (the Hopper backward takes no gradient of the LSE)", "a tensor")
+    key = _layout_key(tensors, options)
+    layout = _layouts.get(key) if key is not None else None
+    if layout is not None and all(a is b for a, b in zip(layout.tables, _tables())):
+        return _steps(layout, tensors, options, encode)
     B, H, H_kv, n_q, n_k, D = _check(tensors)
     q, k, v, out, dout, lse, dq, dk, dv, attn_mask, _ = tensors
-    is_causal, scale, deterministic = options.is_causal, options.scale, options.deterministic
-    schedule = options.schedule
     if B * H == 0:
         return []
     if n_q == 0 or n_k == 0:  # no scores: every gradient is zero
         for t in (dq, dk, dv):
             t.zero_()
         return []
-    if H_kv == H > 1 and k.stride(1) == 0 and v.stride(1) == 0:
+    expanded = H_kv == H > 1 and k.stride(1) == 0 and v.stride(1) == 0
+    if expanded:
         # K and V expanded over the heads (MQA by ``expand``): run as one key/value head, without a
         # copy. Head 0 of dk/dv gets the group's sum and the others 0, which is what the expand's
         # backward sums to.
         dk[:, 1:].zero_()
         dv[:, 1:].zero_()
         k, v, dk, dv, H_kv = k[:, :1], v[:, :1], dk[:, :1], dv[:, :1], 1
-    masked = attn_mask is not None
-    sched = schedule_for(D, masked, schedule)
+    sched = schedule_for(D, attn_mask is not None, options.schedule)
     block_m = sched["BLOCK_M"]
     if (D, block_m) not in SUPPORTED:
         _fail(ValueError, "schedule BLOCK_M", f"a (head dim, BLOCK_M) pair in {sorted(SUPPORTED)}", (D, block_m))
-    dtype = ty.bf16 if q.dtype == torch.bfloat16 else ty.f16
+    q2, dout2, q_order = _same_order(q, dout)
+    k2, v2, kv_order = _same_order(k, v)
+    geometry = [_tile_map(t, block_m, q_order) for t in (q2, dout2)] + \
+               [_tile_map(t, BLOCK_N, kv_order) for t in (k2, v2)]
+    if options.deterministic:
+        bn = sched["DQ_BLOCK_N"]
+        geometry += [_tile_map(t, DQ_BLOCK_M, q_order) for t in (q2, dout2)] + \
+                    [_tile_map(t, bn, kv_order) for t in (k2, v2)]
+    layout = Layout((B, H, H_kv, n_q, n_k, D), sched, ty.bf16 if q.dtype == torch.bfloat16 else ty.f16,
+                    -(-n_q // PAD) * PAD, q_order, kv_order, tuple(geometry), _tables())
+    copied = q2 is not q or dout2 is not dout or k2 is not k or v2 is not v
+    if key is not None and not (copied or expanded):
+        _layouts.put(key, layout)
+    return _steps(layout, BackwardTensors(q2, k2, v2, out, dout2, lse, dq, dk, dv, attn_mask), options, encode)
+
+
+def _steps(layout: Layout, tensors: BackwardTensors, options: HopperBackwardOptions, encode: bool) -> list[Step]:
+    """The launches of one call whose tensors ``layout`` was planned for (q, dout, k, v already in
+    its orders): the statistics buffers, the packed masks, the tile maps and the kernels' arguments."""
+    B, H, H_kv, n_q, n_k, D = layout.sizes
+    q, k, v, out, dout, lse, dq, dk, dv, attn_mask = tensors[:10]
+    sched, dtype, n_pad, deterministic = layout.sched, layout.dtype, layout.n_pad, options.deterministic
+    masked = attn_mask is not None
     dev = q.device
-    n_pad = -(-n_q // PAD) * PAD
-    q, dout, q_order = _same_order(q, dout)
-    k, v, kv_order = _same_order(k, v)
     delta = torch.empty((B * H, n_pad), dtype=torch.float32, device=dev)
     lse_log2 = torch.empty((B * H, n_pad), dtype=torch.float32, device=dev)
     # the fp32 dQ accumulator; the statistics kernel zeroes it (no fill of its own)
@@ -270,32 +335,31 @@ def plan_backward_hopper(tensors: BackwardTensors, options: HopperBackwardOption
         q_bits = _packed_mask(steps, mask_view, shape, False) if deterministic else no_bits
     else:
         kv_bits = q_bits = no_bits
-    tm_q, tm_do = (_tile_map(t, block_m, q_order, encode) for t in (q, dout))
-    tm_k, tm_v = (_tile_map(t, BLOCK_N, kv_order, encode) for t in (k, v))
+    maps = [_map(t, *g, encode) for t, g in zip((q, dout, k, v, q, dout, k, v), layout.geometry)]
+    tm_q, tm_do, tm_k, tm_v = maps[:4]
+    block_m = sched["BLOCK_M"]
     tm_lse, tm_delta = (_stat_map(t, block_m, encode) for t in (lse_log2, delta))
     dq_mode = "none" if deterministic else sched["DQ"]
     # The accumulator as rows of 256 floats, 16 rows per 64x64 sub-tile (one TMA reduce box).
-    tm_dq = _map(dq_accum, [256, dq_accum.numel() // 256], [1024], [256, 16], "f32", 0, encode) \
+    tm_dq = _map(dq_accum, (256, dq_accum.numel() // 256), (1024,), (256, 16), "f32", 0, encode) \
         if dq_mode == "tma" else tm_lse
-    common = (H, H // H_kv, n_pad, float(scale), int(is_causal))
+    common = (H, H // H_kv, n_pad, float(options.scale), int(options.is_causal))
+    orders = dict(Q_ORDER=layout.q_order, KV_ORDER=layout.kv_order)
     steps.append(Step(attention_bwd_sm90, (-(-n_k // BLOCK_N), H_kv, B),
                       (tm_q, tm_k, tm_v, tm_do, tm_lse, tm_delta, tm_dq, dk.view(i16), dv.view(i16), accum_arg,
                        kv_bits[0], n_q, n_k, *common, *dk.stride()[:3], *dv.stride()[:3], *kv_bits[1]),
                       dict(DTYPE=dtype, HEAD_DIM=D, BLOCK_M=block_m, STAGES=sched["STAGES"], HAS_MASK=masked,
-                           DQ=dq_mode, DQ_ORDER=sched["DQ_ORDER"], DK_SMEM=sched["DK_SMEM"], Q_ORDER=q_order,
-                           KV_ORDER=kv_order)))
+                           DQ=dq_mode, DQ_ORDER=sched["DQ_ORDER"], DK_SMEM=sched["DK_SMEM"], **orders)))
     if deterministic:
-        bn = sched["DQ_BLOCK_N"]
-        tm_q2, tm_do2 = (_tile_map(t, DQ_BLOCK_M, q_order, encode) for t in (q, dout))
-        tm_k2, tm_v2 = (_tile_map(t, bn, kv_order, encode) for t in (k, v))
+        tm_q2, tm_do2, tm_k2, tm_v2 = maps[4:]
         steps.append(Step(attention_bwd_dq_sm90, (-(-n_q // DQ_BLOCK_M), H, B),
                           (tm_q2, tm_k2, tm_v2, tm_do2, lse_log2, delta, dq.view(i16), q_bits[0], n_q, n_k, *common,
                            *dq.stride()[:3], *q_bits[1]),
-                          dict(DTYPE=dtype, HEAD_DIM=D, BLOCK_N=bn, STAGES=sched["DQ_STAGES"], HAS_MASK=masked,
-                               PIPELINE=sched["DQ_PIPELINE"], Q_ORDER=q_order, KV_ORDER=kv_order)))
+                          dict(DTYPE=dtype, HEAD_DIM=D, BLOCK_N=sched["DQ_BLOCK_N"], STAGES=sched["DQ_STAGES"],
+                               HAS_MASK=masked, PIPELINE=sched["DQ_PIPELINE"], **orders)))
     else:
         steps.append(Step(attention_bwd_dq_convert, (n_pad // 64 * (D // 64), H, B),
-                          (dq_accum, dq.view(i16), n_q, H, n_pad, float(scale), *dq.stride()[:3]),
+                          (dq_accum, dq.view(i16), n_q, H, n_pad, float(options.scale), *dq.stride()[:3]),
                           dict(DTYPE=dtype, HEAD_DIM=D, WIDE=wide_rows(dq))))
     return steps
 

@@ -62,12 +62,12 @@ def plan_varlen_backward(tensors: BackwardTensors, docs: PackedDocs, options: Ho
     steps = [Step(attention_bwd_varlen_preprocess, (max_pad // (128 // (D // 8)), H, n_docs),
                   (out.view(i16), dout.view(i16), lse, delta, lse_log2, cu_q, max_q, total_q, n_pad, out.stride(1),
                    out.stride(0), dout.stride(1), dout.stride(0), lse.stride(0)), dict(DTYPE=dtype, HEAD_DIM=D))]
-    tm_q, tm_do = (_tile_map(t, block_m, q_order, encode) for t in (qb, dob))
-    tm_k, tm_v = (_tile_map(t, BLOCK_N, kv_order, encode) for t in (kb, vb))
+    tm_q, tm_do = (_map(t, *_tile_map(t, block_m, q_order), encode) for t in (qb, dob))
+    tm_k, tm_v = (_map(t, *_tile_map(t, BLOCK_N, kv_order), encode) for t in (kb, vb))
     tm_lse, tm_delta = (_stat_map(t, block_m, encode) for t in (lse_log2, delta))
     dq_accum = torch.zeros(H * n_pad * D, dtype=torch.float32, device=dev)
     dq_mode = sched["DQ"]
-    tm_dq = _map(dq_accum, [256, dq_accum.numel() // 256], [1024], [256, 16], "f32", 0, encode) \
+    tm_dq = _map(dq_accum, (256, dq_accum.numel() // 256), (1024,), (256, 16), "f32", 0, encode) \
         if dq_mode == "tma" else tm_lse
     steps.append(Step(attention_bwd_varlen_sm90, (-(-max_k // BLOCK_N), H_kv, n_docs),
                       (tm_q, tm_k, tm_v, tm_do, tm_lse, tm_delta, tm_dq, dk.view(i16), dv.view(i16), dq_accum, cu_q,

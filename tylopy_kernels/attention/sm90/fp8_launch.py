@@ -20,7 +20,7 @@ import torch
 import tylopy as ty
 from tylopy.runtime.tensormap import TensorMap
 
-from tylopy_kernels.attention.common import mask_and_lse_args
+from tylopy_kernels.attention.common import mask_and_lse_args, tma_copy
 from tylopy_kernels.attention.sm90.forward_fp8 import KEY_GROUP, Fp8Plan, attention_fwd_fp8_sm90
 from tylopy_kernels.attention.sm90.fp8_transpose import TILE, value_transpose_fp8
 from tylopy_kernels.attention.sm90.launch import _coord_order, _fits, _map_geometry
@@ -124,7 +124,7 @@ def plan_fp8(prob: Fp8Problem, out, lse, schedule=None, make_map=None):
     make_map = make_map or device_map
     order = _coord_order(q)
     if _coord_order(k) != order or not all(_fits(t, order) for t in (q, k)):
-        q, k = q.contiguous(), k.contiguous()
+        q, k = tma_copy(q), tma_copy(k)
         order = _coord_order(q)
     vt = value_transposed(v)
     n_pad = vt.shape[3]

@@ -21,7 +21,7 @@ import tylopy as ty
 from tylopy.runtime.devices import l2_bytes, sm_count
 from tylopy.runtime.tensormap import TensorMap
 
-from tylopy_kernels.attention.common import ForwardTensors, mask_and_lse_args
+from tylopy_kernels.attention.common import ForwardTensors, mask_and_lse_args, tma_copy
 from tylopy_kernels.attention.sm90.forward import attention_fwd_sm90
 from tylopy_kernels.attention.sm90.tiles import Plan
 
@@ -188,7 +188,7 @@ def plan_launch(tensors: ForwardTensors, options: HopperOptions, target: MapTarg
         kk, vv, k_batched = k, v, True
     order = _coord_order(q)
     if not all(_fits(t, order) for t in (q, kk, vv)):
-        q, kk, vv = q.contiguous(), kk.contiguous(), vv.contiguous()
+        q, kk, vv = tma_copy(q), tma_copy(kk), tma_copy(vv)
         order = _coord_order(q)
     block_m = 64 * sched["CONSUMERS"]
     maps = [make_map(t, *_map_geometry(t, rows, order)) for t, rows in ((q, block_m), (kk, sched["BLOCK_N"]),

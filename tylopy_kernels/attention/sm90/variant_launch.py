@@ -13,7 +13,7 @@ import torch
 
 import tylopy as ty
 
-from tylopy_kernels.attention.common import ForwardTensors, VariantCall
+from tylopy_kernels.attention.common import ForwardTensors, VariantCall, tma_copy
 from tylopy_kernels.attention.sm90.forward_variant import attention_variant_fwd_sm90
 from tylopy_kernels.attention.sm90.launch import (EMULATED_SMS, Launch, _coord_order, _fits, _kv_view, _map_geometry,
                                                   device_map, sm_count)
@@ -141,12 +141,12 @@ def plan_variant_launch(io: ForwardTensors, call: VariantCall, make_map=None, sc
     if kept is not None and kept[0] is variant and (aligned or kept[3]):
         _, order, geoms, copy, kvar = kept
         if copy:
-            q, kk, vv = q.contiguous(), kk.contiguous(), vv.contiguous()
+            q, kk, vv = tma_copy(q), tma_copy(kk), tma_copy(vv)
     else:
         order = _coord_order(q)
         copy = not all(_fits(t, order) for t in (q, kk, vv))
         if copy:
-            q, kk, vv = q.contiguous(), kk.contiguous(), vv.contiguous()
+            q, kk, vv = tma_copy(q), tma_copy(kk), tma_copy(vv)
             order = _coord_order(q)
         geoms = [_map_geometry(t, rows, order) for t, rows in ((q, block_m), (kk, sched["BLOCK_N"]),
                                                                (vv, sched["BLOCK_N"]))]

@@ -20,7 +20,7 @@ import tylopy as ty
 
 from tylopy.runtime.plancache import PlanCache
 
-from tylopy_kernels.attention.common import ForwardTensors, PackedDocs, placeholder
+from tylopy_kernels.attention.common import ForwardTensors, PackedDocs, placeholder, tma_copy
 from tylopy_kernels.attention.sm90 import launch as dense
 from tylopy_kernels.attention.sm90.launch import HopperOptions, MapTarget
 from tylopy_kernels.attention.sm90.tiles import Plan
@@ -83,7 +83,7 @@ def _layout(tensors: ForwardTensors, docs: PackedDocs, options: HopperOptions, s
     order = dense._coord_order(qb)
     copy = not all(dense._fits(t, order) for t in (qb, kb, vb))
     if copy:
-        qb, kb, vb = (_as_batch(t.contiguous()) for t in (q, k, v))
+        qb, kb, vb = (_as_batch(tma_copy(t)) for t in (q, k, v))
         order = dense._coord_order(qb)
     block_m = 64 * sched["CONSUMERS"]
     geometry = tuple(tuple(map(tuple, dense._map_geometry(t, rows, order)))
@@ -102,7 +102,7 @@ def _launch_of(shape: _Shape, tensors: ForwardTensors, docs: PackedDocs, options
     """The launch of ``shape`` over these tensors (contiguous copies of q, k, v where it asks for them)."""
     q, k, v, out, lse, _ = tensors
     if shape.copy:
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        q, k, v = tma_copy(q), tma_copy(k), tma_copy(v)
     cu_q, cu_k, max_q, max_k, used_q, used_k = docs
     total_q, H, _ = q.shape
     maps = [make_map(_as_batch(t), *g) for t, g in zip((q, k, v), shape.geometry)]
