@@ -174,8 +174,8 @@ def test_preprocess_is_exact(D, dtype):
     delta = torch.full((B * H, n_pad), float("nan"))
     lse_log2 = torch.full((B * H, n_pad), float("nan"))
     accum = torch.full((B * H * n_pad * D + 8,), float("nan"))                  # NaN past its end too
-    attention_bwd_preprocess.emulate(o.view(torch.int16), do.view(torch.int16), lse, delta, lse_log2, accum, n_q, H,
-                                     n_pad, *o.stride()[:3], *do.stride()[:3], *lse.stride(),
+    attention_bwd_preprocess.emulate(o.view(torch.int16), do.view(torch.int16), lse, delta, lse_log2, accum, delta,
+                                     n_q, H, n_pad, *o.stride()[:3], *do.stride()[:3], *lse.stride(),
                                      grid=(n_pad // (1024 // D), H, B),
                                      DTYPE=ty.bf16 if dtype == torch.bfloat16 else ty.f16, HEAD_DIM=D, ZERO_ACCUM=True)
     assert (accum[:-8] == 0).all() and accum[-8:].isnan().all()
@@ -206,7 +206,7 @@ def test_dq_convert_is_exact(D, dtype, wide):
     dq_buf = torch.full((B, H, n_q + 4, D), float("nan")).to(dtype)
     dq = dq_buf[:, :, :n_q]
     attention_bwd_dq_convert.emulate(accum, dq.view(torch.int16), n_q, H, n_pad, scale, *dq.stride()[:3],
-                                     grid=(n_pad // 64 * (D // 64), H, B),
+                                     accum, accum, accum, accum, grid=(n_pad // 64 * (D // 64), H, B),
                                      DTYPE=ty.bf16 if dtype == torch.bfloat16 else ty.f16, HEAD_DIM=D, WIDE=wide)
     rows, cols = _acc_coords()
     tiles = accum.numpy().reshape(B * H, n_pad // 64, D // 64, 8, 128, 4)  # (bh, row tile, col tile, j, t, e)

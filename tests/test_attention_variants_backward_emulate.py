@@ -17,7 +17,8 @@ import torch
 import tylopy as ty
 from tylopy_kernels.attention import variants as V
 from tylopy_kernels.attention.sm90.backward_variant_launch import (BackwardTensors, ForwardTensors, VariantCall,
-                                                                   float_mask_grad, launch_backward_variant, sink_grad,
+                                                                   float_mask_grad, launch_backward_variant,
+                                                                   plan_backward_variant, sink_grad,
                                                                    supports)
 from tylopy_kernels.attention.testing.variant_backward import check, variant_cases
 
@@ -77,6 +78,23 @@ def test_variant_backward_small(name):
     variant, tensors = V.make_variant(B, H, n_q, n_k, q.device, **variant_cases(g, B, H, n_q, n_k)[name])
     got = emulate_backward(q, k, v, dout, variant, tensors, 1 / math.sqrt(D))
     print(name, check(got, q, k, v, dout, variant, tensors, 1 / math.sqrt(D)))
+
+
+def test_sink_gradient_is_summed_by_the_conversion():
+    """With fp32 sinks the statistics kernel zeroes dsinks and the dQ conversion adds every 64-row
+    tile's terms (two batches, ragged rows, a head dim with two column tiles): no torch pass."""
+    B, H, H_kv, n_q, n_k, D = 2, 2, 1, 70, 90, 128
+    q, k, v, dout, g = inputs(B, H, H_kv, n_q, n_k, D, seed=3)
+    variant, tensors = V.make_variant(B, H, n_q, n_k, q.device, sinks=torch.randn(H, generator=g) * 2, is_causal=True)
+    out, lse = V.reference_forward(q, k, v, variant, tensors, 0.125)
+    io = BackwardTensors(q, k, v, out, dout, lse.float(), *(torch.empty_like(t) for t in (q, k, v)))
+    dsinks = torch.full((H,), math.nan)
+    steps = plan_backward_variant(io, VariantCall(variant, tensors, 0.125), encode=False, dsinks=dsinks)
+    assert steps[0].constexprs["SINKS"] and steps[-1].constexprs["SINKS"]
+    for step in steps:
+        step.emulate()
+    want = sink_grad(dout, out, lse, tensors[variant.index("sinks")])
+    assert torch.allclose(dsinks, want.float(), rtol=1e-5, atol=1e-6), (dsinks, want)
 
 
 # Every run takes these at the ragged size (the combined case covers softcap, ALiBi and sinks; the

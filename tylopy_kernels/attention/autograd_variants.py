@@ -97,8 +97,8 @@ def backward_variant(forward: ForwardTensors, dout, call: VariantCall, dlse):
             bvl = None
         if bvl is not None and kernel_refusal(q, k, v, variant) is None and bvl.supports(q, k, v, variant):
             dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-            dsinks = (torch.zeros(q.shape[1], dtype=torch.float32, device=q.device) if variant.sinks
-                      else torch.empty(0, dtype=torch.float32, device=q.device))
+            # (filled by the launch: the kernels zero and add it, or a copy of the torch sum)
+            dsinks = torch.empty(q.shape[1] if variant.sinks else 0, dtype=torch.float32, device=q.device)
             bvl.launch_backward_variant(BackwardTensors(q, k, v, out, dout, lse, dq, dk, dv), dsinks, call,
                                         score_mod_bwd=bwd)
             return dq, dk, dv, dsinks

@@ -11,6 +11,12 @@ partial products into, rounded to the input dtype. The accumulator holds 64x64 s
 (batch, head, row tile, column tile) in wgmma register order (``backward.accumulate_dq``); the
 conversion reads each lane quad's 16 floats (two rows' eight columns) as one 64-byte run and
 writes whole rows (``store_dq_tile``).
+
+Attention sinks (one logit s_h per head that joins every row's normalizer) have the gradient
+d s_h = -sum over (b, i) of e^(s_h - lse_bhi) delta_bhi: with ``SINKS`` the statistics kernel
+zeroes dsinks and the conversion, which runs after it on the same stream, adds each 64-row tile's
+terms (from the delta and L log2(e) the statistics kernel wrote) with one atomic per warp. The
+sum's order follows the CTAs, so dsinks can differ in the last bits between runs, as dQ can.
 """
 import tylopy as ty
 
@@ -37,16 +43,20 @@ def row_dot(out, dout, o_off, do_off, dtype):
 @ty.kernel(threads=128, noalias=True)
 def attention_bwd_preprocess(
     out: ty.ptr(ty.i16), dout: ty.ptr(ty.i16), lse: ty.ptr(ty.f32), delta: ty.ptr(ty.f32), lse_log2: ty.ptr(ty.f32),
-    dq_accum: ty.ptr(ty.f32), n_q: ty.i32, n_heads: ty.i32, n_pad: ty.i32,
+    dq_accum: ty.ptr(ty.f32), dsinks: ty.ptr(ty.f32), n_q: ty.i32, n_heads: ty.i32, n_pad: ty.i32,
     o_stride_b: ty.i64, o_stride_h: ty.i64, o_stride_n: ty.i64,
     do_stride_b: ty.i64, do_stride_h: ty.i64, do_stride_n: ty.i64,
     l_stride_b: ty.i64, l_stride_h: ty.i64, l_stride_n: ty.i64,
     DTYPE: ty.constexpr = ty.bf16, HEAD_DIM: ty.constexpr = 64, ZERO_ACCUM: ty.constexpr = False,
+    SINKS: ty.constexpr = False,
 ):
     """Grid (n_pad / rows per CTA, heads, batch); HEAD_DIM / 8 lanes share a row, 16 bytes each.
     ``ZERO_ACCUM``: also zero the dQ accumulator's floats of these rows (rows x HEAD_DIM = 1024 per
     CTA, in the (batch, head) plane's order), which the dK/dV kernel adds into afterwards; this
-    saves a fill kernel of its own."""
+    saves a fill kernel of its own. ``SINKS``: zero dsinks (H,), which the conversion adds into."""
+    if SINKS:
+        if (ty.block_idx(0) == 0) & (ty.block_idx(2) == 0) & (ty.thread_idx() == 0):
+            dsinks[ty.block_idx(1)] = ty.cast(0.0, ty.f32)
     if ZERO_ACCUM:
         plane = ty.cast(ty.block_idx(2) * n_heads + ty.block_idx(1), ty.i64) * ty.cast(n_pad, ty.i64) * HEAD_DIM
         first = plane + ty.cast(ty.block_idx(0) * 1024 + ty.thread_idx() * 4, ty.i64)
@@ -113,19 +123,44 @@ def store_dq_tile(dq_accum, tile, scale, dq, out_base, stride_n, rows, cfg):
                         words[at + k] = packed[k]
 
 
+@ty.func
+def add_sink_grads(sinks, dsinks, stats, h):
+    """dsinks[h] -= sum over this tile's 64 rows of e^(s_h - lse) delta (threads 0-63, a row
+    each; 2^(s_h log2 e - L log2 e) from the padded statistics ``stats`` = (delta, L log2 e, the
+    row's statistics index of row 0)). Rows past n_q have delta 0 and L = +inf: terms of 0."""
+    delta, lse_log2, stat0 = stats
+    tid = ty.thread_idx()
+    term = ty.cast(0.0, ty.f32)
+    if tid < 64:
+        stat = stat0 + tid
+        term = ty.exp2(sinks[h] * LOG2E - lse_log2[stat]) * delta[stat]
+    m = 1
+    while m < 32:
+        term = term + ty.shfl_xor(term, m)
+        m = m * 2
+    if (tid == 0) | (tid == 32):
+        ty.red_add(dsinks + h, -term)
+
+
 @ty.kernel(threads=128, noalias=True)
 def attention_bwd_dq_convert(
     dq_accum: ty.ptr(ty.f32), dq: ty.ptr(ty.i16), n_q: ty.i32, n_heads: ty.i32, n_pad: ty.i32, scale: ty.f32,
     dq_stride_b: ty.i64, dq_stride_h: ty.i64, dq_stride_n: ty.i64,
+    delta: ty.ptr(ty.f32), lse_log2: ty.ptr(ty.f32), sinks: ty.ptr(ty.f32), dsinks: ty.ptr(ty.f32),
     DTYPE: ty.constexpr = ty.bf16, HEAD_DIM: ty.constexpr = 64, WIDE: ty.constexpr = False,
+    SINKS: ty.constexpr = False,
 ):
     """Grid (n_pad / 64 * HEAD_DIM / 64, heads, batch): one 64x64 sub-tile per CTA (``store_dq_tile``;
-    ``WIDE``: dq's base and strides allow 16-byte stores)."""
+    ``WIDE``: dq's base and strides allow 16-byte stores). ``SINKS``: the first column tile of each
+    64 rows also adds their sink-gradient terms into dsinks (``add_sink_grads``)."""
     col_tiles = HEAD_DIM // 64
     row_tile = ty.block_idx(0) // col_tiles
     col_tile = ty.block_idx(0) % col_tiles
     h = ty.block_idx(1)
     b = ty.block_idx(2)
+    if SINKS:
+        if col_tile == 0:
+            add_sink_grads(sinks, dsinks, (delta, lse_log2, (b * n_heads + h) * n_pad + row_tile * 64), h)
     tile = ((b * n_heads + h) * (n_pad // 64) + row_tile) * col_tiles + col_tile
     out_base = ty.cast(b, ty.i64) * dq_stride_b + ty.cast(h, ty.i64) * dq_stride_h
     store_dq_tile(dq_accum, tile, scale, dq, out_base, dq_stride_n, (row_tile * 64, n_q, col_tile * 64),

@@ -265,15 +265,18 @@ def _layout_key(tensors: BackwardTensors, options: HopperBackwardOptions):
         return None
 
 
-def plan_backward_hopper(tensors: BackwardTensors, options: HopperBackwardOptions, encode=True) -> list[Step]:
+def plan_backward_hopper(tensors: BackwardTensors, options: HopperBackwardOptions, encode=True,
+                         sinks=None) -> list[Step]:
     """The launches that fill dq, dk, dv (see the module docstring); [] when nothing is left to do.
-    ``tensors.dlse`` must be None (the Hopper kernels take no LSE gradient)."""
+    ``tensors.dlse`` must be None (the Hopper kernels take no LSE gradient). ``sinks``: (the sink
+    logits, their gradient to fill), both fp32 (H,), or None: the statistics kernel zeroes the
+    gradient and the dQ conversion adds into it (``backward_aux``); deterministic plans take none."""
     if tensors.dlse is not None:
         _fail(ValueError, "dlse", "None (the Hopper backward takes no gradient of the LSE)", "a tensor")
     key = _layout_key(tensors, options)
     layout = _layouts.get(key) if key is not None else None
     if layout is not None and all(a is b for a, b in zip(layout.tables, _tables())):
-        return _steps(layout, tensors, options, encode)
+        return _steps(layout, tensors, options, encode, sinks)
     B, H, H_kv, n_q, n_k, D = _check(tensors)
     q, k, v, out, dout, lse, dq, dk, dv, attn_mask, _ = tensors
     if B * H == 0:
@@ -307,10 +310,11 @@ def plan_backward_hopper(tensors: BackwardTensors, options: HopperBackwardOption
     copied = q2 is not q or dout2 is not dout or k2 is not k or v2 is not v
     if key is not None and not (copied or expanded):
         _layouts.put(key, layout)
-    return _steps(layout, BackwardTensors(q2, k2, v2, out, dout2, lse, dq, dk, dv, attn_mask), options, encode)
+    return _steps(layout, BackwardTensors(q2, k2, v2, out, dout2, lse, dq, dk, dv, attn_mask), options, encode, sinks)
 
 
-def _steps(layout: Layout, tensors: BackwardTensors, options: HopperBackwardOptions, encode: bool) -> list[Step]:
+def _steps(layout: Layout, tensors: BackwardTensors, options: HopperBackwardOptions, encode: bool,
+           sinks) -> list[Step]:
     """The launches of one call whose tensors ``layout`` was planned for (q, dout, k, v already in
     its orders): the statistics buffers, the packed masks, the tile maps and the kernels' arguments."""
     B, H, H_kv, n_q, n_k, D = layout.sizes
@@ -323,10 +327,14 @@ def _steps(layout: Layout, tensors: BackwardTensors, options: HopperBackwardOpti
     # the fp32 dQ accumulator; the statistics kernel zeroes it (no fill of its own)
     dq_accum = torch.empty(0 if deterministic else B * H * n_pad * D, dtype=torch.float32, device=dev)
     accum_arg = dq_accum if not deterministic else delta  # a placeholder the kernels never touch
+    if sinks is not None and deterministic:
+        _fail(ValueError, "sinks", "None in a deterministic plan (the sink gradient is added with atomics)", "sinks")
+    sink_logits, dsinks = sinks if sinks is not None else (delta, delta)  # placeholders without sinks
     i16 = torch.int16
     steps = [Step(attention_bwd_preprocess, (n_pad // (128 // (D // 8)), H, B),
-                  (out.view(i16), dout.view(i16), lse, delta, lse_log2, accum_arg, n_q, H, n_pad, *out.stride()[:3],
-                   *dout.stride()[:3], *lse.stride()), dict(DTYPE=dtype, HEAD_DIM=D, ZERO_ACCUM=not deterministic))]
+                  (out.view(i16), dout.view(i16), lse, delta, lse_log2, accum_arg, dsinks, n_q, H, n_pad,
+                   *out.stride()[:3], *dout.stride()[:3], *lse.stride()),
+                  dict(DTYPE=dtype, HEAD_DIM=D, ZERO_ACCUM=not deterministic, SINKS=sinks is not None))]
     no_bits = (placeholder(dev, torch.int32).view(_U32), (0, 0, 0))
     if masked:
         mask_view = mask_and_lse_args(attn_mask, None, B, H, n_q, n_k, dev)[:2]
@@ -359,8 +367,9 @@ def _steps(layout: Layout, tensors: BackwardTensors, options: HopperBackwardOpti
                                HAS_MASK=masked, PIPELINE=sched["DQ_PIPELINE"], **orders)))
     else:
         steps.append(Step(attention_bwd_dq_convert, (n_pad // 64 * (D // 64), H, B),
-                          (dq_accum, dq.view(i16), n_q, H, n_pad, float(options.scale), *dq.stride()[:3]),
-                          dict(DTYPE=dtype, HEAD_DIM=D, WIDE=wide_rows(dq))))
+                          (dq_accum, dq.view(i16), n_q, H, n_pad, float(options.scale), *dq.stride()[:3], delta,
+                           lse_log2, sink_logits, dsinks),
+                          dict(DTYPE=dtype, HEAD_DIM=D, WIDE=wide_rows(dq), SINKS=sinks is not None)))
     return steps
 
 

@@ -125,9 +125,22 @@ def dq_order(variant, head_dim, score_mod_bwd=None) -> str:
     return "early"
 
 
-def plan_backward_variant(io: BackwardTensors, call: VariantCall, *, schedule=None, score_mod_bwd=None, encode=True):
+def fused_sinks(call: VariantCall, dsinks):
+    """(sink logits, dsinks) where the dQ conversion can add the sink gradient into ``dsinks``
+    itself (both fp32, contiguous, one per head), else None."""
+    variant, tensors, _ = call
+    if not variant.sinks or dsinks is None:
+        return None
+    sinks = tensors[variant.index("sinks")]
+    ok = all(t.dtype == torch.float32 and t.dim() == 1 and t.stride(0) == 1 and t.device == dsinks.device
+             for t in (sinks, dsinks)) and sinks.shape == dsinks.shape
+    return (sinks, dsinks) if ok else None
+
+
+def plan_backward_variant(io: BackwardTensors, call: VariantCall, *, schedule=None, score_mod_bwd=None, encode=True,
+                          dsinks=None):
     """The launches (``backward_launch.Step``) that fill ``io``'s dq, dk, dv (its attn_mask and dlse
-    stay None: the mask travels in ``call``)."""
+    stay None: the mask travels in ``call``) and, where ``fused_sinks`` allows, ``dsinks``."""
     q, k, v, out, dout, lse, dq, dk, dv = io[:9]
     variant, tensors, scale = call
     bool_mask = tensors[variant.index("attn_mask")] if variant.attn_mask == "bool" else None
@@ -135,7 +148,8 @@ def plan_backward_variant(io: BackwardTensors, call: VariantCall, *, schedule=No
     if bool_mask is None:  # (with a mask the dense plan's MASKED_SCHEDULE already says "serial")
         sched.setdefault("DQ_ORDER", dq_order(variant, q.shape[-1], score_mod_bwd))
     steps = plan_backward_hopper(BackwardTensors(q, k, v, out, dout, lse, dq, dk, dv, bool_mask),
-                                 HopperBackwardOptions(scale, schedule=sched), encode=encode)
+                                 HopperBackwardOptions(scale, schedule=sched), encode=encode,
+                                 sinks=fused_sinks(call, dsinks))
     for n, step in enumerate(steps):
         if step.kernel is attention_bwd_sm90:
             steps[n] = _variant_step(step, q, variant, tensors, score_mod_bwd)
@@ -205,11 +219,12 @@ def launch_backward_variant(io: BackwardTensors, dsinks, call: VariantCall, *, s
                             emulate=False):
     """Fill ``io``'s dq, dk, dv and (sinks) ``dsinks`` on the current stream (``emulate``: run the same
     steps in the emulator, with tensor-map specs, on CPU tensors)."""
-    steps = plan_backward_variant(io, call, schedule=schedule, score_mod_bwd=score_mod_bwd, encode=not emulate)
+    steps = plan_backward_variant(io, call, schedule=schedule, score_mod_bwd=score_mod_bwd, encode=not emulate,
+                                  dsinks=dsinks)
     for step in steps:
         step.emulate() if emulate else step.launch()
     variant, tensors, _ = call
-    if variant.sinks:
+    if variant.sinks and not (steps and steps[-1].constexprs.get("SINKS")):  # else the conversion added it
         delta = None
         if steps and steps[0].kernel is attention_bwd_preprocess:
             # the statistics kernel's delta rows (B * H, padded N): no second pass over dO and O in fp32
