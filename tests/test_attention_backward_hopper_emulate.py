@@ -6,7 +6,8 @@
   model (``tylopy.semantics.tensorcore``) chained over k16 steps.
 * Whole backward passes (``plan_backward_hopper``'s launches) match the float64 oracle under
   FlashAttention's rule (at most twice the error of torch in the input dtype, plus a floor):
-  head dim 64 and 128, bf16 and fp16, causal, ragged lengths, GQA/MQA, Boolean masks (broadcast,
+  head dim 64 and 128, bf16 and fp16, causal (interior tiles that skip the length/causal mask beside
+  diagonal and ragged ones), ragged lengths, GQA/MQA, Boolean masks (broadcast,
   with empty rows), both dQ reductions and the deterministic mode, (B, N, H, D) views, with NaN
   in the memory past every end of every input and output.
 """
@@ -195,6 +196,9 @@ CASES = {
     "d64-negative-scale": dict(n_q=50, n_k=70, scale=-0.2),
     "d128-deterministic-unpipelined": dict(D=128, n_q=130, n_k=300, deterministic=True,
                                            schedule={"DQ_PIPELINE": False, "DQ_BLOCK_N": 128, "DQ_STAGES": 2}),
+    # Tiles the length/causal mask does not reach (they skip it) beside diagonal and ragged ones
+    "d64-causal-interior-and-diagonal": dict(n_q=330, n_k=300, causal=True),
+    "d128-gqa-causal-interior-and-diagonal": dict(D=128, H=2, H_kv=1, n_q=290, n_k=350, causal=True),
 }
 
 

@@ -60,8 +60,8 @@ Schedule choices are compile-time parameters: ``STAGES`` (ring depth), ``DQ`` an
 
 Masks: keys past n_k (the last key block), causal (key j > query i, the forward's top-left
 convention), and the optional Boolean mask (read through its strides, broadcast dims stride 0)
-set P to 0; query rows past n_q read zeros from TMA and an L of +inf, so they add nothing.
-Under causal masking a CTA starts at the first query block that reaches its keys.
+set P to 0 (the first two only in warps whose tile they reach); query rows past n_q read zeros
+from TMA and an L of +inf. Under causal masking a CTA starts at the first query block that reaches its keys.
 
 Constraints: head dim 64 (``BLOCK_M`` 128) or 128 (``BLOCK_M`` 64); bf16 or fp16; (B, H, N, D)
 views whose last dim is contiguous and whose other strides are multiples of 16 bytes.
@@ -75,8 +75,9 @@ from tylopy import hopper
 from tylopy_kernels.attention.sm90.tiles import batch_coord, shift
 from tylopy_kernels.attention.sm90.backward_common import (LOG2E, PANEL, REGISTER_SPLIT, ROW_BYTES, Gradients, Sizes,
                                                            TensorMaps, bar_at, kmajor_desc, kmajor_step, load_tile,
-                                                           mask_bounds, masked_exp2, mnmajor_desc, rs_gemm, ss_gemm,
-                                                           stage_of, store_rows, tma_coords, user_mask_bits, zeros)
+                                                           mnmajor_desc, probabilities_t, rs_gemm, ss_gemm, stage_of,
+                                                           store_rows, tile_needs_mask, tma_coords, user_mask_bits,
+                                                           zeros)
 
 BLOCK_N = 128                 # keys per CTA: two consumer warpgroups of 64
 KEYS_PER_CONSUMER = 64
@@ -315,19 +316,6 @@ class TileStats:
 
 
 @ty.func
-def probabilities_t(s, lse, scale_log2, bounds, bits):
-    """P^T = 2^(S^T c log2(e) - L log2(e)), each column's L from ``lse`` (``TileStats``), masked
-    (0) past n_k, in the causal future and where ``bits`` (the user mask, or None) say so."""
-    vals = list(s.values)
-    out = []
-    for j in range(len(vals) // 4):
-        for e in range(4):
-            i = 4 * j + e
-            out.append(masked_exp2(vals[i], scale_log2, lse[j][e & 1], bounds[(i >> 1) & 1], i, True, bits))
-    return s.with_data(out)
-
-
-@ty.func
 def score_grads_t(p, dp, delta, dtype):
     """dS^T = P^T (dP^T - delta) (``delta``: ``TileStats`` of the query columns), and both P^T
     and dS^T packed into the register-A operands of dV and dK, one k16 step per fragment
@@ -437,7 +425,8 @@ def accumulate_dq(c, dq, it, hq, m0):
         ty.barrier_arrive(DQ_FULL + wi, DQ_HANDOFF_THREADS)
     else:
         tile = dq_tile_index(prob, cfg, b, hq, m0, wi)
-        base = ty.cast(tile, ty.i64) * 4096 + ty.cast(t * 4, ty.i64)
+        lanes = 32 * (ty.warp_idx() & 3) + ty.lane_id()  # t, per tile: hoisted, its i64 held 2 registers
+        base = ty.cast(tile, ty.i64) * 4096 + ty.cast(lanes * 4, ty.i64)
         for j in range(len(vals) // 4):
             ty.red_add(c.dq_accum + (base + 512 * j), tuple(vals[4 * j: 4 * j + 4]))
 
@@ -476,6 +465,9 @@ def consumer_step(c, it, hq, m0, dv, dk):
     panel_bytes = cfg.block_m * ROW_BYTES
     with_dq = cfg.dq != "none"
 
+    need = None  # voted before the products: next to its use it held more registers through them (D=64 spilled)
+    if prob.variant is None:
+        need = tile_needs_mask(prob, key0, m0)
     hopper.mbarrier_wait(bar_at(smem, lay.q_full + 8 * stage), phase, "q_full", stage)
     if prob.varlen is not None:  # Q and dO rows past the document's end: zeros before any product
         prob.varlen.zero_query_tail(smem, lay, prob, cfg, stage, phase, m0, wi)
@@ -488,7 +480,7 @@ def consumer_step(c, it, hq, m0, dv, dk):
     s = hopper.wgmma_wait(1, s)
     bits = user_mask_bits(prob, key0, m0, hq, c.b, cfg.block_m) if cfg.has_mask else None
     if prob.variant is None:
-        p = probabilities_t(s, lse, c.scale_log2, mask_bounds(prob, key0, m0, True), bits)
+        p = probabilities_t(s, lse, c.scale_log2, (prob, key0, m0, need), bits)
         delta = TileStats(smem, lay.delta + stage * lay.stat_bytes, cfg.block_m)  # delta came with dO
         dp = hopper.wgmma_wait(0, dp)
         p_ops, ds_ops = score_grads_t(p, dp, delta, cfg.dtype)

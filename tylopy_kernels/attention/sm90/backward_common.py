@@ -210,11 +210,53 @@ def mask_offset(i, keys_on_rows):
 
 
 @ty.func
-def masked_exp2(x, scale_log2, stat, bound, i, keys_on_rows, bits):
-    """2^min(x c - stat, A + K_i): P with the length/causal mask folded in (0 where masked), and
-    with ``bits`` (the user mask, or None) also 0 where the user masked register i off."""
-    e = ty.minimum(ty.fma(x, scale_log2, -stat), bound + mask_offset(i, keys_on_rows))
+def tile_needs_mask(prob, row0, col0):
+    """Whether ``mask_bounds`` (keys on rows from row0, queries from col0) masks any register of
+    this warp: a key row past n_k, or under causal masking a row whose first kept column lies right
+    of the thread's first (low > 0; the larger row has the larger low). One vote, the same in every
+    lane, so a branch on it is warp-uniform; a warp's answer only depends on its own registers."""
+    warp = ty.warp_idx() & 3
+    lane = ty.lane_id()
+    row = row0 + 16 * warp + (lane >> 2) + 8     # this thread's second key row
+    low = shift(row, -getattr(prob, "diag", 0)) - col0 - 2 * (lane & 3)
+    return ty.vote_any((row >= prob.n_k) | ((prob.causal != 0) & (low > 0)))
+
+
+@ty.func
+def length_causal_min(e, bound, i, keys_on_rows):
+    """min(e, A + K_i): exponent ``e`` of register i, -inf-like where ``mask_bounds`` masks it."""
+    return ty.minimum(e, bound + mask_offset(i, keys_on_rows))
+
+
+@ty.func
+def user_masked(e, i, bits):
+    """Exponent ``e`` of register i, -inf where ``bits`` (the user mask's words, or None) drop it."""
     if bits is not None:
         h, w, bit = mask_bit(i)
         e = ty.select((bits[h][w] & (1 << bit)) != 0, e, NEG_INF)
-    return ty.exp2(e)
+    return e
+
+
+@ty.func
+def masked_exp2(x, scale_log2, stat, bound, i, keys_on_rows, bits):
+    """2^min(x c - stat, A + K_i): P with the length/causal mask folded in (0 where masked), and
+    with ``bits`` (the user mask, or None) also 0 where the user masked register i off."""
+    e = length_causal_min(ty.fma(x, scale_log2, -stat), bound, i, keys_on_rows)
+    return ty.exp2(user_masked(e, i, bits))
+
+
+@ty.func
+def probabilities_t(s, lse, scale_log2, corner, bits):
+    """The dK/dV kernels' P^T = 2^(S^T c log2(e) - L log2(e)), each column's L from ``lse``
+    (``backward.TileStats``), masked (0) where ``bits`` (the user mask, or None) say so and, if
+    ``corner`` = (problem, first key, first query, ``tile_needs_mask``'s vote) says so, past n_k and
+    in the causal future: interior tiles skip that mask's FADD and min per register (the length/causal
+    mask on every tile cost 32 FMNMX a tile at D=128). The user mask first: its words die before the
+    branch (applied after it, a register of the D=64 masked kernel spilled)."""
+    prob, key0, m0, need = corner
+    vals = s.values
+    args = [user_masked(ty.fma(vals[i], scale_log2, -lse[i >> 2][i & 1]), i, bits) for i in range(len(vals))]
+    if need:
+        bounds = mask_bounds(prob, key0, m0, True)
+        args = [length_causal_min(args[i], bounds[(i >> 1) & 1], i, True) for i in range(len(args))]
+    return s.with_data([ty.exp2(a) for a in args])

@@ -3,7 +3,7 @@
 around it (statistics before, dQ after) indexed by document.
 
 A CTA reads its document's first rows and lengths from cu_seqlens on the device (clamped to
-[0, max_seqlen] and to the packed tensors, as the forward does), TMA-loads K/V from row
+[0, max_seqlen] and to the packed tensors, as the forward does; kept in shared memory), TMA-loads K/V from row
 cu_k[b] + n0 and Q/dO from cu_q[b] + m0, and keeps the causal diagonal at the document's
 bottom-right corner. Rows past a document's end hold the next document's values or whatever
 lies past the used rows (NaN, say): each consumer zeroes its K/V rows past the end once, and the
@@ -15,8 +15,6 @@ document b's rows start at ``stat_start`` = round_down(cu_q[b] + 128 b, 128): ev
 query tiles get 128-aligned rows of their own (FlashAttention 3's padded offsets), so n_pad =
 total_q + 128 (B + 1) rounded up covers them all.
 """
-import copy
-
 import tylopy as ty
 from tylopy import hopper
 
@@ -56,28 +54,53 @@ def stat_start(q_start, b):
     return ((q_start + PAD * b) // PAD) * PAD
 
 
+DOC_FIELDS = ("q_start", "n_q", "k_start", "n_k", "stat_start")
+
+
+class SharedDoc(Problem):
+    """The CTA's document: its rows and lengths (``DOC_FIELDS``) stay in shared memory and every use
+    loads them (one LDS), so no register holds them through the consumers' tile loop (kept in
+    registers, they spilled there with ``diag`` and ``num_m``, which derive from them)."""
+
+    def __init__(self, prob, smem, offset):
+        # the batch's other fields as they are; these are properties here
+        vars(self).update({k: v for k, v in vars(prob).items() if k not in DOC_FIELDS + ("diag", "num_m")})
+        self.smem, self.doc_at = smem, offset
+
+    def field(self, name):
+        return ty.load(ty.ptr_cast(self.smem + (self.doc_at + 4 * DOC_FIELDS.index(name)), ty.i32))
+
+    q_start = property(lambda self: self.field("q_start"))
+    n_q = property(lambda self: self.field("n_q"))
+    k_start = property(lambda self: self.field("k_start"))
+    n_k = property(lambda self: self.field("n_k"))
+    stat_start = property(lambda self: self.field("stat_start"))
+    diag = property(lambda self: self.field("n_k") - self.field("n_q"))
+    num_m = property(lambda self: (self.field("n_q") + (self.varlen.block_m - 1)) // self.varlen.block_m)
+
+
 @ty.func
-def doc_problem(prob, b):
+def doc_problem(prob, b, smem, offset):
+    """The CTA's document (``SharedDoc``): thread 0 stores its rows and lengths; they are read after
+    the next ``syncthreads``."""
     vl = prob.varlen
-    doc = copy.copy(prob)
-    doc.q_start, doc.n_q = document(vl.cu_q, b, vl.max_q, vl.total_q)
-    doc.k_start, doc.n_k = document(vl.cu_k, b, vl.max_k, vl.total_k)
-    doc.diag = doc.n_k - doc.n_q
-    doc.stat_start = stat_start(doc.q_start, b)
-    doc.num_m = (doc.n_q + (vl.block_m - 1)) // vl.block_m
-    return doc
+    q_start, n_q = document(vl.cu_q, b, vl.max_q, vl.total_q)
+    k_start, n_k = document(vl.cu_k, b, vl.max_k, vl.total_k)
+    if ty.thread_idx() == 0:
+        for i, v in enumerate((q_start, n_q, k_start, n_k, stat_start(q_start, b))):
+            ty.store(ty.ptr_cast(smem + (offset + 4 * i), ty.i32), v)
+    return SharedDoc(prob, smem, offset)
 
 
 @ty.func
 def zero_rows(smem, offset, rows, first, panels, t, threads):
     """Zero rows first.. of a (rows x 64*panels) tile stored as 64-column panels of 128-byte rows
-    (the swizzle permutes 16-byte pieces inside a row: whole rows stay rows)."""
+    (the swizzle permutes 16-byte pieces inside a row: whole rows stay rows). A run-time loop: the
+    unrolled steps' addresses and row tests were loop invariants the consumers' tile loop spilled."""
     zero = ty.cast(0, ty.u32)
     for p in range(panels):
-        for step in range(rows * 32 // threads):
-            word = t + threads * step
-            if (word >> 5) >= first:
-                ty.store(ty.ptr_cast(smem + (offset + p * rows * ROW_BYTES + 4 * word), ty.u32), zero)
+        for word in ty.range(32 * first + t, 32 * rows, threads, unroll=1):
+            ty.store(ty.ptr_cast(smem + (offset + p * rows * ROW_BYTES + 4 * word), ty.u32), zero)
 
 
 @ty.func
@@ -127,11 +150,11 @@ def attention_bwd_varlen_sm90(
     cfg = Config(DTYPE, HEAD_DIM, BLOCK_M, STAGES, has_mask=False, dq=DQ, dq_order=DQ_ORDER, dk_smem=DK_SMEM,
                  q_order=Q_ORDER, kv_order=KV_ORDER)
     lay = Smem(HEAD_DIM, BLOCK_M, STAGES, DQ)
-    smem = ty.dynamic_shared(ty.u8, lay.total, align=1024)
+    smem = ty.dynamic_shared(ty.u8, lay.total + 4 * len(DOC_FIELDS), align=1024)
     prob = Problem(Sizes(max_q, max_k, n_heads, group, n_pad), scale, causal, (None, (0, 0, 0)), BLOCK_M)
     prob.varlen = VarlenBwd(cu_q, cu_k, max_q, max_k, total_q, total_k, BLOCK_M)
-    doc = doc_problem(prob, ty.block_idx(2))
-    init_barriers(smem, lay, STAGES)
+    doc = doc_problem(prob, ty.block_idx(2), smem, lay.total)
+    init_barriers(smem, lay, STAGES)                     # (its syncthreads publishes the document)
     if ty.block_idx(0) * BLOCK_N < doc.n_k:
         wg = ty.warpgroup_idx()
         if wg == 0:
