@@ -38,11 +38,41 @@ def emulate_training_step(lens_q, lens_k, H, H_kv, D, causal, dtype=torch.bfloat
     docs = PackedDocs(cu_q, cu_k, max(lens_q), max(lens_k))
     fwd = plan_varlen_launch(ForwardTensors(q, k, v, out, lse), docs, HopperOptions(scale, causal), MapTarget(_spec))
     attention_varlen_fwd_sm90.emulate(*fwd.args, grid=fwd.grid, **fwd.constexprs)
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    for step in plan_varlen_backward(BackwardTensors(q, k, v, out, dout, lse, dq, dk, dv), docs,
-                                     HopperBackwardOptions(scale, causal, schedule=schedule), encode=False):
+    # NaN to start with: every row is written (rows outside the documents zeroed by the conversion),
+    # and the fp32 dQ accumulator too (its rows zeroed by the statistics kernel)
+    dq, dk, dv = (torch.full_like(t, math.nan) for t in (q, k, v))
+    steps = plan_varlen_backward(BackwardTensors(q, k, v, out, dout, lse, dq, dk, dv), docs,
+                                 HopperBackwardOptions(scale, causal, schedule=schedule), encode=False)
+    steps[1].args[9].fill_(math.nan)
+    for step in steps:
         step.emulate()
     return dict(out=out, lse=lse, dq=dq, dk=dk, dv=dv), (q, k, v, dout, cu_q, cu_k, scale)
+
+
+def test_rows_no_document_computes_are_zeroed():
+    """Documents longer than max_seqlen (its rows past it are not computed) and rows after the last
+    document: their gradient rows are zeros, whatever dq, dk, dv held (NaN here)."""
+    lens_q, lens_k, H, H_kv, D = (40, 90, 30), (50, 100, 20), 2, 1, 64
+    g = torch.Generator().manual_seed(4)
+    q, dout = packed(lens_q, lens_q, H, D, torch.bfloat16, g, pad=7), packed(lens_q, lens_q, H, D, torch.bfloat16, g,
+                                                                              pad=7)
+    k, v = (packed(lens_k, lens_k, H_kv, D, torch.bfloat16, g, pad=9) for _ in range(2))
+    cu_q, cu_k = prefix_sums(lens_q), prefix_sums(lens_k)
+    out, lse = torch.randn(q.shape).to(torch.bfloat16), torch.randn(H, q.shape[0])
+    dq, dk, dv = (torch.full_like(t, math.nan) for t in (q, k, v))
+    docs = PackedDocs(cu_q, cu_k, 64, 64)  # the second document of each side is longer than 64
+    steps = plan_varlen_backward(BackwardTensors(q, k, v, out, dout, lse, dq, dk, dv), docs,
+                                 HopperBackwardOptions(0.125, True), encode=False)
+    for step in steps:
+        step.emulate()
+    for name, t, lens in (("dq", dq, lens_q), ("dk", dk, lens_k), ("dv", dv, lens_k)):
+        first, computed = 0, []
+        for n in lens:
+            computed += range(first, first + min(n, 64))
+            first += n
+        rest = sorted(set(range(t.shape[0])) - set(computed))
+        assert rest and (t[rest] == 0).all(), f"{name}: rows no document computes are not zero"
+        assert not t[computed].isnan().any(), f"{name}: a computed row is NaN"
 
 
 CASES = [

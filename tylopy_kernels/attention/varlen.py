@@ -269,13 +269,17 @@ def backward_varlen(forward: ForwardTensors, dout, dlse, docs: PackedDocs, is_ca
     ``forward``: the forward's q, k, v, out and lse; ``dlse`` the LSE's gradient or None."""
     q, k, v, out, lse, _ = forward
     cu_q, cu_k, max_q, max_k = docs[:4]
-    dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    if q.shape[0] * q.shape[1] == 0 or max_q == 0 or max_k == 0:
+    empty = q.shape[0] * q.shape[1] == 0 or k.shape[0] == 0 or max_q == 0 or max_k == 0 or cu_q.shape[0] < 2
+    hopper = not empty and hopper_applies(q) and dlse is None and not torch.are_deterministic_algorithms_enabled()
+    # the Hopper conversion writes every row (zeros outside the documents): no fills
+    make = torch.empty if hopper else torch.zeros
+    dq, dk, dv = (make(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    if empty:
         return dq, dk, dv
     if dout.stride(-1) != 1:  # e.g. the zero-stride gradient of out.sum()
         dout = dout.contiguous()
     q_used, s = _nonpositive_scale(q, scale)
-    if hopper_applies(q) and dlse is None and not torch.are_deterministic_algorithms_enabled():
+    if hopper:
         from tylopy_kernels.attention.common import BackwardTensors
         from tylopy_kernels.attention.sm90.backward_launch import HopperBackwardOptions
         from tylopy_kernels.attention.sm90.backward_varlen_launch import launch_varlen_backward

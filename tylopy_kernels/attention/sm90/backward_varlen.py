@@ -167,12 +167,15 @@ def attention_bwd_varlen_sm90(
 @ty.kernel(threads=128, noalias=True)
 def attention_bwd_varlen_preprocess(
     out: ty.ptr(ty.i16), dout: ty.ptr(ty.i16), lse: ty.ptr(ty.f32), delta: ty.ptr(ty.f32), lse_log2: ty.ptr(ty.f32),
-    cu_q: ty.ptr(ty.i32), max_q: ty.i32, total_q: ty.i32, n_pad: ty.i32,
+    dq_accum: ty.ptr(ty.f32), cu_q: ty.ptr(ty.i32), max_q: ty.i32, total_q: ty.i32, n_pad: ty.i32,
     o_stride_h: ty.i64, o_stride_n: ty.i64, do_stride_h: ty.i64, do_stride_n: ty.i64, l_stride_h: ty.i64,
     DTYPE: ty.constexpr = ty.bf16, HEAD_DIM: ty.constexpr = 64,
 ):
     """Grid (ceil(round_up(max_q, 128) / rows per CTA), heads, documents): delta and L log2(e) of
-    the document's rows, delta 0 and L +inf for the rows up to its 128-row padding."""
+    the document's rows, delta 0 and L +inf for the rows up to its 128-row padding; and zeros in
+    the dQ accumulator's floats of those rows (the dK/dV kernel adds into them afterwards: no fill
+    kernel of its own). A 64-row block of the accumulator is 4096 floats per 64 columns in wgmma
+    order, so the 64 / rows CTAs of a block each zero a 1024-float part of it."""
     lanes = HEAD_DIM // 8
     rows = 128 // lanes
     tid = ty.thread_idx()
@@ -181,6 +184,14 @@ def attention_bwd_varlen_preprocess(
     h = ty.block_idx(1)
     b = ty.block_idx(2)
     q_start, n_q = document(cu_q, b, max_q, total_q)
+    first = ty.block_idx(0) * rows                     # the CTA's first row in the document
+    if first < (n_q + (PAD - 1)) // PAD * PAD:
+        block = ty.cast(h, ty.i64) * ty.cast(n_pad // 64, ty.i64) + ty.cast((stat_start(q_start, b) + first) // 64,
+                                                                           ty.i64)
+        at = block * (64 * HEAD_DIM) + ty.cast((first % 64) // rows * 1024 + 4 * tid, ty.i64)
+        zero = ty.cast(0.0, ty.f32)
+        for j in range(2):
+            ty.store(dq_accum + (at + 512 * j), (zero, zero, zero, zero))
     h64 = ty.cast(h, ty.i64)
     r64 = ty.cast(q_start + row, ty.i64)
     acc = ty.cast(0.0, ty.f32)
@@ -202,19 +213,50 @@ def attention_bwd_varlen_preprocess(
         lse_log2[stat] = scaled
 
 
+@ty.func
+def zero_uncovered(grad, cu, b, span, head, strides, row_words):
+    """Zero ``grad``'s rows of ``head`` from document b's last computed row to the next document's
+    first: the rows past max_seqlen of a longer document and, after the last document, every row
+    to the end. ``span`` = (max_seqlen, total rows); ``strides`` = (head, row) in 32-bit words,
+    ``row_words`` a row's words. The prefix sums are the repaired ones (monotonic, from 0), so
+    these ranges and the documents' rows cover every row."""
+    most, total = span
+    start, n = document(cu, b, most, total)
+    end = total
+    if b + 1 < ty.grid_dim(2):
+        end = ty.minimum(ty.maximum(cu[b + 1], start + n), total)
+    words = ty.ptr_cast(grad, ty.u32)
+    base = ty.cast(head, ty.i64) * strides[0]
+    zero = ty.cast(0, ty.u32)
+    for i in ty.range(ty.thread_idx(), (end - start - n) * row_words, 128, unroll=1):
+        row = ty.cast(start + n + i // row_words, ty.i64)
+        words[base + row * strides[1] + ty.cast(i % row_words, ty.i64)] = zero
+
+
 @ty.kernel(threads=128, noalias=True)
 def attention_bwd_varlen_dq_convert(
     dq_accum: ty.ptr(ty.f32), dq: ty.ptr(ty.i16), cu_q: ty.ptr(ty.i32), max_q: ty.i32, total_q: ty.i32,
     n_pad: ty.i32, scale: ty.f32, dq_stride_h: ty.i64, dq_stride_n: ty.i64,
+    dk: ty.ptr(ty.i16), dv: ty.ptr(ty.i16), cu_k: ty.ptr(ty.i32), max_k: ty.i32, total_k: ty.i32, heads_kv: ty.i32,
+    dk_stride_h: ty.i64, dk_stride_n: ty.i64, dv_stride_h: ty.i64, dv_stride_n: ty.i64,
     DTYPE: ty.constexpr = ty.bf16, HEAD_DIM: ty.constexpr = 64, WIDE: ty.constexpr = False,
 ):
     """Grid (round_up(max_q, 64) / 64 * HEAD_DIM / 64, heads, documents): dQ = scale * accumulator
-    for the document's rows, one 64x64 sub-tile per CTA (``backward_aux.store_dq_tile``)."""
+    for the document's rows, one 64x64 sub-tile per CTA (``backward_aux.store_dq_tile``). The first
+    CTA of each (head, document) also zeroes the gradient rows no kernel computes (``zero_uncovered``:
+    dq's, and dk's and dv's for the first heads_kv heads), so the three need no fill before the
+    backward. (Strides in elements; every row stride is even: 32-bit stores.)"""
     col_tiles = HEAD_DIM // 64
     row_tile = ty.block_idx(0) // col_tiles
     col_tile = ty.block_idx(0) % col_tiles
     h = ty.block_idx(1)
     b = ty.block_idx(2)
+    if ty.block_idx(0) == 0:
+        row_words = HEAD_DIM // 2
+        zero_uncovered(dq, cu_q, b, (max_q, total_q), h, (dq_stride_h // 2, dq_stride_n // 2), row_words)
+        if h < heads_kv:
+            zero_uncovered(dk, cu_k, b, (max_k, total_k), h, (dk_stride_h // 2, dk_stride_n // 2), row_words)
+            zero_uncovered(dv, cu_k, b, (max_k, total_k), h, (dv_stride_h // 2, dv_stride_n // 2), row_words)
     q_start, n_q = document(cu_q, b, max_q, total_q)
     if row_tile * 64 < n_q:
         tile = (h * (n_pad // 64) + stat_start(q_start, b) // 64 + row_tile) * col_tiles + col_tile

@@ -4,7 +4,8 @@
 max_q, max_k), HopperBackwardOptions(scale, is_causal))`` takes the packed (total, H, D) tensors, lse as (H, total_q) fp32 (natural log) and device prefix
 sums, and returns the three launches (statistics, dK/dV with dQ partials by TMA reduce-add, dQ
 conversion) as ``Step``s; with ``encode=False`` the tensor maps are specs and the steps run in the
-emulator. dq, dk, dv are written only in the documents' rows (the caller zeroes them). The
+emulator. Every row of dq, dk, dv is written: the documents' rows by the kernels, the rows no
+document computes (past max_seqlen, after the last document) zeroed by the conversion. The
 non-deterministic mode only: dQ's fp32 sums run in whatever order CTAs reach them (the portable
 backward serves ``torch.use_deterministic_algorithms``). Nothing reads cu_seqlens on the host.
 """
@@ -38,6 +39,10 @@ def plan_varlen_backward(tensors: BackwardTensors, docs: PackedDocs, options: Ho
         raise ValueError("attention_varlen backward: the Hopper kernels expect no mask, LSE gradient, seqused or "
                          "deterministic mode, but got one")
     q, k, v, out, dout, lse, dq, dk, dv = tensors[:9]
+    for name, t in (("dq", dq), ("dk", dk), ("dv", dv)):  # the conversion zeroes rows in 32-bit words
+        if t.data_ptr() % 4 or t.stride(0) % 2 or t.stride(1) % 2:
+            raise ValueError(f"attention_varlen backward: {name} expects a 4-byte aligned base and even strides, "
+                             f"but got strides {tuple(t.stride())} at {t.data_ptr():#x}")
     cu_q, cu_k, max_q, max_k = docs[:4]
     is_causal, scale, schedule = options.is_causal, options.scale, options.schedule
     total_q, H, D = q.shape
@@ -57,15 +62,17 @@ def plan_varlen_backward(tensors: BackwardTensors, docs: PackedDocs, options: Ho
     qb, dob, q_order = _same_order(_as_batch(q), _as_batch(dout))
     kb, vb, kv_order = _same_order(_as_batch(k), _as_batch(v))
     delta = torch.empty((H, n_pad), dtype=torch.float32, device=dev)
+    # the fp32 dQ accumulator: the statistics kernel zeroes the rows the dK/dV kernel adds into
+    dq_accum = torch.empty(H * n_pad * D, dtype=torch.float32, device=dev)
     lse_log2 = torch.empty((H, n_pad), dtype=torch.float32, device=dev)
     i16 = torch.int16
     steps = [Step(attention_bwd_varlen_preprocess, (max_pad // (128 // (D // 8)), H, n_docs),
-                  (out.view(i16), dout.view(i16), lse, delta, lse_log2, cu_q, max_q, total_q, n_pad, out.stride(1),
+                  (out.view(i16), dout.view(i16), lse, delta, lse_log2, dq_accum, cu_q, max_q, total_q, n_pad,
+                   out.stride(1),
                    out.stride(0), dout.stride(1), dout.stride(0), lse.stride(0)), dict(DTYPE=dtype, HEAD_DIM=D))]
     tm_q, tm_do = (_map(t, *_tile_map(t, block_m, q_order), encode) for t in (qb, dob))
     tm_k, tm_v = (_map(t, *_tile_map(t, BLOCK_N, kv_order), encode) for t in (kb, vb))
     tm_lse, tm_delta = (_stat_map(t, block_m, encode) for t in (lse_log2, delta))
-    dq_accum = torch.zeros(H * n_pad * D, dtype=torch.float32, device=dev)
     dq_mode = sched["DQ"]
     tm_dq = _map(dq_accum, (256, dq_accum.numel() // 256), (1024,), (256, 16), "f32", 0, encode) \
         if dq_mode == "tma" else tm_lse
@@ -76,7 +83,9 @@ def plan_varlen_backward(tensors: BackwardTensors, docs: PackedDocs, options: Ho
                       dict(DTYPE=dtype, HEAD_DIM=D, BLOCK_M=block_m, STAGES=sched["STAGES"], DQ=dq_mode,
                            DQ_ORDER=sched["DQ_ORDER"], DK_SMEM=sched["DK_SMEM"], Q_ORDER=q_order, KV_ORDER=kv_order)))
     steps.append(Step(attention_bwd_varlen_dq_convert, (-(-max_q // 64) * (D // 64), H, n_docs),
-                      (dq_accum, dq.view(i16), cu_q, max_q, total_q, n_pad, float(scale), dq.stride(1), dq.stride(0)),
+                      (dq_accum, dq.view(i16), cu_q, max_q, total_q, n_pad, float(scale), dq.stride(1), dq.stride(0),
+                       dk.view(i16), dv.view(i16), cu_k, max_k, total_k, H_kv, dk.stride(1), dk.stride(0),
+                       dv.stride(1), dv.stride(0)),
                       dict(DTYPE=dtype, HEAD_DIM=D, WIDE=wide_rows(dq))))
     return steps
 
