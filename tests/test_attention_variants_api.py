@@ -150,6 +150,20 @@ def test_one_warning_per_reason_on_the_torch_path():
     assert len(msgs) == 1 and "cpu" in msgs[0], msgs
 
 
+def test_the_backward_says_why_it_leaves_the_kernel():
+    """A call the variant kernel took forward takes the reference backward, with one warning
+    naming why, for an LSE gradient and under torch.use_deterministic_algorithms (its dQ and sink
+    gradient are summed with atomics); otherwise nothing is refused."""
+    assert autograd_variants.backward_refusal(None) is None
+    assert "gradient of the LSE" in autograd_variants.backward_refusal(torch.zeros(1))
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert "use_deterministic_algorithms" in autograd_variants.backward_refusal(None)
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
 @pytest.mark.exhaustive  # a minute on two cores; the emulated backward tests check the same gradients
 def test_gradients_and_sink_gradient_by_gradcheck():
     q, k, v = (t.requires_grad_() for t in _qkv(n=12, nk=20, Hkv=1))

@@ -73,3 +73,27 @@ def test_training_step_through_tylopy_attention_runs_the_kernels(compiled):
     for name, a, w in zip(("dq", "dk", "dv", "dsinks"), grads, want):
         err = (a.double() - w).abs().max().item()
         assert err <= 2e-2 * w.abs().max().item(), f"{name}: {err}"
+
+
+@needs_hopper
+def test_deterministic_mode_takes_the_reference_backward_and_says_so():
+    """Under torch.use_deterministic_algorithms the variant backward (dQ summed with atomics) is
+    left for the reference, with one warning naming why; twice the same call, the same bits."""
+    from tylopy_kernels.attention import autograd_variants
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 200, 64, generator=g).to(torch.bfloat16).cuda().requires_grad_() for _ in range(3))
+    autograd_variants._warned.clear()
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        grads = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                out = ty.attention(q, k, v, window_size=(64, 0))
+                grads.append(torch.autograd.grad(out.float().sum(), (q, k, v)))
+    finally:
+        torch.use_deterministic_algorithms(before)
+    msgs = [str(w.message) for w in caught if "use_deterministic_algorithms" in str(w.message)]
+    assert len(msgs) == 1 and "reference path" in msgs[0], msgs
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

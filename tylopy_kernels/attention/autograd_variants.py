@@ -84,18 +84,32 @@ def forward_variant(q, k, v, variant, tensors, scale, return_lse=True):
     return out, lse.float() if q.dtype != torch.float64 else lse
 
 
+def backward_refusal(dlse) -> Optional[str]:
+    """Why the Hopper variant backward does not take a call its forward kernel took (None: it does)."""
+    if dlse is not None:
+        return "its backward: a gradient of the LSE, which the Hopper variant backward does not take"
+    if torch.are_deterministic_algorithms_enabled():
+        return ("its backward: torch.use_deterministic_algorithms(True), and the Hopper variant backward adds dQ "
+                "and the sinks' gradient with atomics")
+    return None
+
+
 def backward_variant(forward: ForwardTensors, dout, call: VariantCall, dlse):
-    """(dq, dk, dv, dsinks): the Hopper kernels where they apply, else the reference.
-    ``forward``: the forward's q, k, v, out and lse."""
+    """(dq, dk, dv, dsinks): the Hopper kernels where they apply, else the reference (one warning
+    per reason). ``forward``: the forward's q, k, v, out and lse."""
     q, k, v, out, lse, _ = forward
     variant, tensors, scale = call
     bwd = variant.score_mod_bwd.function() if variant.score_mod_bwd is not None else None
-    if q.device.type == "cuda" and dlse is None:
+    on_kernel = kernel_refusal(q, k, v, variant) is None  # (the forward warned where it is not)
+    why = backward_refusal(dlse) if on_kernel else None
+    if why is not None:
+        warn_fallback(why)
+    elif on_kernel:
         try:
             from tylopy_kernels.attention.sm90 import backward_variant_launch as bvl
         except ImportError:
             bvl = None
-        if bvl is not None and kernel_refusal(q, k, v, variant) is None and bvl.supports(q, k, v, variant):
+        if bvl is not None and bvl.supports(q, k, v, variant):
             dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
             # (filled by the launch: the kernels zero and add it, or a copy of the torch sum)
             dsinks = torch.empty(q.shape[1] if variant.sinks else 0, dtype=torch.float32, device=q.device)
