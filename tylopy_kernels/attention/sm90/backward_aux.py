@@ -40,6 +40,16 @@ def row_dot(out, dout, o_off, do_off, dtype):
     return acc
 
 
+@ty.func
+def zero_accum_part(dq_accum, base, first):
+    """Zero the 1024 floats of the dQ accumulator from ``base`` (i64) + ``first`` (i32) on: two
+    16-byte stores per thread."""
+    at = base + ty.cast(first + 4 * ty.thread_idx(), ty.i64)
+    zero = ty.cast(0.0, ty.f32)
+    for j in range(2):
+        ty.store(dq_accum + (at + 512 * j), (zero, zero, zero, zero))
+
+
 @ty.kernel(threads=128, noalias=True)
 def attention_bwd_preprocess(
     out: ty.ptr(ty.i16), dout: ty.ptr(ty.i16), lse: ty.ptr(ty.f32), delta: ty.ptr(ty.f32), lse_log2: ty.ptr(ty.f32),
@@ -59,10 +69,7 @@ def attention_bwd_preprocess(
             dsinks[ty.block_idx(1)] = ty.cast(0.0, ty.f32)
     if ZERO_ACCUM:
         plane = ty.cast(ty.block_idx(2) * n_heads + ty.block_idx(1), ty.i64) * ty.cast(n_pad, ty.i64) * HEAD_DIM
-        first = plane + ty.cast(ty.block_idx(0) * 1024 + ty.thread_idx() * 4, ty.i64)
-        zero = ty.cast(0.0, ty.f32)
-        for j in range(2):
-            ty.store(dq_accum + (first + 512 * j), (zero, zero, zero, zero))
+        zero_accum_part(dq_accum, plane, ty.block_idx(0) * 1024)
     lanes = HEAD_DIM // 8
     rows = 128 // lanes
     tid = ty.thread_idx()

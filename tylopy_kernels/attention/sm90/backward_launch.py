@@ -328,7 +328,8 @@ def _steps(layout: Layout, tensors: BackwardTensors, options: HopperBackwardOpti
     dq_accum = torch.empty(0 if deterministic else B * H * n_pad * D, dtype=torch.float32, device=dev)
     accum_arg = dq_accum if not deterministic else delta  # a placeholder the kernels never touch
     if sinks is not None and deterministic:
-        _fail(ValueError, "sinks", "None in a deterministic plan (the sink gradient is added with atomics)", "sinks")
+        _fail(ValueError, "sinks", "None with deterministic=True (the sink gradient is summed with atomics)",
+              "a (sink logits, dsinks) pair")
     sink_logits, dsinks = sinks if sinks is not None else (delta, delta)  # placeholders without sinks
     i16 = torch.int16
     steps = [Step(attention_bwd_preprocess, (n_pad // (128 // (D // 8)), H, B),

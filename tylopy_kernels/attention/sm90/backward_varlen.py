@@ -20,7 +20,7 @@ from tylopy import hopper
 
 from tylopy_kernels.attention.sm90.backward import (BLOCK_N, CONSUMER_THREADS, KEYS_PER_CONSUMER, Config, Problem, Smem,
                                                     check_config, consumer, init_barriers, producer)
-from tylopy_kernels.attention.sm90.backward_aux import row_dot, store_dq_tile
+from tylopy_kernels.attention.sm90.backward_aux import row_dot, store_dq_tile, zero_accum_part
 from tylopy_kernels.attention.sm90.backward_common import LOG2E, ROW_BYTES, Gradients, Sizes, TensorMaps, bar_at
 
 PAD = 128
@@ -188,10 +188,7 @@ def attention_bwd_varlen_preprocess(
     if first < (n_q + (PAD - 1)) // PAD * PAD:
         block = ty.cast(h, ty.i64) * ty.cast(n_pad // 64, ty.i64) + ty.cast((stat_start(q_start, b) + first) // 64,
                                                                            ty.i64)
-        at = block * (64 * HEAD_DIM) + ty.cast((first % 64) // rows * 1024 + 4 * tid, ty.i64)
-        zero = ty.cast(0.0, ty.f32)
-        for j in range(2):
-            ty.store(dq_accum + (at + 512 * j), (zero, zero, zero, zero))
+        zero_accum_part(dq_accum, block * (64 * HEAD_DIM), (first % 64) // rows * 1024)
     h64 = ty.cast(h, ty.i64)
     r64 = ty.cast(q_start + row, ty.i64)
     acc = ty.cast(0.0, ty.f32)
