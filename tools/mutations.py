@@ -38,6 +38,12 @@ HOPPER = ["attention/sm90/forward.py", "attention/sm90/consumer.py", "attention/
           "attention/sm90/softmax.py"]
 PORTABLE = ["attention/portable/forward.py"]
 SOFTMAX = ["softmax/streaming.py", "softmax/row.py"]
+BACKWARD = ["attention/sm90/backward_common.py", "attention/sm90/backward_aux.py", "attention/sm90/backward_varlen.py"]
+VARLEN = ["attention/sm90/varlen_tiles.py"]
+BWD_T = "tests/test_attention_backward_hopper_emulate.py"
+VARIANT_BWD_T = "tests/test_attention_variants_backward_emulate.py"
+VARLEN_BWD_T = "tests/test_attention_varlen_hopper_backward_emulate.py"
+VARLEN_T = "tests/test_attention_varlen_hopper_emulate.py"
 COV_A = "tests/test_emulate_coverage_attention.py"
 COV_S = "tests/test_emulate_coverage_softmax.py"
 
@@ -73,38 +79,40 @@ M = Mutation
 MUTATIONS = [
     # -- the Hopper kernel: protocol bugs ----------------------------------------------------------------
     M("hopper-missing-k-full-wait", HOPPER,
-      [('hopper.mbarrier_wait(bar_at(smem, plan.k_full + 8 * stage), phase, "k_full", stage)', "pass")],
+      [('    stage = hopper.ring_wait(smem, plan.k_ring, j, "k_full")\n', "    stage = j % plan.stages\n")],
       [hopper("persistent")], True, "consumer issues S = Q K^T without waiting for K"),
     M("hopper-k-full-wrong-parity", HOPPER,
-      [('plan.k_full + 8 * stage), phase, "k_full", stage)', 'plan.k_full + 8 * stage), phase ^ 1, "k_full", stage)')],
+      [('hopper.ring_wait(smem, plan.k_ring, j, "k_full")', 'hopper.ring_wait(smem, plan.k_ring, j + plan.stages, "k_full")')],
       [hopper("persistent")], True, "consumer waits for the other parity of K's full barrier"),
     M("hopper-k-full-wrong-stage", HOPPER,
-      [('plan.k_full + 8 * stage), phase, "k_full", stage)',
-        'plan.k_full + 8 * ((stage + 1) % plan.stages)), phase, "k_full", stage)')],
-      [hopper("persistent")], True, "consumer waits on the other stage's full barrier"),
+      [('    stage = hopper.ring_wait(smem, plan.k_ring, j, "k_full")\n',
+        '    hopper.ring_wait(smem, plan.k_ring, j + 1, "k_full")\n    stage = j % plan.stages\n')],
+      [hopper("persistent")], True, "consumer waits on the next stage's full barrier"),
     M("hopper-missing-q-full-wait", HOPPER, [('hopper.mbarrier_wait(bar_at(smem, plan.q_full), k & 1, "q_full")', "pass")],
       [hopper("persistent")], True, "consumer never waits for Q"),
     M("hopper-early-k-release", HOPPER,
-      [("    parts = hopper.wgmma_wait(0, parts)\n    release(smem, plan.k_empty, it, plan.stages, leader)\n",
-        "    release(smem, plan.k_empty, it, plan.stages, leader)\n    parts = hopper.wgmma_wait(0, parts)\n")],
+      [("    parts = hopper.wgmma_wait(0, parts)\n    release(smem, plan.k_ring, it, leader)\n",
+        "    release(smem, plan.k_ring, it, leader)\n    parts = hopper.wgmma_wait(0, parts)\n")],
       [hopper("persistent")], True, "K stage of a work tile's first key tile released before its S wgmma is waited for"),
     M("hopper-early-v-release", HOPPER,
-      [("        o, pa = wait_pv(sched, o, pa, p)\n        release(smem, plan.v_empty, it + j - 1, plan.stages, leader)\n",
-        "        release(smem, plan.v_empty, it + j - 1, plan.stages, leader)\n        o, pa = wait_pv(sched, o, pa, p)\n")],
+      [("        o, pa = wait_pv(sched, o, pa, p)\n        release(smem, plan.v_ring, it + j - 1, leader)\n",
+        "        release(smem, plan.v_ring, it + j - 1, leader)\n        o, pa = wait_pv(sched, o, pa, p)\n")],
       [hopper("persistent")], True, "V stage released before the PV wgmma is waited for"),
     M("hopper-missing-last-v-release", HOPPER,
-      [("    o, pa = hopper.wgmma_wait(0, o, pa)\n    release(smem, plan.v_empty, it + my_tiles - 1, plan.stages, leader)\n",
+      [("    o, pa = hopper.wgmma_wait(0, o, pa)\n    release(smem, plan.v_ring, it + my_tiles - 1, leader)\n",
         "    o, pa = hopper.wgmma_wait(0, o, pa)\n")],
       [hopper("persistent")], True, "the last V stage of a tile is never released"),
+    # (the producer's ring protocol lives in ty.hopper's ring_acquire: these edit the kernel's call of it)
     M("hopper-producer-skips-empty-wait", HOPPER,
-      [('hopper.mbarrier_wait(bar_at(smem, empty + 8 * stage), phase ^ 1, "stage empty", stage)', "pass")],
+      [("    stage, full_bar = hopper.ring_acquire(smem, ring, it, plan.tile_bytes)\n",
+        "    stage = it % ring.stages\n    full_bar = bar_at(smem, ring.full + 8 * stage)\n"
+        "    hopper.mbarrier_arrive_expect_tx(full_bar, plan.tile_bytes)\n")],
       [hopper("persistent")], True, "producer refills a stage without waiting for its release"),
     M("hopper-producer-empty-wrong-parity", HOPPER,
-      [('empty + 8 * stage), phase ^ 1, "stage empty", stage)', 'empty + 8 * stage), phase, "stage empty", stage)')],
+      [("hopper.ring_acquire(smem, ring, it, plan.tile_bytes)", "hopper.ring_acquire(smem, ring, it + ring.stages, plan.tile_bytes)")],
       [hopper("persistent")], True, "producer waits for the wrong parity of the empty barrier"),
     M("hopper-wrong-tx-bytes", HOPPER,
-      [("hopper.mbarrier_arrive_expect_tx(full_bar, plan.tile_bytes)",
-        "hopper.mbarrier_arrive_expect_tx(full_bar, plan.tile_bytes // 2)")],
+      [("hopper.ring_acquire(smem, ring, it, plan.tile_bytes)", "hopper.ring_acquire(smem, ring, it, plan.tile_bytes // 2)")],
       [hopper("persistent")], True, "expect_tx announces half a K/V tile"),
     M("hopper-wrong-q-tx-bytes", HOPPER,
       [("hopper.mbarrier_arrive_expect_tx(q_full, plan.q_bytes)", "hopper.mbarrier_arrive_expect_tx(q_full, plan.q_bytes + 1024)")],
@@ -126,8 +134,8 @@ MUTATIONS = [
       [hopper("persistent")], True, "a consumer passes the tensor-core turn to itself"),
     M("hopper-dead-tile-skips-handoff", HOPPER,
       [("        ty.barrier_sync(turn.mine, TURN_THREADS)\n        ty.barrier_arrive(turn.next, TURN_THREADS)\n"
-        "        release(smem, plan.k_empty, j, plan.stages, leader)\n",
-        "        ty.barrier_sync(turn.mine, TURN_THREADS)\n        release(smem, plan.k_empty, j, plan.stages, leader)\n")],
+        "        release(smem, plan.k_ring, j, leader)\n",
+        "        ty.barrier_sync(turn.mine, TURN_THREADS)\n        release(smem, plan.k_ring, j, leader)\n")],
       [hopper("c3-causal-520")], True, "a dead (causal) tile does not hand the turn on"),
     M("hopper-s-wait-too-loose", HOPPER,
       [("cur, o = hopper.wgmma_wait(1, cur, o)          # S_j is ready", "cur, o = hopper.wgmma_wait(2, cur, o)          # S_j is ready")],
@@ -165,6 +173,26 @@ MUTATIONS = [
     M("hopper-exponent-sign", HOPPER,
       [("        x = ty.fma(s, c, neg_hi[row_of(i)])\n", "        x = ty.fma(s, c, -neg_hi[row_of(i)])\n")],
       [hopper("persistent")], False, "the exponent adds the row maximum instead of subtracting it"),
+    # -- the Hopper backward and the packed (varlen) kernels: numerics ------------------------------------
+    M("bwd-interior-ignores-causal", BACKWARD, [("((prob.causal != 0) & (low > 0))", "((prob.causal != 0) & (low > 16))")],
+      [f"{BWD_T}::test_backward_matches_float64[d64-causal-interior-and-diagonal]"], False,
+      "a tile crossing the causal diagonal counts as interior: its future scores are not masked"),
+    M("bwd-sink-grad-sign", BACKWARD, [("ty.red_add(dsinks + h, -term)", "ty.red_add(dsinks + h, term)")],
+      [f"{VARIANT_BWD_T}::test_sink_gradient_is_summed_by_the_conversion"], False,
+      "the dQ conversion adds the sink gradient with the wrong sign"),
+    M("bwd-sink-grad-one-warp", BACKWARD, [("if (tid == 0) | (tid == 32):", "if tid == 0:")],
+      [f"{VARIANT_BWD_T}::test_sink_gradient_is_summed_by_the_conversion"], False,
+      "only the first warp's 32 rows of a 64-row tile reach the sink gradient"),
+    M("bwd-accum-zeroed-short", BACKWARD, [("    for j in range(2):\n        ty.store(dq_accum + (at + 512 * j)",
+                                            "    for j in range(1):\n        ty.store(dq_accum + (at + 512 * j)")],
+      [f"{BWD_T}::test_backward_matches_float64[d64-bf16]"], False,
+      "the statistics kernel zeroes half of its share of the dQ accumulator"),
+    M("varlen-bwd-uncovered-row-kept", BACKWARD, [("(end - start - n) * row_words", "(end - start - n - 1) * row_words")],
+      [f"{VARLEN_BWD_T}::test_rows_no_document_computes_are_zeroed"], False,
+      "the last gradient row no document computes is left as allocated"),
+    M("varlen-fwd-v-tail-kept", VARLEN, [("if (word >> 5) >= valid_rows:", "if (word >> 5) > valid_rows:")],
+      [f"{VARLEN_T}::test_varlen_forward_against_the_reference[D64-ragged]"], False,
+      "the first V row past a document's end is not zeroed (0 * NaN poisons the row)"),
     # -- the portable kernel ---------------------------------------------------------------------------
     M("portable-missing-cp-async-wait", PORTABLE, [("            ty.cp_async_wait(0)\n", "            pass\n")],
       [portable("d64")], True, "the tile is read before its cp.async group is waited for"),
