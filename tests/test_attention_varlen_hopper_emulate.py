@@ -182,8 +182,10 @@ def test_host_prefix_sums_are_moved_to_the_device():
 
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("lse,seqused", [(False, False), (True, True)])
-def test_default_schedules_compile_without_spills(D, lse, seqused):
-    """ptxas: what the launcher picks keeps every value in registers (no local memory)."""
+def test_default_schedules_spill_within_their_bounds(D, lse, seqused):
+    """ptxas: what the launcher picks keeps every value in registers (no local memory), except D=64's
+    three consumers, whose document bounds spill a few bytes (varlen_launch.SCHEDULE says why that
+    is the faster choice); the bound keeps that from growing unnoticed."""
     import tylopy as ty
     from tylopy_kernels.attention.sm90.varlen_launch import resolve_schedule
     cx = dict(resolve_schedule(D, True), DTYPE=ty.bf16, HEAD_DIM=D, RETURN_LSE=lse, SEQUSED_Q=seqused,
@@ -191,7 +193,10 @@ def test_default_schedules_compile_without_spills(D, lse, seqused):
     report = attention_varlen_fwd_sm90.compile(**cx).report
     if not report.available:
         pytest.skip("ptxas is not installed")
-    assert not report.has_local_memory, str(report)
+    if D == 64:
+        assert report.spill_stores <= 12 and report.spill_loads <= 28, str(report)
+    else:
+        assert not report.has_local_memory, str(report)
 
 
 def test_host_prefix_sums_may_be_lists():
@@ -200,3 +205,14 @@ def test_host_prefix_sums_may_be_lists():
     assert out.shape == (10, 2, 64)
     with pytest.raises(ValueError, match="cu_seqlens_k expects non-decreasing"):
         attention_varlen(**_meta_args(cu_seqlens_k=[0, 7, 6]))
+
+
+def test_persistent_schedule_is_refused_on_the_device():
+    """The persistent packed kernel is emulated (the cases above) but did not complete on an H200:
+    the device launcher refuses it, naming the schedule key, before it touches a GPU."""
+    from tylopy_kernels.attention.sm90.varlen_launch import launch_varlen_hopper
+    q = torch.zeros(10, 2, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    tensors = ForwardTensors(q, q, q, torch.zeros_like(q), None)
+    with pytest.raises(ValueError, match="schedule PERSISTENT expects False"):
+        launch_varlen_hopper(tensors, PackedDocs(cu, cu, 6, 6), HopperOptions(0.125, True, {"PERSISTENT": True}))
