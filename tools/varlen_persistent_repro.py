@@ -3,10 +3,15 @@ the open problem that ``launch_varlen_hopper`` refuses ``schedule={"PERSISTENT":
 
     timeout 60 python3 tools/varlen_persistent_repro.py --consumers 3      # on an H100/H200
 
-On an H200 (D=64, documents 0.7-4.2k tokens, 16 heads) the kernel did not finish within 40 s, with
-two consumers and with three, while the emulator runs the same launch (``plan_varlen_launch``) to
-the right numbers (``tests/test_attention_varlen_hopper_emulate.py``) and the dense persistent kernel
-with three consumers finishes. Run it under ``timeout``: a kernel that never finishes holds the GPU
+Not yet tried, to find which part of the persistent packed path the hang needs: one document
+(``--lengths 4096``), ``--not-causal``, ``--schedule ORDER=heads`` (causal takes "lpt"), ``--d 128``,
+two short documents at two heads (``--lengths 300 200 --heads 2``).
+
+On an H200 this launch (D=64, 16 heads, the seven default documents of 0.7-4.2k tokens, three
+consumers) did not finish within 40 s, nor did a benchmark's two-consumer launch over 32 heads of
+0.5-1.5k-token documents, while the emulator runs the same launches (``plan_varlen_launch``, even
+these documents over 132 CTAs) to the right numbers and the dense persistent kernel with three
+consumers finishes. Run it under ``timeout``: a kernel that never finishes holds the GPU
 until the process is killed. Prints the largest difference from SDPA per document when it finishes.
 """
 import argparse
@@ -14,6 +19,7 @@ import math
 
 import torch
 
+from tylopy.benchmarking import parse_schedule
 from tylopy_kernels.attention.common import ForwardTensors, PackedDocs
 from tylopy_kernels.attention.sm90 import launch as dense
 from tylopy_kernels.attention.sm90.launch import HopperOptions, MapTarget
@@ -27,6 +33,8 @@ def main():
     ap.add_argument("--d", type=int, default=64)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--lengths", type=int, nargs="+", default=[700, 1500, 3000, 900, 2000, 4096, 4188])
+    ap.add_argument("--not-causal", action="store_true")
+    ap.add_argument("--schedule", default="", help="further schedule keys, K=V,... (parse_schedule's form)")
     a = ap.parse_args()
     g = torch.Generator(device="cuda").manual_seed(0)
     total = sum(a.lengths)
@@ -35,18 +43,19 @@ def main():
     out = torch.zeros_like(q)
     lse = torch.full((a.heads, total), float("-inf"), device="cuda")
     top = max(a.lengths)
-    schedule = {"PERSISTENT": True, "CONSUMERS": a.consumers}
+    schedule = {"PERSISTENT": True, "CONSUMERS": a.consumers, **(parse_schedule(a.schedule) if a.schedule else {})}
+    causal = not a.not_causal
     plan = plan_varlen_launch(ForwardTensors(q, k, v, out, lse), PackedDocs(cu, cu, top, top),
-                              HopperOptions(1 / math.sqrt(a.d), True, schedule),
+                              HopperOptions(1 / math.sqrt(a.d), causal, schedule),
                               MapTarget(dense.device_map, dense.sm_count(q.device)))
-    print(f"grid {plan.grid}, {schedule}; launching", flush=True)
+    print(f"grid {plan.grid}, {plan.constexprs['ORDER']} order, causal={causal}, {schedule}; launching", flush=True)
     attention_varlen_fwd_sm90[plan.grid](*plan.args, **plan.constexprs)
     torch.cuda.synchronize()
     worst = 0.0
     for i, n in enumerate(a.lengths):
         s = slice(sum(a.lengths[:i]), sum(a.lengths[:i]) + n)
         want = torch.nn.functional.scaled_dot_product_attention(
-            *(t[s].transpose(0, 1).float() for t in (q, k, v)), is_causal=True).transpose(0, 1)
+            *(t[s].transpose(0, 1).float() for t in (q, k, v)), is_causal=causal).transpose(0, 1)
         worst = max(worst, (out[s].float() - want).abs().max().item())
     print(f"finished; largest difference from SDPA {worst:.3e}", flush=True)
 
