@@ -34,13 +34,14 @@ def test_every_mutation_applies_to_the_current_source(mut):
 
 def test_every_mutation_names_existing_tests():
     import ast
+    functions = {}  # test file -> the names of its functions, each file parsed once
     missing = []
     for mut in H.MUTATIONS:
         for test in mut.tests:
             path, _, name = test.partition("::")
-            func = name.split("[")[0]
-            with open(os.path.join(ROOT, path)) as f:
-                tree = ast.parse(f.read())
-            if not any(isinstance(n, ast.FunctionDef) and n.name == func for n in ast.walk(tree)):
+            if path not in functions:
+                with open(os.path.join(ROOT, path)) as f:
+                    functions[path] = {n.name for n in ast.walk(ast.parse(f.read())) if isinstance(n, ast.FunctionDef)}
+            if name.split("[")[0] not in functions[path]:
                 missing.append(f"{mut.id}: {test}")
     assert not missing, missing

@@ -68,8 +68,8 @@ def plan_varlen_backward(tensors: BackwardTensors, docs: PackedDocs, options: Ho
     i16 = torch.int16
     steps = [Step(attention_bwd_varlen_preprocess, (max_pad // (128 // (D // 8)), H, n_docs),
                   (out.view(i16), dout.view(i16), lse, delta, lse_log2, dq_accum, cu_q, max_q, total_q, n_pad,
-                   out.stride(1),
-                   out.stride(0), dout.stride(1), dout.stride(0), lse.stride(0)), dict(DTYPE=dtype, HEAD_DIM=D))]
+                   out.stride(1), out.stride(0), dout.stride(1), dout.stride(0), lse.stride(0)),
+                  dict(DTYPE=dtype, HEAD_DIM=D))]
     tm_q, tm_do = (_map(t, *_tile_map(t, block_m, q_order), encode) for t in (qb, dob))
     tm_k, tm_v = (_map(t, *_tile_map(t, BLOCK_N, kv_order), encode) for t in (kb, vb))
     tm_lse, tm_delta = (_stat_map(t, block_m, encode) for t in (lse_log2, delta))
