@@ -29,9 +29,9 @@ def _spec(t, dims, strides, box):
 
 
 def emulate_varlen(lens_q, lens_k, H, H_kv, D, causal, used_q=None, used_k=None, schedule=None,
-                   dtype=torch.bfloat16, seed=0):
+                   dtype=torch.bfloat16, seed=0, sched_seed=None):
     """(out, lse, q, k, v, plan): the kernel's output in the emulator (out zeroed, lse -inf as the
-    launcher's caller sets them)."""
+    launcher's caller sets them); ``sched_seed``: the emulator's random warp order (None: round robin)."""
     g = torch.Generator().manual_seed(seed)
     used_q, used_k = used_q or lens_q, used_k or lens_k
     q = packed(lens_q, used_q, H, D, dtype, g)
@@ -43,7 +43,7 @@ def emulate_varlen(lens_q, lens_k, H, H_kv, D, causal, used_q=None, used_k=None,
     docs = PackedDocs(prefix_sums(lens_q), prefix_sums(lens_k), max(lens_q), max(lens_k), *seqused)
     plan = plan_varlen_launch(ForwardTensors(q, k, v, out, lse), docs, HopperOptions(1 / math.sqrt(D), causal, schedule),
                               MapTarget(_spec, sm_count=3))
-    attention_varlen_fwd_sm90.emulate(*plan.args, grid=plan.grid, **plan.constexprs)
+    attention_varlen_fwd_sm90.emulate(*plan.args, grid=plan.grid, seed=sched_seed, **plan.constexprs)
     return out, lse, q, k, v, plan
 
 
@@ -207,12 +207,15 @@ def test_host_prefix_sums_may_be_lists():
         attention_varlen(**_meta_args(cu_seqlens_k=[0, 7, 6]))
 
 
-def test_persistent_schedule_is_refused_on_the_device():
-    """The persistent packed kernel is emulated (the cases above) but did not complete on an H200:
-    the device launcher refuses it, naming the schedule key, before it touches a GPU."""
-    from tylopy_kernels.attention.sm90.varlen_launch import launch_varlen_hopper
-    q = torch.zeros(10, 2, 64, dtype=torch.bfloat16)
-    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
-    tensors = ForwardTensors(q, q, q, torch.zeros_like(q), None)
-    with pytest.raises(ValueError, match="schedule PERSISTENT expects False"):
-        launch_varlen_hopper(tensors, PackedDocs(cu, cu, 6, 6), HopperOptions(0.125, True, {"PERSISTENT": True}))
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_persistent_schedule_under_random_warp_orders(seed):
+    """The persistent loop passes work tiles past their document's end (several in a row). Under a
+    random order of warps a consumer's leader used to arrive on q_empty while the other warps of its
+    warpgroup had not yet passed their q_full wait; two skipped tiles later the parity came round
+    and they waited a lap late -- the kernel never finished on an H200, while the round-robin
+    emulator (every warp of a warpgroup reaches a wait in the same round) ran it to the right
+    numbers. The emulator now names such a lagging warp at its wait (``check_lap``)."""
+    lens = (1, 150, 260, 40, 0, 130)
+    out, lse, q, k, v, _ = emulate_varlen(lens, lens, 2, 1, 64, True, schedule={"PERSISTENT": True, "CONSUMERS": 2},
+                                          sched_seed=seed)
+    check_varlen(out, lse, q, k, v, lens, lens, True)

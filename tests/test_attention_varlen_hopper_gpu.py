@@ -49,8 +49,13 @@ def test_hopper_varlen_forward_against_the_reference(case, monkeypatch):
     out, lse = attention_varlen(q.cuda(), k.cuda(), v.cuda(), prefix_sums(lq, "cuda"), prefix_sums(lk, "cuda"),
                                 max(lq), max(lk), is_causal=causal, enable_gqa=H != H_kv, return_lse=True, **seqused)
     assert launched, "the Hopper varlen kernel did not run"
-    out, lse = out.cpu(), lse.cpu()
-    want, want_lse, rows = reference(q, k, v, Documents(lq, uq), Documents(lk, uk), causal, 1 / math.sqrt(D))
+    _check(out.cpu(), lse.cpu(), (q, k, v), Documents(lq, uq), Documents(lk, uk), causal)
+
+
+def _check(out, lse, qkv, docs_q, docs_k, causal):
+    """The documents' rows against the float64 reference; every other row untouched (zeros, LSE -inf)."""
+    q, k, v = qkv
+    want, want_lse, rows = reference(q, k, v, docs_q, docs_k, causal, 1 / math.sqrt(q.shape[-1]))
     assert torch.isfinite(out).all()
     err = (out.double() - want).abs().max().item()
     assert err <= 2e-2 * torch.nan_to_num(v.double()).abs().max().item(), f"max error {err:.3e}"
@@ -61,6 +66,30 @@ def test_hopper_varlen_forward_against_the_reference(case, monkeypatch):
     assert (lse[no_keys] == float("-inf")).all()
     lerr = (lse.double()[~no_keys] - want_lse[~no_keys]).abs().max().item()
     assert lerr <= 1e-4 * max(1.0, want_lse[~no_keys].abs().max().item()), f"LSE error {lerr:.3e}"
+
+
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("D,causal", [(64, True), (64, False), (128, True)])
+def test_persistent_schedule_finishes_against_the_reference(D, causal):
+    """``schedule={"PERSISTENT": True}`` (no default, but accepted): a loop over work tiles in which
+    several past their documents' ends come in a row. It once never finished on the GPU (a warp
+    waiting on the Q barrier a lap late); under the timeout it must finish and match."""
+    from tylopy_kernels.attention.common import ForwardTensors, PackedDocs
+    from tylopy_kernels.attention.sm90.launch import HopperOptions
+    from tylopy_kernels.attention.sm90.varlen_launch import launch_varlen_hopper
+    lens = (700, 1, 1500, 0, 3000, 129, 4188)
+    gen = torch.Generator().manual_seed(D + causal)
+    q = packed(lens, lens, 4, D, torch.bfloat16, gen)
+    k, v = packed(lens, lens, 2, D, torch.bfloat16, gen, pad=9), packed(lens, lens, 2, D, torch.bfloat16, gen, pad=9)
+    out = torch.zeros(q.shape, dtype=q.dtype, device="cuda")
+    lse = torch.full((4, q.shape[0]), float("-inf"), device="cuda")
+    cu = prefix_sums(lens, "cuda")
+    launch_varlen_hopper(ForwardTensors(q.cuda(), k.cuda(), v.cuda(), out, lse),
+                         PackedDocs(cu, cu, max(lens), max(lens)),
+                         HopperOptions(1 / math.sqrt(D), causal, {"PERSISTENT": True}))
+    docs = Documents(lens, lens)
+    _check(out.cpu(), lse.cpu(), (q, k, v), docs, docs, causal)
 
 
 @pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")

@@ -105,6 +105,53 @@ def test_expect_tx_exact_passes():
     tma_expect.emulate(tile_map(), grid=1, EXPECT=8192)
 
 
+@ty.kernel(threads=256)
+def lagging_warp(LAG: ty.constexpr):
+    """Thread 0 fills a one-slot buffer (``full``) four times, waiting for ``empty`` between; the
+    four warps of warpgroup 1 take each fill, and thread 128 alone gives the slot back. With LAG,
+    warps 5-7 start only after the second fill (warp 1 lets them go), so warp 4 has already given
+    the first fill back: their first wait finds the parity come round."""
+    bars = ty.shared(ty.u64, 2, align=8)  # full, empty
+    tid = ty.thread_idx()
+    if tid == 0:
+        mbar_init(bars, 1)
+        mbar_init(bars + 1, 1)
+        fence_mbarrier_init()
+    ty.syncthreads()
+    if tid == 0:
+        for k in range(4):
+            mbar_wait(bars + 1, (k & 1) ^ 1)
+            mbar_arrive(bars)
+    if LAG:
+        if ty.warp_idx() == 1:
+            mbar_wait(bars, 1)
+            ty.barrier_arrive(2, 128)
+        if ty.warp_idx() >= 5:
+            ty.barrier_sync(2, 128)
+    if tid >= 128:
+        for k in range(4):
+            mbar_wait(bars, k & 1)  # <- lap_wait
+            if not LAG:
+                ty.barrier_sync(1, 128)  # every warp of the warpgroup passed the wait
+            if tid == 128:
+                mbar_arrive(bars + 1)
+
+
+def test_warp_waiting_a_lap_late_is_named():
+    with pytest.raises(ProtocolError) as e:
+        lagging_warp.emulate(grid=1, LAG=True)
+    msg = str(e.value)
+    assert re.match("warps 4 and [567] of warpgroup 1 in CTA \\(0, 0, 0\\) disagree on the phase of mbarrier "
+                    f"smem0\\[0\\] that their wait #1 at {at('lap_wait')}", msg), msg
+    assert "passed it on completion 1, while warp" in msg and "waits for completion 3" in msg
+    assert "sync the warpgroup" in msg
+
+
+@pytest.mark.parametrize("seed", [None, 1, 2, 3])
+def test_warpgroup_synced_after_its_wait_runs_clean(seed):
+    lagging_warp.emulate(grid=1, LAG=False, seed=seed)
+
+
 # -- mbarrier initialization ---------------------------------------------------------------------------
 
 @ty.kernel(threads=64)

@@ -193,6 +193,9 @@ MUTATIONS = [
     M("varlen-fwd-v-tail-kept", VARLEN, [("if (word >> 5) >= valid_rows:", "if (word >> 5) > valid_rows:")],
       [f"{VARLEN_T}::test_varlen_forward_against_the_reference[D64-ragged]"], False,
       "the first V row past a document's end is not zeroed (0 * NaN poisons the row)"),
+    M("skipped-tile-no-warpgroup-sync", HOPPER, [("                ty.barrier_sync(CONSUMER_BARRIER + wg, 128)\n", "")],
+      [f"{VARLEN_T}::test_persistent_schedule_under_random_warp_orders[1]"], True,
+      "a consumer's leader arrives on q_empty for a skipped tile before its other warps passed q_full"),
     # -- the portable kernel ---------------------------------------------------------------------------
     M("portable-missing-cp-async-wait", PORTABLE, [("            ty.cp_async_wait(0)\n", "            pass\n")],
       [portable("d64")], True, "the tile is read before its cp.async group is waited for"),

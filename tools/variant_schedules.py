@@ -8,7 +8,8 @@ Each schedule overrides ``variant_launch.default_schedule``'s choice for the var
 autograd); every schedule's output is compared with the default's first (the largest difference
 is printed), then timed (CUDA-event medians after warm-up, the benchmark's timer). The FA3-class
 column is flash-attn-4's ``flash_attn_func`` when it imports. TFLOP/s count visible work, as
-``tylopy bench attention_variants`` does.
+``tylopy bench attention_variants`` does. ``document_varlen`` times the packed forward
+(``launch_varlen_hopper``; its ``SCHEDULE`` is the default) against ``flash_attn_varlen_func``.
 """
 from __future__ import annotations
 
@@ -22,10 +23,12 @@ from tylopy.benchmarking import median_ms, parse_schedule
 from tylopy_kernels.attention import variants as V
 from tylopy_kernels.attention.bench import variant_cases as cases
 from tylopy_kernels.attention.bench import variant_libs as libs
-from tylopy_kernels.attention.common import ForwardTensors, VariantCall
+from tylopy_kernels.attention.common import ForwardTensors, PackedDocs, VariantCall
+from tylopy_kernels.attention.sm90.launch import HopperOptions
 from tylopy_kernels.attention.sm90.variant_launch import launch_variant
+from tylopy_kernels.attention.sm90.varlen_launch import launch_varlen_hopper
 
-FORWARD_VARIANTS = ("sliding_window", "softcap", "alibi", "sinks", "causal")
+FORWARD_VARIANTS = ("sliding_window", "softcap", "alibi", "sinks", "causal", "document_varlen")
 
 
 def _keywords(spec, x):
@@ -35,23 +38,36 @@ def _keywords(spec, x):
     return kw
 
 
-def run_point(spec, schedules, timer, fa3=True):
-    x = cases.make_inputs(spec)
+def _launcher(spec, x):
+    """(output, launch(schedule)): the variant kernel's launch, or for "document_varlen" the packed
+    kernel's (``launch_varlen_hopper`` over the (total, H, D) tensors; output zeroed, LSE -inf)."""
     q, k, v = x["q"], x["k"], x["v"]
     B, H, n, D = q.shape
+    if spec.variant == "document_varlen":
+        qp, kp, vp = (t[0].transpose(0, 1).contiguous() for t in (q, k, v))
+        out = torch.zeros_like(qp)
+        lse = torch.full((H, qp.shape[0]), float("-inf"), device=q.device)
+        docs = PackedDocs(x["cu_seqlens"], x["cu_seqlens"], x["max_seqlen"], x["max_seqlen"])
+        io = ForwardTensors(qp, kp, vp, out, lse)
+        return out, lambda sched: launch_varlen_hopper(io, docs, HopperOptions(1 / math.sqrt(D), True, sched))
     variant, tensors = V.make_variant(B, H, n, n, q.device, **_keywords(spec, x))
     call = VariantCall(variant, tensors, 1 / math.sqrt(D))
+    out = torch.empty_like(q)
+    io = ForwardTensors(q, k, v, out, torch.empty(B, H, n, device=q.device))
+    return out, lambda sched: launch_variant(io, call, schedule=sched)
+
+
+def run_point(spec, schedules, timer, fa3=True):
+    x = cases.make_inputs(spec)
     flops = cases.flops(spec, "fwd")
     rows, first = [], None
     for sched in schedules:
-        out = torch.empty_like(q)
-        lse = torch.empty(B, H, n, device=q.device)
-        io = ForwardTensors(q, k, v, out, lse)
-        launch_variant(io, call, schedule=sched)
+        out, launch = _launcher(spec, x)
+        launch(sched)
         torch.cuda.synchronize()
         diff = 0.0 if first is None else (out.float() - first.float()).abs().max().item()
         first = out if first is None else first
-        ms = timer(lambda: launch_variant(io, call, schedule=sched))
+        ms = timer(lambda: launch(sched))
         rows.append({"schedule": sched, "ms": ms, "tflops": flops / ms / 1e9, "max_diff_vs_default": diff})
     if not fa3:
         return rows

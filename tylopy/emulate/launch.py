@@ -32,6 +32,7 @@ from .values import TENSORMAP_BASE, np_dtype, splat
 OPTIONS = ("ctas", "check_races", "max_iterations", "max_steps", "seed")
 DEFAULT_MAX_STEPS = 1_000_000  # loop iterations per launch: a runaway of a small loop body stops in ~10 s
 MAX_STEPS_ENV = "TYLOPY_EMULATE_MAX_STEPS"
+SEED_ENV = "TYLOPY_EMULATE_SEED"  # a default seed: every launch without one runs a random schedule
 _SAMPLED_GRID = 1 << 16  # up to this many CTAs a seeded order is a uniform shuffle; beyond, a lazy permutation
 _TORCH_NAMES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "i32": "int32",
                 "i64": "int64", "i16": "int16", "i8": "int8", "u8": "uint8", "i1": "bool", "b32": "int32",
@@ -70,6 +71,7 @@ class Launch:
         self.max_iterations = _positive(prog.kir.name, "max_iterations", max_iterations)
         self.max_steps = max_steps_from(prog.kir.name, max_steps)
         self.steps = 0  # loop iterations run so far, by every warp of every CTA of this launch
+        seed = seed_from(prog.kir.name, seed)
         self.rng = None if seed is None else random.Random(seed)
         self.cta_coords: list = []  # by the CTAs' serial numbers (their order of execution)
         self.gmem = GlobalMemory(check_races)
@@ -209,6 +211,20 @@ def max_steps_from(kname, max_steps) -> int:
     return value
 
 
+def seed_from(kname, seed):
+    """The launch's schedule seed: ``seed``, else ``$TYLOPY_EMULATE_SEED`` (so a whole test suite can
+    run under random schedules, where races between warps show), else None (round robin)."""
+    if seed is not None:
+        return seed
+    text = os.environ.get(SEED_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise LaunchValueError(f"{kname}: environment variable {SEED_ENV} expects an int, but got {text!r}") from None
+
+
 class GridOrder:
     """The block indices of a whole grid in x-fastest order, made on demand (a huge grid is not a list).
 
@@ -296,7 +312,8 @@ def emulate_kernel(kernel, args, grid, **kwargs) -> EmulationReport:
     naming it) and ``seed`` (None: warps run
     round robin, CTAs in grid order, and asynchronous copies land at the latest point, the wait
     that covers them; an int: a random schedule of warps and CTAs, and copies landing at random
-    points before their waits, reproducible from the seed). ``grid`` may be a function of the
+    points before their waits, reproducible from the seed; default ``$TYLOPY_EMULATE_SEED``, else
+    None). ``grid`` may be a function of the
     constexprs, as for a launch. See docs/emulator.md.
     """
     names = [] if isinstance(kernel, KernelIR) else kernel.constexpr_names

@@ -55,6 +55,7 @@ class Warp:
         self.bulk_open = np.zeros(WARP, dtype=np.int64)  # per lane: bulk (TMA store) groups committed
         self.mb_seen: dict = {}  # mbarrier address -> (phases it has seen completed, wait op, parity)
         self.mb_passes: dict = {}  # mbarrier address -> waits of this warp on it that completed
+        self.wait_counts: dict = {}  # (wait op id, mbarrier address) -> times this warp executed it
         self.cluster_gen = None  # the cluster-barrier phase this warp arrived in and has not waited for
         self.cluster_arrive_gens: list = []  # the cluster-barrier phase of each of its arrives
         self.cluster_waited = -1  # the latest cluster-barrier phase whose wait it passed
@@ -205,6 +206,7 @@ class CTA:
         self.barriers: dict[int, NamedBarrier] = {}
         self.bar_arrivers: dict[int, dict] = {}  # named barrier id -> {warp: op} of its bar.arrive arrivals
         self.mbars: dict[int, MBarrier] = {}
+        self.wait_targets: dict = {}  # (warpgroup, wait op id, address) -> {n: the phase its n-th run waits for}
         self.remote_touches: dict = {}  # (CTA rank, warp) -> (op, its cluster arrives then, verb): DSMEM users
         self.regpool = RegisterPool(kir, self.nwarps)
         self.wg_logs: dict[int, dict] = {}

@@ -20,7 +20,7 @@ from .multicast import absorb, issue_remote, multicast_ranks
 from .errors import MemoryAccessError, ProtocolError, where
 from .ops_scalar import check_converged
 from .compiled import handler
-from .sync import MBarrier, Wait, mbarrier_lookup
+from .sync import MBarrier, Wait, check_lap, mbarrier_lookup
 from .values import bf16_to_f32, f32_to_bf16
 
 SWIZZLE_BITS = {0: 0, 32: 1, 64: 2, 128: 3}
@@ -202,6 +202,7 @@ def make_mbarrier_try_wait(prog, op):
             mb = mbarrier_lookup(cta, w, op, addr)
             if label and not mb.wait_label:
                 mb.wait_label = label
+            check_lap(cta, w, op, mb, parity)
             if (mb.phase & 1) == parity:
                 cta.copies.land_for(mb)
             if (mb.phase & 1) == parity:

@@ -262,6 +262,41 @@ def mbarrier_lookup(cta, w, op, addr: int, async_use: bool = False) -> MBarrier:
     return mb
 
 
+def check_lap(cta, w, op, mb: MBarrier, parity: int) -> None:
+    """Warps of one warpgroup that execute the same mbarrier wait the same number of times wait for
+    the same phase. One that reaches its wait after the barrier completed two more phases finds
+    the parity it waits for come round again: on the GPU it waits for a phase a lap later (a hang,
+    or a pass in the wrong lap); the emulator's wait would too. Reported here, at the lagging
+    warp's wait, with the warp that passed the phase it should have waited for."""
+    target = mb.phase + 1 if (mb.phase & 1) == parity else mb.phase  # the completion it passes on
+    key = (w.wid // 4, id(op), mb.addr)
+    n = w.wait_counts.get(key[1:], 0)
+    w.wait_counts[key[1:]] = n + 1
+    seen = cta.wait_targets.setdefault(key, {})
+    first = seen.get(n)
+    if first is None:
+        seen[n] = (target, w.wid, 1)
+        seen.pop(n - 64, None)  # waits one warp of the warpgroup runs alone are never completed
+        return
+    want, wid, count = first
+    if want != target:
+        behind, ahead = ((w.wid, wid) if target > want else (wid, w.wid))
+        raise ProtocolError(
+            f"warps {ahead} and {behind} of warpgroup {w.wid // 4} in CTA {cta.coord} disagree on the phase of "
+            f"{mb.label()} that their wait #{n + 1} at {where(op)} (parity {parity}) is for: warp {ahead} passed "
+            f"it on completion {min(want, target)}, while warp {behind} reached it only after completion "
+            f"{max(want, target) - 1}, when the parity had come round again, so it waits for completion "
+            f"{max(want, target)}. On the GPU warp {behind} waits a lap late (a hang, or a pass in the wrong "
+            f"phase). Most likely at fault: one thread of the warpgroup arrives on the barrier that lets "
+            f"{mb.label()} move on right after its own wait, before the warpgroup's other warps have passed "
+            f"theirs; sync the warpgroup (a named barrier over its 128 threads) between the wait and that "
+            f"arrive.")
+    if count == 3:
+        del seen[n]
+    else:
+        seen[n] = (want, wid, count + 1)
+
+
 # -- setmaxnreg ------------------------------------------------------------------------------------------
 
 class RegisterPool:

@@ -12,12 +12,12 @@ import tylopy as ty
 from tylopy import hopper
 
 from tylopy_kernels.attention.sm90 import softmax as softmax
-from tylopy_kernels.attention.sm90.tiles import (ROW_BYTES, WorkTile, bar_at, next_tile, shift, skip_tile,
-                                                tile_problem, tiles_of_this_cta, tma_coords)
+from tylopy_kernels.attention.sm90.tiles import (CONSUMER_BARRIER, ROW_BYTES, WorkTile, bar_at, next_tile, shift,
+                                                skip_tile, tile_problem, tiles_of_this_cta, tma_coords)
 
 ROWS = 64                  # query rows per consumer warpgroup
 TURN_THREADS = 256
-EPILOGUE_BARRIER = 4       # consumers 1..4 stage O behind barriers 5..8
+EPILOGUE_BARRIER = CONSUMER_BARRIER  # consumers 1..4 stage O behind barriers 5..8
 NEG_INF = float("-inf")
 # wgmma_wait(..., after=values) pins the exponentials before the PV wait; without it, tying the
 # weights through the wait as extra fragments has the same effect on the order.
@@ -188,7 +188,7 @@ def consumer(smem, plan, prob, sched, wg):
     done = no_output(plan, sched) if sched.defer_epilogue else None
     for k in range(tiles_of_this_cta(prob, sched.persistent)):
         valid, m0, h, b, n_tiles = next_tile(prob, k, sched.persistent, sched.tile_order)
-        skip_tile(smem, plan, prob, valid, k, sched.persistent, False)
+        skip_tile(smem, plan, prob, valid, k, sched.persistent, wg)
         if valid:
             done = consumer_tile(smem, plan, prob, sched, wg, turn, WorkTile(k, it, m0, h, b, n_tiles), done)
             it = it + n_tiles

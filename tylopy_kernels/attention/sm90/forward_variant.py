@@ -163,7 +163,7 @@ def variant_consumer(smem, plan, prob, sched, wg):
     it = 0
     for k in range(tiles_of_this_cta(prob, sched.persistent)):
         valid, m0, h, b, n_tiles = next_tile(prob, k, sched.persistent, sched.tile_order)
-        skip_tile(smem, plan, prob, valid, k, sched.persistent, False)
+        skip_tile(smem, plan, prob, valid, k, sched.persistent, wg)
         if valid:
             variant_tile(smem, plan, prob, sched, wg, turn, WorkTile(k, it, m0, h, b, n_tiles))
             it = it + n_tiles

@@ -11,6 +11,9 @@ MAX_SMEM = 232448      # H100/H200 opt-in dynamic shared memory per block
 # Registers per thread after setmaxnreg, (producer, consumer): the whole pool of 1 CTA per SM
 # (65536 / threads, rounded down to 8) is redistributed, e.g. 128*24 + 256*240 = 384*168.
 REGISTER_SPLIT = {2: (24, 240), 3: (32, 160), 4: (24, 112)}
+# Consumer k's own 128 threads sync on named barrier CONSUMER_BARRIER + k (5..8): the O staging of
+# the TMA store, a skipped work tile. Barriers 1..4 are the tensor-core turns.
+CONSUMER_BARRIER = 4
 
 
 class Plan:
@@ -174,19 +177,25 @@ def tile_problem(prob, b):
 
 
 @ty.func
-def skip_tile(smem, plan, prob, valid, k, persistent, producer):
+def skip_tile(smem, plan, prob, valid, k, persistent, wg):
     """Packed batches and variants, persistent loop: a work tile that is not valid (past its
     document's end, or a variant's query tile that sees no key) can come before valid ones, so it
     still turns the Q buffer's barriers once -- their parity is the loop count k -- the producer
-    arriving on q_full without a load, the consumers on q_empty. Dense problems skip only at the end
-    of the loop and emit nothing here."""
+    (``wg`` 0) arriving on q_full without a load, each consumer on q_empty. Dense problems skip
+    only at the end of the loop and emit nothing here.
+
+    A consumer's four warps all pass their q_full wait before its leader arrives on q_empty: that
+    arrival lets the producer complete q_full again (two skipped tiles in a row need nothing else),
+    and a warp still short of its wait would then find the parity come round and wait a lap late,
+    for ever (the hang of the persistent packed forward on the GPU)."""
     if (prob.varlen is not None or prob.variant is not None) and persistent:
         if ~valid:
-            if producer:
+            if wg == 0:
                 hopper.mbarrier_wait(bar_at(smem, plan.q_empty), (k & 1) ^ 1, "q_empty (skipped tile)")
                 hopper.mbarrier_arrive(bar_at(smem, plan.q_full))
             else:
                 hopper.mbarrier_wait(bar_at(smem, plan.q_full), k & 1, "q_full (skipped tile)")
+                ty.barrier_sync(CONSUMER_BARRIER + wg, 128)
                 if (ty.thread_idx() & 127) == 0:
                     hopper.mbarrier_arrive(bar_at(smem, plan.q_empty))
 

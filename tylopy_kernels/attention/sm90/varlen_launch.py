@@ -32,7 +32,7 @@ from tylopy_kernels.attention.sm90.varlen_forward import attention_varlen_fwd_sm
 # 0.5-1.5k tokens 0.311 against 0.349 ms with two, of 2-6k 0.721 against 0.808 ms. At 160
 # registers a consumer thread the per-document values spill 4-12 bytes (ptxas; in the SASS one
 # 4-byte reload per key tile, the rest before the key loop and in the epilogue), which costs less
-# than the wider tile gains. Persistent grids are refused on the device (launch_varlen_hopper).
+# than the wider tile gains.
 # (Read-only: overrides go through HopperOptions.schedule; a replaced table plans again.)
 SCHEDULE = MappingProxyType({
     64: MappingProxyType({"BLOCK_N": 128, "STAGES": 2, "CONSUMERS": 3, "EXPONENT": "shared", "PERSISTENT": False}),
@@ -120,13 +120,6 @@ def launch_varlen_hopper(tensors: ForwardTensors, docs: PackedDocs, options: Hop
     shape (grid, constexprs, map geometries) is kept per signature, and the launch repacks only the
     arguments that changed (``kernel[grid].repeat``): the layers of a model call it again and again."""
     q = tensors.q
-    if options.schedule and options.schedule.get("PERSISTENT"):
-        # Planned and emulated (plan_varlen_launch), but on an H200 the persistent packed kernel did
-        # not finish (D=64, two and three consumers, documents of 0.5-4k tokens): refused on the
-        # device until the difference from the emulator is found.
-        raise ValueError("launch_varlen_hopper: schedule PERSISTENT expects False on the GPU (the persistent "
-                         "packed kernel does not complete on sm_90; plan_varlen_launch still emulates it), "
-                         f"but got {options.schedule['PERSISTENT']!r}")
     if docs.max_q == 0 or docs.max_k == 0 or docs.cu_q.shape[0] < 2 or q.shape[0] * q.shape[1] == 0:
         return
     sms = dense.sm_count(q.device)
