@@ -69,10 +69,28 @@ def test_cuda_cu_seqlens_are_repaired_on_the_device_and_counted():
     assert V.cu_seqlens_status() == 1
 
 
+def test_repeated_calls_count_when_the_status_is_read():
+    """A cache hit adds its flag to the status word when the word is read, not with a launch of its
+    own; calls with good sums (flag 0) add nothing; more than 64 waiting flags are added early."""
+    cpu = torch.device("cpu")
+    V.cu_seqlens_status(cpu)
+    bad, good = torch.ones((), dtype=torch.int32), torch.zeros((), dtype=torch.int32)
+    for _ in range(3):
+        V._count_later(cpu, bad)
+        V._count_later(cpu, good)
+    assert V.cu_seqlens_status(cpu) == 3 and V.cu_seqlens_status(cpu) == 0
+    flags = [torch.ones((), dtype=torch.int32) for _ in range(70)]
+    for f in flags:
+        V._count_later(cpu, f)
+    assert len(V._PENDING[cpu]) == 6  # the first 64 went into the word when the 65th came
+    assert V.cu_seqlens_status(cpu) == 70
+
+
 @pytest.mark.gpu
 def test_repaired_sums_are_kept_per_tensor_version_and_recounted_each_call():
-    """A repeated call with the same device sums reuses their repair (one launch: the count); an
-    in-place write to the sums repairs them again; a captured graph records its own repair."""
+    """A repeated call with the same device sums reuses their repair (no launch: counted when the
+    status is read); an in-place write to the sums repairs them again; a captured graph records its
+    own repair."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -84,8 +102,10 @@ def test_repaired_sums_are_kept_per_tensor_version_and_recounted_each_call():
     first = attention_varlen(q, k, v, cu, cu, 25, 25)
     assert len(V._device_sums) == 1
     again = attention_varlen(q, k, v, cu, cu, 25, 25)
+    for _ in range(3):
+        attention_varlen(q, k, v, cu, cu, 25, 25)
     torch.cuda.synchronize()
-    assert len(V._device_sums) == 1 and V.cu_seqlens_status() == 2  # each call with bad sums counts
+    assert len(V._device_sums) == 1 and V.cu_seqlens_status() == 5  # each call with bad sums counts
     torch.testing.assert_close(again, first, rtol=0, atol=0)
     cu.copy_(torch.tensor([0, 30, 40], dtype=torch.int32))  # an in-place write: new sums, repaired again
     moved = attention_varlen(q, k, v, cu, cu, 30, 30)

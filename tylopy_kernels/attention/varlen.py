@@ -136,6 +136,7 @@ def check_prefix_sums(name, cu, total: int, max_name: str, max_len: int) -> None
 
 
 STATUS_WORDS: dict = {}  # device -> int32 count of calls whose CUDA cu_seqlens needed repair
+_PENDING: dict = {}  # device -> {id(flag): [int32 "needed repair" flag, calls not yet in the status word]}
 # (cu_q key, cu_k key, totals, device) -> ((cu_q, cu_k on the device, int32 "needed repair"), held tensors)
 _device_sums = PlanCache("varlen device cu_seqlens", capacity=64)
 
@@ -178,7 +179,7 @@ def device_cu_seqlens(q, cu_q, cu_k, total_q: int, total_k: int):
         if hit is not None:
             safe_q, safe_k, bad = hit
             if bad is not None:
-                _status_word(q.device).add_(bad)
+                _count_later(q.device, bad)
             return safe_q, safe_k
     out, bad = [], None
     for cu, total in ((cu_q, total_q), (cu_k, total_k)):
@@ -198,6 +199,28 @@ def device_cu_seqlens(q, cu_q, cu_k, total_q: int, total_k: int):
     return out[0], out[1]
 
 
+def _count_later(device, bad):
+    """A repeated call with cached sums counts in the status word when it is read (``_flush``), not
+    with a kernel of its own: one launch less per call of a training step. At most 64 entries wait."""
+    pending = _PENDING.setdefault(device, {})
+    slot = pending.get(id(bad))
+    if slot is not None:
+        slot[1] += 1
+        return
+    if len(pending) >= 64:
+        _flush(device)
+        pending = _PENDING.setdefault(device, {})
+    pending[id(bad)] = [bad, 1]  # the entry holds ``bad``, so its id stays its own
+
+
+def _flush(device):
+    pending = _PENDING.pop(device, None)
+    if pending:
+        word = _status_word(device)
+        for bad, calls in pending.values():
+            word.add_(bad * calls)
+
+
 def _status_word(device):
     word = STATUS_WORDS.get(device)
     if word is None:
@@ -209,6 +232,7 @@ def cu_seqlens_status(device=None, reset: bool = True) -> int:
     """How many calls on ``device`` since the last reset had CUDA cu_seqlens that were not valid prefix
     sums (repaired on the device; their outputs are not meaningful). Reads a device word: a sync."""
     device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    _flush(device)
     word = STATUS_WORDS.get(device)
     if word is None:
         return 0
