@@ -33,8 +33,9 @@ def _nan_backed(shape, seed, dtype=torch.bfloat16, pad=64):
     return buf[:, :, :n]
 
 
-def emulate(q, k, v, scale=None, schedule=None, **kw):
-    """(out, lse, variant, tensors): the kernel in the emulator; out and lse start NaN."""
+def emulate(q, k, v, scale=None, schedule=None, sched_seed=None, **kw):
+    """(out, lse, variant, tensors): the kernel in the emulator; out and lse start NaN.
+    ``sched_seed``: the emulator's random warp order (None: round robin)."""
     B, H, n, D = q.shape
     scale = 1 / math.sqrt(D) if scale is None else scale
     variant, tensors = V.make_variant(B, H, n, k.shape[2], q.device, **kw)
@@ -42,12 +43,12 @@ def emulate(q, k, v, scale=None, schedule=None, **kw):
     lse = torch.full((B, H, n), float("nan"))
     plan = plan_variant_launch(ForwardTensors(q, k, v, out, lse), VariantCall(variant, tensors, scale), make_map=_spec,
                                schedule=schedule)
-    attention_variant_fwd_sm90.emulate(*plan.args, grid=plan.grid, **plan.constexprs)
+    attention_variant_fwd_sm90.emulate(*plan.args, grid=plan.grid, seed=sched_seed, **plan.constexprs)
     return out, lse, variant, tensors
 
 
-def check(q, k, v, scale=None, tol=2e-2, schedule=None, **kw):
-    out, lse, variant, tensors = emulate(q, k, v, scale, schedule, **kw)
+def check(q, k, v, scale=None, tol=2e-2, schedule=None, sched_seed=None, **kw):
+    out, lse, variant, tensors = emulate(q, k, v, scale, schedule, sched_seed, **kw)
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     want, want_lse = V.reference_forward(q.double(), k.double(), v.double(), variant, tensors, scale)
     assert not torch.isnan(out).any(), "NaN in the output"
@@ -231,14 +232,18 @@ def test_persistent_window_over_batches_and_heads_d64():
 
 
 @pytest.mark.slow
-def test_persistent_tiles_without_keys_between_others_d64():
+@pytest.mark.parametrize("sched_seed", [None, 1])
+def test_persistent_tiles_without_keys_between_others_d64(sched_seed):
     """PERSISTENT with a block mask leaving query tile 1 without keys: that tile writes zeros and the
-    sink's LSE without a Q load, and still turns the Q buffer's barriers for the tiles after it."""
+    sink's LSE without a Q load, and still turns the Q buffer's barriers for the tiles after it (also
+    under a random warp order, where a consumer's warps reach the skipped tile's wait at different
+    times)."""
     def checker(b, h, q_idx, kv_idx):
         return ((q_idx // 128) != 1) & (((q_idx // 128) + (kv_idx // 128)) % 2 == 0)
     bm = ty.create_block_mask(checker, None, 2, N, NK)
     sinks = torch.tensor([0.3, -1.0])
-    out, lse = check(*qkv(D=64, H=2, Hkv=1, seed=33), block_mask=bm, sinks=sinks, schedule=PERSISTENT)
+    out, lse = check(*qkv(D=64, H=2, Hkv=1, seed=33), block_mask=bm, sinks=sinks, schedule=PERSISTENT,
+                     sched_seed=sched_seed)
     assert (out[:, :, 128:256] == 0).all()
     assert torch.allclose(lse[0, :, 128:256], sinks[:, None].expand(2, 128))
 
