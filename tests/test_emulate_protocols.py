@@ -105,6 +105,60 @@ def test_expect_tx_exact_passes():
     tma_expect.emulate(tile_map(), grid=1, EXPECT=8192)
 
 
+@ty.kernel(threads=64)
+def early_reader(src: ty.tensormap, out: ty.ptr(ty.f32), SKIP_WAIT: ty.constexpr):
+    """Two TMA loads into one stage; warp 1 reads each after warp 0 has issued it (a named barrier,
+    which orders nothing about the copy's bytes). With SKIP_WAIT the second read does not wait on
+    its phase of the mbarrier: a race whether or not the copy has landed by then."""
+    tile = ty.dynamic_shared(ty.f32, 8192, align=1024)
+    bars = ty.shared(ty.u64, 2, align=8)  # full, empty
+    tid = ty.thread_idx()
+    lane = ty.lane_id()
+    if tid == 0:
+        mbar_init(bars, 1)
+        mbar_init(bars + 1, 1)
+        fence_mbarrier_init()
+    ty.syncthreads()
+    if ty.warp_idx() == 0:
+        for i in range(2):
+            if lane == 0:
+                mbar_wait(bars + 1, (i & 1) ^ 1)
+                mbar_expect_tx(bars, 8192)
+                tma_load(tile, src, bars, 0, 64 * i)
+            ty.barrier_arrive(1, 64)  # load i is issued
+    else:
+        for i in range(2):
+            ty.barrier_sync(1, 64)
+            if not SKIP_WAIT or i == 0:
+                mbar_wait(bars, i & 1)
+            out[64 * i + lane] = tile[lane]  # <- early_read
+            if lane == 0:
+                mbar_arrive(bars + 1)
+
+
+def f32_rows(rows=128, cols=32):
+    t = torch.randn(rows, cols)
+    return t, TensorMapSpec(t, (cols, rows), (cols * 4,), (cols, 64), "f32", 128)
+
+
+@pytest.mark.parametrize("seed", [None, 1, 2, 3, 4, 5, 6])
+def test_read_of_a_later_phase_without_its_wait_is_a_race(seed):
+    """Whether the second copy has landed when the early read comes (the schedule decides), the
+    read is reported: before landing as a read of bytes still being written, after it as bytes of
+    a phase the reader never waited for (the copy's bytes carry their phase's epoch)."""
+    _, spec = f32_rows()
+    with pytest.raises(ProtocolError, match=f"{at('early_read')}"):
+        early_reader.emulate(spec, torch.zeros(128), grid=1, SKIP_WAIT=True, seed=seed)
+
+
+@pytest.mark.parametrize("seed", [None, 1, 2])
+def test_reads_after_their_own_phase_run_clean(seed):
+    t, spec = f32_rows()
+    out = torch.zeros(128)
+    early_reader.emulate(spec, out, grid=1, SKIP_WAIT=False, seed=seed)
+    assert torch.equal(out.view(2, 64)[:, :32], t.view(2, 64, 32)[:, 0, :])
+
+
 @ty.kernel(threads=256)
 def lagging_warp(LAG: ty.constexpr):
     """Thread 0 fills a one-slot buffer (``full``) four times, waiting for ``empty`` between; the

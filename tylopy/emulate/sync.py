@@ -220,8 +220,9 @@ class MBarrier:
             self._check_over(op, f"the TMA copy issued by warp {wid}")
 
     def copy_epoch(self) -> int:
-        """The agent epoch of the phase in progress (what its copies' bytes are stamped with)."""
-        return self.cta.agent_count[self.agent] + 1
+        """The agent epoch of the phase in progress (what its copies' bytes are stamped with).
+        ``agent`` is a clock column (after the warps' columns); ``agent_count`` is per agent."""
+        return int(self.cta.agent_count[self.agent - self.cta.nwarps]) + 1
 
     def describe_wait(self, parity: int) -> str:
         msg = (f"{self.label()} parity {parity}: phase {self.phase} still needs {self.pending} of {self.count} "
