@@ -85,7 +85,7 @@ def producer(smem, plan, prob, sched, tm_q, tm_k, tm_v):
             it = 0
             for k in range(tiles_of_this_cta(prob, sched.persistent)):
                 valid, m0, h, b, n_tiles = next_tile(prob, k, sched.persistent, sched.tile_order)
-                skip_tile(smem, plan, prob, valid, k, sched.persistent, 0)
+                skip_tile(smem, plan, prob, valid, k, sched.persistent, None)
                 if valid:
                     tp = tile_problem(prob, b)
                     kv_h = h // prob.kv_group

@@ -181,8 +181,8 @@ def skip_tile(smem, plan, prob, valid, k, persistent, wg):
     """Packed batches and variants, persistent loop: a work tile that is not valid (past its
     document's end, or a variant's query tile that sees no key) can come before valid ones, so it
     still turns the Q buffer's barriers once -- their parity is the loop count k -- the producer
-    (``wg`` 0) arriving on q_full without a load, each consumer on q_empty. Dense problems skip
-    only at the end of the loop and emit nothing here.
+    (``wg`` None) arriving on q_full without a load, each consumer (``wg``: its warpgroup index)
+    on q_empty. Dense problems skip only at the end of the loop and emit nothing here.
 
     A consumer's four warps all pass their q_full wait before its leader arrives on q_empty: that
     arrival lets the producer complete q_full again (two skipped tiles in a row need nothing else),
@@ -190,7 +190,7 @@ def skip_tile(smem, plan, prob, valid, k, persistent, wg):
     for ever (the hang of the persistent packed forward on the GPU)."""
     if (prob.varlen is not None or prob.variant is not None) and persistent:
         if ~valid:
-            if wg == 0:
+            if wg is None:
                 hopper.mbarrier_wait(bar_at(smem, plan.q_empty), (k & 1) ^ 1, "q_empty (skipped tile)")
                 hopper.mbarrier_arrive(bar_at(smem, plan.q_full))
             else:
