@@ -29,6 +29,16 @@ def tile_map(rows=64, cols=64):
     return TensorMapSpec(t, (cols, rows), (cols * 2,), (cols, 64), "bf16", 128)
 
 
+@ty.func
+def init_full_and_empty(bars):
+    """One thread initializes a full and an empty mbarrier (one arrival each); the block syncs."""
+    if ty.thread_idx() == 0:
+        mbar_init(bars, 1)
+        mbar_init(bars + 1, 1)
+        fence_mbarrier_init()
+    ty.syncthreads()
+
+
 # -- deadlock and mbarrier phases -------------------------------------------------------------------------
 
 @ty.kernel(threads=64)
@@ -112,13 +122,8 @@ def early_reader(src: ty.tensormap, out: ty.ptr(ty.f32), SKIP_WAIT: ty.constexpr
     its phase of the mbarrier: a race whether or not the copy has landed by then."""
     tile = ty.dynamic_shared(ty.f32, 8192, align=1024)
     bars = ty.shared(ty.u64, 2, align=8)  # full, empty
-    tid = ty.thread_idx()
+    init_full_and_empty(bars)
     lane = ty.lane_id()
-    if tid == 0:
-        mbar_init(bars, 1)
-        mbar_init(bars + 1, 1)
-        fence_mbarrier_init()
-    ty.syncthreads()
     if ty.warp_idx() == 0:
         for i in range(2):
             if lane == 0:
@@ -166,12 +171,8 @@ def lagging_warp(LAG: ty.constexpr):
     warps 5-7 start only after the second fill (warp 1 lets them go), so warp 4 has already given
     the first fill back: their first wait finds the parity come round."""
     bars = ty.shared(ty.u64, 2, align=8)  # full, empty
+    init_full_and_empty(bars)
     tid = ty.thread_idx()
-    if tid == 0:
-        mbar_init(bars, 1)
-        mbar_init(bars + 1, 1)
-        fence_mbarrier_init()
-    ty.syncthreads()
     if tid == 0:
         for k in range(4):
             mbar_wait(bars + 1, (k & 1) ^ 1)
@@ -436,12 +437,8 @@ def stage_ring(a_map: ty.tensormap, d: ty.ptr(ty.f32), RELEASE: ty.constexpr):
     """Warps 0-3 consume two tiles through one stage that warp 4 refills; RELEASE says when they free it."""
     smem = ty.dynamic_shared(ty.bf16, 8192, align=1024)
     bars = ty.shared(ty.u64, 2, align=8)  # full, empty
+    init_full_and_empty(bars)
     tid = ty.thread_idx()
-    if tid == 0:
-        mbar_init(bars, 1)
-        mbar_init(bars + 1, 1)
-        fence_mbarrier_init()
-    ty.syncthreads()
     if ty.warp_idx() == 4:
         if ty.lane_id() == 0:
             for j in range(2):
