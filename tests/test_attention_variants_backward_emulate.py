@@ -224,21 +224,26 @@ SPILLS = pytest.mark.xfail(strict=True, reason="8-52 bytes of spills: float mask
 
 @pytest.mark.slow
 @pytest.mark.parametrize("D", [64, pytest.param(128, marks=pytest.mark.exhaustive)])
-@pytest.mark.parametrize("name", ["softcap", "alibi-window", "alibi-causal", "score_mod-sinks", "mask_mod-block",
-                                  "bool-mask", "float-mask"])
+@pytest.mark.parametrize("name", ["softcap", "alibi-window", "alibi-causal", "alibi-sinks-causal", "score_mod-sinks",
+                                  "mask_mod-block", "bool-mask", "float-mask"])
 def test_variant_backward_assembles_without_spills(name, D, request):
+    """In the dQ order the launcher picks (``dq_order``): "early" for folded ALiBi at D=64."""
     if name == "float-mask" or (D == 128 and name in ("bool-mask", "alibi-window")):
         request.applymarker(SPILLS)
     from tylopy_kernels.attention.block_mask import create_block_mask
     from tylopy_kernels.attention.sm90.backward_variant import attention_bwd_variant_sm90
     kw = {"softcap": dict(softcap=10.0), "alibi-window": dict(alibi_slopes=torch.rand(2), window_size=(10, 10)),
           "alibi-causal": dict(alibi_slopes=torch.rand(2), is_causal=True),
+          "alibi-sinks-causal": dict(alibi_slopes=torch.rand(2), sinks=torch.rand(2), is_causal=True),
           "score_mod-sinks": dict(score_mod=gated_bias, sinks=torch.rand(2)),
           "mask_mod-block": dict(block_mask=create_block_mask(lambda b, h, q, kv: kv <= q, 1, 1, 256, 256)),
           "bool-mask": dict(attn_mask=torch.rand(256, 256) > 0.5),
           "float-mask": dict(attn_mask=torch.randn(256, 256))}[name]
     variant, _ = V.make_variant(1, 2, 256, 256, None, **kw)
-    cx = dict(HEAD_DIM=D, BLOCK_M=128 if D == 64 else 64, DQ_ORDER="serial", HAS_MASK=variant.attn_mask == "bool")
+    from tylopy_kernels.attention.sm90.backward_variant_launch import dq_order
+    bool_mask = variant.attn_mask == "bool"  # (the launcher's Boolean-mask schedule is "serial")
+    cx = dict(HEAD_DIM=D, BLOCK_M=128 if D == 64 else 64, HAS_MASK=bool_mask,
+              DQ_ORDER="serial" if bool_mask else dq_order(variant, D, None, 256, 256))
     from tylopy_kernels.attention.sm90.variant_tiles import KernelVariant
     kv = KernelVariant.of(variant, [], n_q=256, n_k=256, fold_alibi=D == 64)  # (as the launcher makes it)
     report = attention_bwd_variant_sm90.compile(VARIANT=kv, **cx, **OPEN_DTYPES).report

@@ -31,6 +31,7 @@ from tylopy_kernels.attention.sm90.backward_aux import attention_bwd_preprocess
 from tylopy_kernels.attention.sm90.backward_launch import (BLOCK_N, BackwardTensors, HopperBackwardOptions,
                                                            plan_backward_hopper, supports as dense_supports)
 from tylopy_kernels.attention.sm90.backward_variant import HQ_SHIFT, attention_bwd_variant_sm90
+from tylopy_kernels.attention.sm90.variant_tiles import alibi_foldable
 from tylopy_kernels.attention.common import ForwardTensors, VariantCall, placeholder
 
 BLOCK_SIZE = 128              # the block mask's tile: one key tile of the dK/dV kernel
@@ -111,16 +112,21 @@ def kept_work_list(variant, tensors, shape: WorkShape, block_m):
     return made
 
 
-def dq_order(variant, head_dim, score_mod_bwd=None) -> str:
-    """The dQ order of the variant's dK/dV kernel: the dense kernel's "early" (dQ = dS K issued
-    between the dV and dK products, its reduction overlapping dK) for causal masks, sinks, softcap
-    and (D = 64) windows, which ptxas assembles without spills at D = 64 (softcap spills 52-56
-    bytes at D = 128 in every order); "serial" (dQ once dV and dK are done, the fewest live
-    registers) where the element work holds more: ALiBi, float masks, mask_mod, user score_mods
-    and, at D = 128, windows (16 bytes of spills with "early", none serial)."""
-    heavy = (variant.alibi or variant.attn_mask == "float" or variant.mask_mod is not None
+def dq_order(variant, head_dim, score_mod_bwd=None, n_q=0, n_k=0) -> str:
+    """The dQ order of the variant's dK/dV kernel, chosen where ptxas assembles it without spills.
+    "early" (the dense kernel's: dQ = dS K issued between the dV and dK products, its reduction
+    overlapping dK) for causal masks, sinks, softcap (at D = 64 with a causal mask only: without it
+    the early order spills 8 bytes; at D = 128 softcap spills 52-56 bytes in either order), D = 64
+    windows, and D = 64 ALiBi that folds into a per-column bias (``alibi_foldable``, without
+    softcap: one FADD per score). "serial" (dQ once dV and dK are done, the fewest live registers)
+    where the element work holds more: ALiBi that does not fold, float masks, mask_mod, user
+    score_mods and, at D = 128, windows (16 bytes of spills with "early", none serial)."""
+    folded = head_dim == 64 and not variant.softcap and alibi_foldable(variant, n_q, n_k)  # (``alibi_folded``)
+    heavy = ((variant.alibi and not folded) or variant.attn_mask == "float" or variant.mask_mod is not None
              or variant.score_mod is not None or score_mod_bwd is not None)
-    if heavy or (head_dim == 128 and variant.window != (-1, -1)):
+    if heavy or (head_dim == 64 and variant.softcap and not variant.causal):
+        return "serial"
+    if head_dim == 128 and variant.window != (-1, -1):
         return "serial"
     return "early"
 
@@ -146,7 +152,7 @@ def plan_backward_variant(io: BackwardTensors, call: VariantCall, *, schedule=No
     bool_mask = tensors[variant.index("attn_mask")] if variant.attn_mask == "bool" else None
     sched = dict(schedule or {})
     if bool_mask is None:  # (with a mask the dense plan's MASKED_SCHEDULE already says "serial")
-        sched.setdefault("DQ_ORDER", dq_order(variant, q.shape[-1], score_mod_bwd))
+        sched.setdefault("DQ_ORDER", dq_order(variant, q.shape[-1], score_mod_bwd, q.shape[2], k.shape[2]))
     steps = plan_backward_hopper(BackwardTensors(q, k, v, out, dout, lse, dq, dk, dv, bool_mask),
                                  HopperBackwardOptions(scale, schedule=sched), encode=encode,
                                  sinks=fused_sinks(call, dsinks))
