@@ -23,7 +23,7 @@ TYLOPY_ROW = {64: "tylopy[EXPONENT=shared]", 128: "tylopy"}  # D=64 ships the "s
 COMPETITORS = [("fa3_cute", "FA3-class (flash-attn-4 CuTe)"), ("sdpa_cudnn", "cuDNN"), ("sdpa_flash", "FA2 (SDPA flash)")]
 SHOWN_N = (1024, 4096, 16384)
 BEGIN, END = "<!-- perf-table: begin (tools/perf_tables.py) -->", "<!-- perf-table: end -->"
-VARIANTS_SOURCE = "results/H200-2026-12-03/attention-variants.json"
+VARIANTS_SOURCE = "results/H200-2026-12-03-f/attention-variants.json"
 VARIANTS_BEGIN, VARIANTS_END = "<!-- variants-table: begin (tools/perf_tables.py) -->", "<!-- variants-table: end -->"
 
 
