@@ -243,7 +243,7 @@ def test_variant_backward_assembles_without_spills(name, D, request):
     from tylopy_kernels.attention.sm90.backward_variant_launch import dq_order
     bool_mask = variant.attn_mask == "bool"  # (the launcher's Boolean-mask schedule is "serial")
     cx = dict(HEAD_DIM=D, BLOCK_M=128 if D == 64 else 64, HAS_MASK=bool_mask,
-              DQ_ORDER="serial" if bool_mask else dq_order(variant, D, None, 256, 256))
+              DQ_ORDER="serial" if bool_mask else dq_order(variant, D, 256, 256))
     from tylopy_kernels.attention.sm90.variant_tiles import KernelVariant
     kv = KernelVariant.of(variant, [], n_q=256, n_k=256, fold_alibi=D == 64)  # (as the launcher makes it)
     report = attention_bwd_variant_sm90.compile(VARIANT=kv, **cx, **OPEN_DTYPES).report

@@ -112,7 +112,7 @@ def kept_work_list(variant, tensors, shape: WorkShape, block_m):
     return made
 
 
-def dq_order(variant, head_dim, score_mod_bwd=None, n_q=0, n_k=0) -> str:
+def dq_order(variant, head_dim, n_q, n_k, score_mod_bwd=None) -> str:
     """The dQ order of the variant's dK/dV kernel, chosen where ptxas assembles it without spills.
     "early" (the dense kernel's: dQ = dS K issued between the dV and dK products, its reduction
     overlapping dK) for causal masks, sinks, softcap (at D = 64 with a causal mask only: without it
@@ -152,7 +152,7 @@ def plan_backward_variant(io: BackwardTensors, call: VariantCall, *, schedule=No
     bool_mask = tensors[variant.index("attn_mask")] if variant.attn_mask == "bool" else None
     sched = dict(schedule or {})
     if bool_mask is None:  # (with a mask the dense plan's MASKED_SCHEDULE already says "serial")
-        sched.setdefault("DQ_ORDER", dq_order(variant, q.shape[-1], score_mod_bwd, q.shape[2], k.shape[2]))
+        sched.setdefault("DQ_ORDER", dq_order(variant, q.shape[-1], q.shape[2], k.shape[2], score_mod_bwd))
     steps = plan_backward_hopper(BackwardTensors(q, k, v, out, dout, lse, dq, dk, dv, bool_mask),
                                  HopperBackwardOptions(scale, schedule=sched), encode=encode,
                                  sinks=fused_sinks(call, dsinks))
