@@ -164,8 +164,9 @@ def device_cu_seqlens(q, cu_q, cu_k, total_q: int, total_k: int):
     Every step is a device kernel, so the repair also runs inside a captured CUDA graph.
 
     The result is kept per (cu_q, cu_k) (host sums by value, device sums by address and version,
-    ``cu_key``): the layers of a training step pass the same sums, and a repeated call launches one
-    kernel (the status word's count) instead of the repair's dozen, with their host time. Nothing is
+    ``cu_key``): the layers of a training step pass the same sums, and a repeated call launches no
+    kernel instead of the repair's dozen (its count joins the status word when that is read,
+    ``_count_later``), nor pays their host time. Nothing is
     kept while tracing or capturing a CUDA graph (the graph must record the repair of its own input)."""
     cu_q, cu_k = _as_cu_tensor("cu_seqlens_q", cu_q), _as_cu_tensor("cu_seqlens_k", cu_k)
     if q.device.type != "cuda":

@@ -35,6 +35,7 @@ from tylopy_kernels.attention.sm90.variant_tiles import alibi_foldable
 from tylopy_kernels.attention.common import ForwardTensors, VariantCall, placeholder
 
 BLOCK_SIZE = 128              # the block mask's tile: one key tile of the dK/dV kernel
+ALIBI_FOLD_HEAD_DIM = 64      # the dK/dV kernel takes ALiBi folded at this head dim only (at 128 its terms spill)
 
 
 def supports(q, k, v, variant) -> bool:
@@ -121,7 +122,8 @@ def dq_order(variant, head_dim, n_q, n_k, score_mod_bwd=None) -> str:
     softcap: one FADD per score). "serial" (dQ once dV and dK are done, the fewest live registers)
     where the element work holds more: ALiBi that does not fold, float masks, mask_mod, user
     score_mods and, at D = 128, windows (16 bytes of spills with "early", none serial)."""
-    folded = head_dim == 64 and not variant.softcap and alibi_foldable(variant, n_q, n_k)  # (``alibi_folded``)
+    folded = (head_dim == ALIBI_FOLD_HEAD_DIM and not variant.softcap  # (``backward_variant.alibi_folded``)
+              and alibi_foldable(variant, n_q, n_k))
     heavy = ((variant.alibi and not folded) or variant.attn_mask == "float" or variant.mask_mod is not None
              or variant.score_mod is not None or score_mod_bwd is not None)
     if heavy or (head_dim == 64 and variant.softcap and not variant.causal):
@@ -182,8 +184,7 @@ def _variant_step(step, q, variant, tensors, score_mod_bwd):
     tensor_args, meta = variant_args(variant, tensors, B, H, n_q, n_k, dev)
     left, right = variant.window
     cx = dict(step.constexprs)
-    # ALiBi folds at head dim 64 only (``backward_variant.score_grads``: at 128 its terms spill)
-    kvar = KernelVariant.of(variant, meta, n_q=n_q, n_k=n_k, fold_alibi=cx["HEAD_DIM"] == 64)
+    kvar = KernelVariant.of(variant, meta, n_q=n_q, n_k=n_k, fold_alibi=cx["HEAD_DIM"] == ALIBI_FOLD_HEAD_DIM)
     cx.update(VARIANT=kvar, SCORE_MOD_BWD=score_mod_bwd)
     args = (*head, bits, work, count, n_q, n_k, H, group, n_pad, scale, work_stride, n_kv_tiles, H_kv, *dk_s, *dv_s,
             *mb_s, variant.diag(n_q, n_k), left, right, float(variant.softcap or 1.0), *tensor_args)

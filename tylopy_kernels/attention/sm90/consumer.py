@@ -4,7 +4,7 @@ every key tile of the tile's range (``forward.py`` describes the whole kernel).
 Tensor-core turns: consumer k syncs on named barrier k (0 is __syncthreads) -- 128 threads of
 consumer k sync there and the 128 of the consumer before it arrive -- issues its wgmmas and
 arrives on the next consumer's barrier. The O staging buffer of the TMA store has one named
-barrier per consumer (``EPILOGUE_BARRIER + k``), 128 threads.
+barrier per consumer (``CONSUMER_BARRIER + k``, ``tiles.py``), 128 threads.
 """
 import inspect
 
@@ -17,7 +17,6 @@ from tylopy_kernels.attention.sm90.tiles import (CONSUMER_BARRIER, ROW_BYTES, Wo
 
 ROWS = 64                  # query rows per consumer warpgroup
 TURN_THREADS = 256
-EPILOGUE_BARRIER = CONSUMER_BARRIER  # consumers 1..4 stage O behind barriers 5..8
 NEG_INF = float("-inf")
 # wgmma_wait(..., after=values) pins the exponentials before the PV wait; without it, tying the
 # weights through the wait as extra fragments has the same effect on the order.
@@ -386,7 +385,7 @@ def store_tma(smem, plan, prob, sched, wg, out, leader):
     memory in the 128-byte swizzle of the O tensor map, then one thread TMA-stores each 64-column
     chunk (rows >= n_q are clipped)."""
     o, row0, h, b = out["o"], out["row0"], out["h"], out["b"]
-    bar = EPILOGUE_BARRIER + wg
+    bar = CONSUMER_BARRIER + wg
     buf = plan.o + (wg - 1) * plan.o_chunk * plan.chunks
     lane = ty.lane_id()
     warp = ty.warp_idx() & 3
